@@ -1,0 +1,48 @@
+# One Makefile for people and CI. `make demo` and `make test` install first.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# pyenv shims exist for every version but only run the selected one: try real interpreters first.
+PYTHON312 ?= $(shell for p in $$(ls -1d $$HOME/.pyenv/versions/3.12.*/bin/python3.12 2>/dev/null) $$(command -v python3.12); do $$p -c "import sys; assert sys.version_info[:2]==(3,12)" 2>/dev/null && echo $$p && break; done)
+VENV      := .venv
+PY        := $(VENV)/bin/python
+STAMP     := $(VENV)/.roboloop-installed
+SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
+export DO_NOT_TRACK ?= 1
+export HF_HUB_OFFLINE ?= 1
+export PYTHONHASHSEED ?= 0
+
+.PHONY: help install demo test test-fast lint bench clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+install: $(STAMP)  ## create .venv/ with everything (idempotent; re-runs only when pins change)
+
+$(STAMP): pyproject.toml constraints/py312.txt
+	@command -v ffmpeg >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg >/dev/null; }
+	@[ -n "$(PYTHON312)" ] || { echo "Python 3.12 not found: install it (pyenv install 3.12) or pass PYTHON312=/path/to/python3.12"; exit 1; }
+	@[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV)
+	@[ -x $(VENV)/bin/uv ] || $(PY) -m pip install -q uv==0.9.11
+	$(VENV)/bin/uv pip install --python $(PY) -c constraints/py312.txt -e ".[all]"
+	@touch $(STAMP)
+
+demo: install  ## run the loop on embedded defaults (generate -> validate -> convert -> DVC)
+	$(PY) -m roboloop.demo
+
+test: install  ## run the whole test suite (every marker this machine can run)
+	$(PY) -m pytest -q
+
+test-fast: install  ## unit tests only
+	$(PY) -m pytest -q tests/unit -m "not slow"
+
+lint: install  ## ruff + mypy
+	$(VENV)/bin/ruff check roboloop tests bench
+	$(VENV)/bin/mypy
+
+bench: install  ## benchmarks against the reference tools (prints JSON lines)
+	$(PY) bench/convert.py
+
+clean:  ## remove caches and demo outputs (keeps .venv)
+	rm -rf .roboloop .pytest_cache build *.egg-info

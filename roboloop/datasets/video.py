@@ -1,0 +1,181 @@
+"""Video helpers on PyAV: probe, encode, stream-copy concatenation, frame decoding.
+
+Concatenation never re-encodes: packets are copied and their timestamps shifted by the
+running duration of the files before them, as ffmpeg's concat demuxer does. A frame at
+time t of episode e therefore sits at `from_timestamp[e] + t` in the output file and
+decodes to exactly the same pixels as in the source.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+logging.getLogger("libav").setLevel(logging.ERROR)
+
+
+@dataclass(frozen=True)
+class VideoProbe:
+    codec: str
+    width: int
+    height: int
+    fps: float
+    num_frames: int
+    duration_s: float
+    pix_fmt: str | None
+
+
+def probe(path: str | Path) -> VideoProbe:
+    """Header-level facts about the first video stream (no decoding)."""
+    with av.open(str(path)) as container:
+        if not container.streams.video:
+            raise ValueError(f"{path}: no video stream")
+        st = container.streams.video[0]
+        return VideoProbe(
+            codec=st.codec_context.name,
+            width=st.codec_context.width,
+            height=st.codec_context.height,
+            fps=float(st.base_rate or st.average_rate or 0),
+            num_frames=int(st.frames),
+            duration_s=duration_s(container),
+            pix_fmt=st.codec_context.pix_fmt,
+        )
+
+
+def duration_s(container: av.container.InputContainer) -> float:
+    """Duration as LeRobot measures it (stream duration, else container duration)."""
+    st = container.streams.video[0]
+    if st.duration is not None:
+        return float(st.duration * st.time_base)
+    return float(container.duration / av.time_base)
+
+
+def count_decodable_frames(path: str | Path) -> int:
+    """Decode every frame: catches truncated or corrupt payloads that headers hide."""
+    with av.open(str(path)) as container:
+        st = container.streams.video[0]
+        st.thread_type = "AUTO"
+        return sum(1 for _ in container.decode(st))
+
+
+def encode_frames(
+    frames: Iterable[np.ndarray],
+    path: str | Path,
+    fps: int,
+    codec: str = "libx264",
+    pix_fmt: str = "yuv420p",
+    gop: int | None = None,
+    crf: int = 23,
+) -> None:
+    """Encode HxWx3 uint8 frames to an mp4. `codec`: libx264 (h264) or libsvtav1 (AV1)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}.mp4")
+    options = {"crf": str(crf)}
+    if codec == "libx264":
+        # No B-frames: timestamps start at zero, as in LeRobot's recordings.
+        options.update({"bf": "0", "preset": "veryfast", "tune": "zerolatency"})
+        if gop:
+            options["g"] = str(gop)
+    elif codec == "libsvtav1":
+        options.update({"preset": "12", "g": str(gop or 2)})
+    with av.open(str(tmp), "w") as out:
+        stream = out.add_stream(codec, rate=fps, options=options)
+        stream.pix_fmt = pix_fmt
+        first = True
+        for arr in frames:
+            if first:
+                stream.height, stream.width = arr.shape[:2]
+                first = False
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    tmp.replace(path)
+
+
+def concat_videos(inputs: Sequence[str | Path], output: str | Path) -> list[tuple[float, float]]:
+    """Stream-copy `inputs` into `output`; return each input's (from, to) time in the output.
+
+    The output is written to a temporary name and renamed, so it is never seen half-written.
+    All inputs must share codec parameters (same encoder settings): that is checked.
+    """
+    if not inputs:
+        raise ValueError("concat_videos needs at least one input")
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(output.name + f".tmp{os.getpid()}.mp4")
+    spans: list[tuple[float, float]] = []
+    ref_params: tuple | None = None
+    offset_s = Fraction(0)
+    try:
+        with av.open(str(tmp), "w", options={"movflags": "faststart"}) as out:
+            out_stream = None
+            for src in inputs:
+                with av.open(str(src)) as container:
+                    st = container.streams.video[0]
+                    cc = st.codec_context
+                    params = (cc.name, cc.width, cc.height, cc.pix_fmt, bytes(cc.extradata or b""))
+                    if ref_params is None:
+                        ref_params = params
+                        out_stream = out.add_stream_from_template(st, opaque=True)
+                        out_stream.time_base = st.time_base
+                    elif params[:4] != ref_params[:4]:
+                        raise ValueError(
+                            f"{src}: codec parameters {params[:4]} differ from {inputs[0]}'s {ref_params[:4]};"
+                            " cannot concatenate without re-encoding"
+                        )
+                    tb = st.time_base
+                    start = container.start_time or 0  # in AV_TIME_BASE units
+                    delta = int(round((offset_s - Fraction(start, av.time_base)) / tb))
+                    for packet in container.demux(st):
+                        if packet.dts is None:
+                            continue
+                        packet.pts = None if packet.pts is None else packet.pts + delta
+                        packet.dts = packet.dts + delta
+                        packet.stream = out_stream
+                        out.mux(packet)
+                    dur = duration_s(container)
+                    # Advance by the container's duration (what ffmpeg's concat demuxer uses).
+                    cdur = Fraction(container.duration, av.time_base) if container.duration else Fraction(dur)
+                    spans.append((float(offset_s), float(offset_s) + dur))
+                    offset_s += cdur
+        tmp.replace(output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return spans
+
+
+def decode_frames_at(path: str | Path, timestamps_s: Sequence[float], tolerance_s: float = 1e-4) -> np.ndarray:
+    """Decode the frames shown at `timestamps_s` (sorted or not) as (N, H, W, 3) uint8."""
+    order = np.argsort(timestamps_s)
+    wanted = [float(timestamps_s[i]) for i in order]
+    found: list[np.ndarray] = []
+    with av.open(str(path)) as container:
+        st = container.streams.video[0]
+        container.seek(int(max(0.0, wanted[0] - 1.0) / st.time_base), stream=st, backward=True)
+        it = iter(wanted)
+        target = next(it, None)
+        for frame in container.decode(st):
+            if target is None:
+                break
+            t = float(frame.pts * st.time_base)
+            while target is not None and t >= target - tolerance_s:
+                if abs(t - target) > tolerance_s:
+                    raise ValueError(f"{path}: no frame at t={target:.6f}s (nearest {t:.6f}s)")
+                found.append(frame.to_ndarray(format="rgb24"))
+                target = next(it, None)
+        if target is not None:
+            raise ValueError(f"{path}: no frame at t={target:.6f}s (video ends earlier)")
+    out = np.empty((len(found), *found[0].shape), dtype=np.uint8)
+    for dst, src in zip(order, found, strict=True):
+        out[dst] = src
+    return out
