@@ -115,7 +115,8 @@ def concat_videos(inputs: Sequence[str | Path], output: str | Path) -> list[tupl
     tmp = output.with_name(output.name + f".tmp{os.getpid()}.mp4")
     spans: list[tuple[float, float]] = []
     ref_params: tuple | None = None
-    offset_s = Fraction(0)
+    offset_s = Fraction(0)  # where the next file's packets start (container durations, like ffmpeg)
+    meta_s = 0.0  # where LeRobot's metadata says it starts (sum of stream durations)
     try:
         with av.open(str(tmp), "w", options={"movflags": "faststart"}) as out:
             out_stream = None
@@ -146,7 +147,8 @@ def concat_videos(inputs: Sequence[str | Path], output: str | Path) -> list[tupl
                     dur = duration_s(container)
                     # Advance by the container's duration (what ffmpeg's concat demuxer uses).
                     cdur = Fraction(container.duration, av.time_base) if container.duration else Fraction(dur)
-                    spans.append((float(offset_s), float(offset_s) + dur))
+                    spans.append((meta_s, meta_s + dur))
+                    meta_s += dur
                     offset_s += cdur
         tmp.replace(output)
     finally:
