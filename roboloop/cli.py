@@ -1,0 +1,159 @@
+"""`roboloop` command line: one subcommand per stage, options generated from the pydantic configs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from roboloop import __version__
+
+
+def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset()) -> None:
+    """Expose a pydantic model's scalar fields as --kebab-case options (one source of truth)."""
+    for name, f in model.model_fields.items():
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        ann = f.annotation
+        if ann is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.description)
+        elif ann in (int, float, str) or ann in (int | None, float | None, str | None):
+            typ = {int: int, float: float, str: str}.get(ann, int if "int" in str(ann) else
+                                                           float if "float" in str(ann) else str)
+            parser.add_argument(flag, type=typ, default=None, help=f.description)
+
+
+def _model_from_args(model: type[BaseModel], args: argparse.Namespace, **extra) -> BaseModel:
+    given = {k: v for k, v in vars(args).items() if k in model.model_fields and v is not None}
+    return model(**given, **extra)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from roboloop.datasets.ingest import ingest
+
+    result = ingest(args.path, cache_dir=args.cache_dir, strict=False, deep=args.deep)
+    report = result.report
+    print(report.to_json() if args.json else report.human())
+    return 0 if report.ok else 1
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from roboloop.datasets.convert import ConvertConfig, convert
+    from roboloop.datasets.validate import DatasetDefectError
+
+    cfg = _model_from_args(ConvertConfig, args)
+    try:
+        out = convert(args.src, args.dst, cfg)  # type: ignore[arg-type]
+    except DatasetDefectError as e:
+        print(e.report.to_json() if args.json else e.report.human(), file=sys.stderr)
+        print(f"refused: {args.src} has {len(e.report.defects)} defect(s); nothing was written", file=sys.stderr)
+        return 1
+    print(json.dumps({"dst": str(out)}))
+    return 0
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from roboloop.datasets.ingest import ingest
+
+    result = ingest(args.source, cache_dir=args.cache_dir, workers=args.workers, strict=False, deep=args.deep)
+    if not result.report.ok:
+        print(result.report.human(), file=sys.stderr)
+    print(json.dumps(result.to_dict()))
+    return 0 if result.report.ok else 1
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from roboloop.datasets.generate import GenSpec, generate_v21
+
+    spec = _model_from_args(GenSpec, args)
+    if args.camera:
+        spec.cameras = {k: (h, w) for k, h, w in (_parse_cam(c) for c in args.camera)}
+    out = generate_v21(args.dst, spec)  # type: ignore[arg-type]
+    if args.v3:
+        from roboloop.datasets.convert import ConvertConfig, convert
+
+        v21 = out.rename(out.with_name(out.name + "_v21"))
+        convert(v21, out, ConvertConfig(progress=False))
+    print(json.dumps({"dst": str(out)}))
+    return 0
+
+
+def _parse_cam(text: str) -> tuple[str, int, int]:
+    key, _, hw = text.partition("=")
+    h, _, w = hw.partition("x")
+    if not (key and h.isdigit() and w.isdigit()):
+        raise argparse.ArgumentTypeError(f"--camera takes KEY=HxW, got {text!r}")
+    return key, int(h), int(w)
+
+
+def cmd_dvc_track(args: argparse.Namespace) -> int:
+    from roboloop import dvc
+
+    t = dvc.track(args.path, push=not args.no_push)
+    print(json.dumps({"path": str(t.path), "dvc_file": str(t.dvc_file), "md5": t.md5}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from roboloop.datasets.convert import ConvertConfig
+    from roboloop.datasets.generate import GenSpec
+
+    p = argparse.ArgumentParser(prog="roboloop", description="Robot-learning closed loop: data, training, "
+                                "evaluation, registry.")
+    p.add_argument("--version", action="version", version=f"roboloop {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    v = sub.add_parser("validate", help="report every defect of a LeRobot dataset (folder or s3://)")
+    v.add_argument("path", help="dataset folder or s3://bucket/prefix")
+    v.add_argument("--json", action="store_true", help="machine-readable report")
+    v.add_argument("--deep", action="store_true", help="also decode every video frame")
+    v.add_argument("--cache-dir", default=".roboloop/cache", help="where S3 datasets are downloaded")
+    v.set_defaults(fn=cmd_validate)
+
+    c = sub.add_parser("convert", help="convert a LeRobot v2.1 dataset to v3.0 (source untouched)")
+    c.add_argument("src")
+    c.add_argument("dst")
+    c.add_argument("--json", action="store_true", help="print a refused source's report as JSON")
+    _add_model_options(c, ConvertConfig)
+    c.set_defaults(fn=cmd_convert)
+
+    i = sub.add_parser("ingest", help="download (S3) or register (folder) a dataset, verified and validated")
+    i.add_argument("source")
+    i.add_argument("--cache-dir", default=".roboloop/cache")
+    i.add_argument("--workers", type=int, default=8)
+    i.add_argument("--deep", action="store_true")
+    i.set_defaults(fn=cmd_ingest)
+
+    g = sub.add_parser("generate", help="write a synthetic LeRobot dataset with real mp4 video")
+    g.add_argument("dst")
+    g.add_argument("--camera", action="append", help="KEY=HxW (repeatable; replaces the default cameras)")
+    g.add_argument("--v3", action="store_true", help="write v3.0 (generates v2.1 beside it, then converts)")
+    _add_model_options(g, GenSpec, skip={"cameras", "image_keys", "tasks"})
+    g.set_defaults(fn=cmd_generate)
+
+    d = sub.add_parser("dvc-track", help="dvc add + push a stage output; prints its md5")
+    d.add_argument("path")
+    d.add_argument("--no-push", action="store_true")
+    d.set_defaults(fn=cmd_dvc_track)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.fn(args) or 0)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        print(f"roboloop {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""DVC tracking of stage outputs, for versioning and lineage.
+
+`track(path)` writes `<path>.dvc`, stores the content in the DVC cache, pushes it to the
+default remote and returns the md5 that lineage records. The repository's default remote
+is a local folder (`.roboloop/dvc-remote`); on a cluster point it at S3 with
+`dvc remote add -d s3 s3://bucket/path` — nothing here changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+LOCAL_REMOTE = ".roboloop/dvc-remote"
+
+
+@dataclass(frozen=True)
+class Tracked:
+    path: Path
+    dvc_file: Path
+    md5: str
+    size: int | None
+    nfiles: int | None
+
+
+def find_root(start: str | Path = ".") -> Path | None:
+    p = Path(start).resolve()
+    for cand in (p, *p.parents):
+        if (cand / ".dvc").is_dir():
+            return cand
+    return None
+
+
+def init_repo(root: str | Path, remote: str = LOCAL_REMOTE) -> Path:
+    """Make `root` a DVC repo (inside git when there is one) with a default local remote."""
+    from dvc.repo import Repo
+
+    root = Path(root).resolve()
+    if not (root / ".dvc").is_dir():
+        with _quiet():
+            Repo.init(str(root), no_scm=not (root / ".git").exists())
+    with Repo(str(root)) as repo, repo.config.edit() as conf:
+        conf["core"]["remote"] = conf["core"].get("remote", "local")
+        conf["core"]["site_cache_dir"] = conf["core"].get("site_cache_dir", str(root / ".roboloop" / "dvc-site"))
+        conf["remote"].setdefault("local", {"url": str(root / remote)})
+    return root
+
+
+def track(path: str | Path, push: bool = True, repo_root: str | Path | None = None) -> Tracked:
+    """`dvc add` (and push) `path`; return its md5 (a `.dir` md5 for folders)."""
+    from dvc.repo import Repo
+
+    path = Path(path).resolve()
+    root = Path(repo_root).resolve() if repo_root else find_root(path)
+    if root is None:
+        raise ValueError(f"{path} is not inside a DVC repository (run `dvc init` or roboloop.dvc.init_repo)")
+    with Repo(str(root)) as repo, _quiet():
+        stages = repo.add([str(path)])
+        out = stages[0].outs[0]
+        if push:
+            repo.push([stages[0].path])
+    meta = out.meta
+    return Tracked(path, Path(stages[0].path), out.hash_info.value, meta.size, meta.nfiles)
+
+
+def md5_of(dvc_file: str | Path) -> str:
+    """The md5 recorded in a `.dvc` file (what lineage cites without touching the data)."""
+    import yaml
+
+    doc = yaml.safe_load(Path(dvc_file).read_text())
+    return doc["outs"][0]["md5"]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DVC prints git hints on stdout; keep library calls silent."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield

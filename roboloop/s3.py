@@ -1,0 +1,101 @@
+"""S3 access through boto3, for any S3-compatible store.
+
+The endpoint and credentials come from the environment (ROBOLOOP_S3_ENDPOINT_URL or
+AWS_ENDPOINT_URL, and boto3's usual AWS_* variables), never from flow parameters, so they
+never reach a log line or the Prefect UI.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from roboloop.datasets.layout import check_relative
+
+
+class S3Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROBOLOOP_S3_")
+
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    max_pool_connections: int = 32
+
+
+@dataclass(frozen=True)
+class S3Uri:
+    bucket: str
+    prefix: str  # no leading or trailing slash
+
+    @classmethod
+    def parse(cls, uri: str) -> S3Uri:
+        if not uri.startswith("s3://"):
+            raise ValueError(f"not an s3:// URI: {uri!r}")
+        bucket, _, prefix = uri[5:].partition("/")
+        if not bucket:
+            raise ValueError(f"no bucket in {uri!r}")
+        return cls(bucket, prefix.strip("/"))
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+def is_s3(uri: str | Path) -> bool:
+    return str(uri).startswith("s3://")
+
+
+def client(settings: S3Settings | None = None) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    s = settings or S3Settings()
+    return boto3.client(
+        "s3",
+        endpoint_url=s.endpoint_url,
+        region_name=s.region,
+        config=Config(max_pool_connections=s.max_pool_connections, retries={"max_attempts": 5, "mode": "standard"}),
+    )
+
+
+@dataclass(frozen=True)
+class S3Object:
+    rel: str  # key relative to the prefix, checked not to escape it
+    key: str
+    size: int
+    etag: str
+
+
+def list_objects(s3: Any, uri: S3Uri) -> list[S3Object]:
+    """Every object under the prefix; keys that would escape the dataset root are refused."""
+    out = []
+    paginator = s3.get_paginator("list_objects_v2")
+    base = uri.prefix + "/" if uri.prefix else ""
+    for page in paginator.paginate(Bucket=uri.bucket, Prefix=base):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(base):]
+            if not rel or rel.endswith("/"):
+                continue
+            check_relative(rel)  # raises UnsafePathError for '..' or absolute keys
+            out.append(S3Object(rel, obj["Key"], int(obj["Size"]), obj["ETag"].strip('"')))
+    return sorted(out, key=lambda o: o.rel)
+
+
+def upload_dir(local: str | Path, uri: str, settings: S3Settings | None = None, workers: int = 8) -> int:
+    """Upload every file under `local` to `uri`; returns the number of files."""
+    s3 = client(settings)
+    dest = S3Uri.parse(uri)
+    root = Path(local)
+    files = [p for p in sorted(root.rglob("*")) if p.is_file()]
+
+    def put(p: Path) -> None:
+        s3.upload_file(str(p), dest.bucket, dest.key(p.relative_to(root).as_posix()))
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(put, files))
+    return len(files)

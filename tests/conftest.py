@@ -1,0 +1,86 @@
+"""Shared fixtures: generated datasets (real mp4s) and a moto S3 server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from roboloop.datasets.generate import GenSpec, generate_v21
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+SMALL = GenSpec(num_episodes=6, min_length=10, max_length=20, seed=1)
+LARGE = GenSpec(
+    num_episodes=200,
+    min_length=6,
+    max_length=30,
+    cameras={"observation.images.top": (32, 48), "observation.images.wrist": (24, 32)},
+    image_keys={"observation.images.gripper": (32, 32)},
+    noise=24,
+    seed=3,
+)
+
+
+@pytest.fixture(scope="session")
+def small_v21(tmp_path_factory) -> Path:
+    return generate_v21(tmp_path_factory.mktemp("small") / "ds", SMALL)
+
+
+@pytest.fixture
+def small_copy(small_v21, tmp_path) -> Path:
+    """A private copy a test may damage."""
+    dst = tmp_path / "ds"
+    shutil.copytree(small_v21, dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def large_v21(tmp_path_factory) -> Path:
+    return generate_v21(tmp_path_factory.mktemp("large") / "ds", LARGE)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """A real moto S3 server process on 127.0.0.1 (HTTP, in-memory)."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        raise RuntimeError("moto server did not start")
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def s3_env(moto_server, monkeypatch):
+    monkeypatch.setenv("ROBOLOOP_S3_ENDPOINT_URL", moto_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return moto_server

@@ -1,0 +1,185 @@
+"""v2.1 -> v3.0 conversion against LeRobot itself: its loader reads ours, its converter agrees."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from roboloop.datasets import video
+from roboloop.datasets.convert import ConvertConfig, convert, plan_files
+from roboloop.datasets.meta import load_meta
+from roboloop.datasets.validate import DatasetDefectError, validate
+
+CAPS = {"data_file_size_in_mb": 1, "video_file_size_in_mb": 1}
+
+
+@pytest.fixture(scope="module")
+def converted(large_v21, tmp_path_factory) -> Path:
+    dst = tmp_path_factory.mktemp("ours") / "v3"
+    return convert(large_v21, dst, ConvertConfig(progress=False, **CAPS))
+
+
+@pytest.fixture(scope="module")
+def lerobot_converted(large_v21, tmp_path_factory) -> Path:
+    """LeRobot's own converter on a copy (it moves its input aside, so never on the original)."""
+    root = tmp_path_factory.mktemp("lerobot") / "ds"
+    shutil.copytree(large_v21, root)
+    subprocess.run(
+        [sys.executable, "-m", "lerobot.scripts.convert_dataset_v21_to_v30", "--repo-id=test/ds",
+         f"--root={root}", "--push-to-hub=false", "--data-file-size-in-mb=1", "--video-file-size-in-mb=1"],
+        check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    return root
+
+
+def test_plan_files_matches_lerobot_greedy_rule():
+    assert plan_files([0.4, 0.4, 0.4, 0.1], 1.0, None) == [(0, 0), (0, 0), (0, 1), (0, 1)]
+    assert plan_files([2.0, 0.1], 1.0, None) == [(0, 0), (0, 1)]
+    assert plan_files([0.1] * 5, 100, 2) == [(0, 0), (0, 0), (0, 1), (0, 1), (0, 2)]
+    assert plan_files([1.0] * 3, 1.0, None, chunks_size=2) == [(0, 0), (0, 1), (1, 0)]
+
+
+def test_output_is_valid_and_multi_file(converted):
+    report = validate(converted, deep=True)
+    assert report.ok, report.human()
+    assert len(list((converted / "data").rglob("*.parquet"))) > 1
+    for key in ("observation.images.top", "observation.images.wrist"):
+        assert len(list((converted / "videos" / key).rglob("*.mp4"))) >= 1
+
+
+def test_episodes_metadata_equals_lerobot_converter(converted, lerobot_converted):
+    ours = pq.read_table(next((converted / "meta/episodes").rglob("*.parquet"))).to_pylist()
+    theirs = pq.read_table(next((lerobot_converted / "meta/episodes").rglob("*.parquet"))).to_pylist()
+    assert len(ours) == len(theirs) == 200
+    for a, b in zip(ours, theirs, strict=True):
+        extra = set(a) - set(b)
+        assert all(k.startswith("stats/") and k.rsplit("/", 1)[1] in {"q01", "q10", "q50", "q90", "q99"}
+                   for k in extra), extra
+        for key, expected in b.items():
+            got = a[key]
+            if isinstance(expected, float) or (isinstance(expected, list) and expected
+                                               and not isinstance(expected[0], str)):
+                np.testing.assert_allclose(np.asarray(got, float), np.asarray(expected, float), rtol=0,
+                                           atol=1e-12, err_msg=f"episode {b['episode_index']} {key}")
+            else:
+                assert got == expected, (b["episode_index"], key)
+    assert json.loads((converted / "meta/info.json").read_text()) == \
+        json.loads((lerobot_converted / "meta/info.json").read_text())
+    ours_stats = json.loads((converted / "meta/stats.json").read_text())
+    theirs_stats = json.loads((lerobot_converted / "meta/stats.json").read_text())
+    for feat, fstats in theirs_stats.items():
+        for name, value in fstats.items():
+            np.testing.assert_allclose(ours_stats[feat][name], value, rtol=1e-12, atol=1e-12)
+    assert {"q01", "q50", "q99"} <= set(ours_stats["action"])
+
+
+def test_quantiles_close_to_exact(converted, large_v21):
+    meta = load_meta(large_v21)
+    actions = np.concatenate([
+        np.stack(pq.read_table(large_v21 / meta.v21_data_path(e.episode_index))["action"].to_numpy(
+            zero_copy_only=False)) for e in meta.episodes])
+    st = json.loads((converted / "meta/stats.json").read_text())["action"]
+    span = actions.max(0) - actions.min(0)
+    for q, key in ((0.01, "q01"), (0.5, "q50"), (0.99, "q99")):
+        assert np.all(np.abs(np.quantile(actions, q, axis=0) - st[key]) <= span / 1000)
+
+
+@pytest.mark.slow
+def test_lerobot_dataset_loads_and_rows_equal_source(converted, large_v21):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    ds = LeRobotDataset("test/ds", root=converted)
+    meta = load_meta(large_v21)
+    assert ds.num_episodes == 200 and len(ds) == meta.info.total_frames
+    hf = ds.hf_dataset.with_format(None)
+    state = np.asarray(hf["observation.state"], np.float32)
+    action = np.asarray(hf["action"], np.float32)
+    start = 0
+    for ep in meta.episodes:
+        src = pq.read_table(large_v21 / meta.v21_data_path(ep.episode_index))
+        np.testing.assert_array_equal(state[start:start + ep.length],
+                                      np.stack(src["observation.state"].to_numpy(zero_copy_only=False)))
+        np.testing.assert_array_equal(action[start:start + ep.length],
+                                      np.stack(src["action"].to_numpy(zero_copy_only=False)))
+        start += ep.length
+    # Frames through LeRobot's own decoder equal the source's decode.
+    for idx in (0, 137, len(ds) - 1):
+        item = ds[idx]
+        ep, fi = int(item["episode_index"]), int(item["frame_index"])
+        src = large_v21 / meta.v21_video_path(ep, "observation.images.top")
+        expected = video.decode_frames_at(src, [fi / meta.info.fps])[0]
+        got = (item["observation.images.top"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_decoded_frames_equal_source_for_every_episode(converted, large_v21):
+    src_meta, out_meta = load_meta(large_v21), load_meta(converted)
+    rng = np.random.default_rng(0)
+    fps = src_meta.info.fps
+    for key in src_meta.info.video_keys:
+        by_file: dict[Path, list] = {}
+        for ep in out_meta.episodes:
+            loc = ep.videos[key]
+            frames = sorted({0, ep.length - 1, int(rng.integers(ep.length))})
+            path = converted / out_meta.info.video_path.format(
+                video_key=key, chunk_index=int(loc["chunk_index"]), file_index=int(loc["file_index"]))
+            by_file.setdefault(path, []).append((ep, loc["from_timestamp"], frames))
+        for path, items in by_file.items():
+            ts = [f0 + fi / fps for _, f0, frames in items for fi in frames]
+            got = video.decode_frames_at(path, ts)
+            expected = np.concatenate([
+                video.decode_frames_at(large_v21 / src_meta.v21_video_path(ep.episode_index, key),
+                                       [fi / fps for fi in frames]) for ep, _, frames in items])
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_source_untouched_and_destination_refused_if_present(small_v21, tmp_path):
+    before = {p: p.stat().st_mtime_ns for p in small_v21.rglob("*")}
+    dst = convert(small_v21, tmp_path / "out", ConvertConfig(progress=False))
+    assert {p: p.stat().st_mtime_ns for p in small_v21.rglob("*")} == before
+    with pytest.raises(FileExistsError):
+        convert(small_v21, dst, ConvertConfig(progress=False))
+
+
+def test_episode_cap(small_v21, tmp_path):
+    dst = convert(small_v21, tmp_path / "out", ConvertConfig(progress=False, max_episodes_per_file=2))
+    assert len(list((dst / "data").rglob("*.parquet"))) == 3
+    assert validate(dst).ok
+
+
+def test_defective_source_is_refused_and_nothing_written(small_copy, tmp_path):
+    (small_copy / "videos/chunk-000/observation.images.top/episode_000002.mp4").unlink()
+    with pytest.raises(DatasetDefectError) as err:
+        convert(small_copy, tmp_path / "out", ConvertConfig(progress=False))
+    assert "missing_file" in err.value.report.codes()
+    assert list(tmp_path.iterdir()) == [small_copy.parent / "ds"] or not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".out", "out"))]
+
+
+def test_killed_conversion_leaves_no_dst_and_rerun_succeeds(large_v21, tmp_path):
+    dst = tmp_path / "out"
+    code = ("import sys; from roboloop.datasets.convert import convert, ConvertConfig; "
+            "convert(sys.argv[1], sys.argv[2], ConvertConfig(progress=False, workers=1, "
+            "data_file_size_in_mb=0.05, video_file_size_in_mb=0.05))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(large_v21), str(dst)], start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob(".out.converting-*/data/*/*.parquet")):
+        time.sleep(0.05)
+    assert proc.poll() is None, "conversion finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not dst.exists()
+    assert list(tmp_path.glob(".out.converting-*"))  # the debris of the killed run
+    convert(large_v21, dst, ConvertConfig(progress=False))
+    assert validate(dst).ok
+    assert not list(tmp_path.glob(".out.converting-*"))  # cleaned by the rerun
