@@ -32,7 +32,7 @@ demo: install  ## run the loop on embedded defaults (generate -> validate -> con
 	$(PY) -m roboloop.demo
 
 test: install  ## run the whole test suite (every marker this machine can run)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -p no:cacheprovider
 
 test-fast: install  ## unit tests only
 	$(PY) -m pytest -q tests/unit -m "not slow"

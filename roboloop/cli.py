@@ -6,14 +6,15 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 
 from pydantic import BaseModel
 
 from roboloop import __version__
 
 
-def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel], skip: set[str] = frozenset()) -> None:
+def _add_model_options(
+    parser: argparse.ArgumentParser, model: type[BaseModel], skip: frozenset[str] = frozenset()
+) -> None:
     """Expose a pydantic model's scalar fields as --kebab-case options (one source of truth)."""
     for name, f in model.model_fields.items():
         if name in skip:
@@ -23,8 +24,7 @@ def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel], 
         if ann is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.description)
         elif ann in (int, float, str) or ann in (int | None, float | None, str | None):
-            typ = {int: int, float: float, str: str}.get(ann, int if "int" in str(ann) else
-                                                           float if "float" in str(ann) else str)
+            typ: type = next(t for t in (int, float, str) if ann in (t, t | None))
             parser.add_argument(flag, type=typ, default=None, help=f.description)
 
 
@@ -70,7 +70,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from roboloop.datasets.generate import GenSpec, generate_v21
 
-    spec = _model_from_args(GenSpec, args)
+    spec = GenSpec.model_validate(_model_from_args(GenSpec, args).model_dump())
     if args.camera:
         spec.cameras = {k: (h, w) for k, h, w in (_parse_cam(c) for c in args.camera)}
     out = generate_v21(args.dst, spec)  # type: ignore[arg-type]
@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("dst")
     g.add_argument("--camera", action="append", help="KEY=HxW (repeatable; replaces the default cameras)")
     g.add_argument("--v3", action="store_true", help="write v3.0 (generates v2.1 beside it, then converts)")
-    _add_model_options(g, GenSpec, skip={"cameras", "image_keys", "tasks"})
+    _add_model_options(g, GenSpec, skip=frozenset({"cameras", "image_keys", "tasks"}))
     g.set_defaults(fn=cmd_generate)
 
     d = sub.add_parser("dvc-track", help="dvc add + push a stage output; prints its md5")

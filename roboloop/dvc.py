@@ -48,6 +48,7 @@ def init_repo(root: str | Path, remote: str = LOCAL_REMOTE) -> Path:
         conf["core"]["remote"] = conf["core"].get("remote", "local")
         conf["core"]["site_cache_dir"] = conf["core"].get("site_cache_dir", str(root / ".roboloop" / "dvc-site"))
         conf["remote"].setdefault("local", {"url": str(root / remote)})
+        conf["core"]["autostage"] = False
     return root
 
 
@@ -70,7 +71,7 @@ def track(path: str | Path, push: bool = True, repo_root: str | Path | None = No
 
 def md5_of(dvc_file: str | Path) -> str:
     """The md5 recorded in a `.dvc` file (what lineage cites without touching the data)."""
-    import yaml
+    import yaml  # type: ignore[import-untyped]
 
     doc = yaml.safe_load(Path(dvc_file).read_text())
     return doc["outs"][0]["md5"]
@@ -78,6 +79,12 @@ def md5_of(dvc_file: str | Path) -> str:
 
 @contextlib.contextmanager
 def _quiet():
-    """DVC prints git hints on stdout; keep library calls silent."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        yield
+    """DVC prints git hints (stdout and its INFO log); keep library calls silent."""
+    dvc_log = logging.getLogger("dvc")
+    level = dvc_log.level
+    dvc_log.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        dvc_log.setLevel(level)

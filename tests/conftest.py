@@ -84,3 +84,24 @@ def s3_env(moto_server, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     return moto_server
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each hardware marker is paired with a runtime skip, so a plain `pytest` is green anywhere."""
+    needs = {"gpu": 1, "multigpu": 2}
+    have = None
+    for item in items:
+        for marker, count in needs.items():
+            if marker in item.keywords:
+                have = _cuda_devices() if have is None else have
+                if have < count:
+                    item.add_marker(pytest.mark.skip(reason=f"needs {count} CUDA GPU(s), found {have}"))

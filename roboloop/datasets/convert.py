@@ -224,7 +224,6 @@ def _output_schema(first_src: Path, meta: DatasetMeta) -> pa.Schema:
 
 def _write_meta(meta: DatasetMeta, out: Path, cfg: ConvertConfig, data_assign: list, video_assign: dict,
                 video_spans: dict, ep_quantiles: dict) -> None:
-    info = meta.info
     (out / "meta").mkdir(parents=True, exist_ok=True)
     # tasks.parquet: index = task string, column task_index (what LeRobot writes via pandas)
     tasks = pd.DataFrame({"task_index": list(meta.tasks)}, index=pd.Index(list(meta.tasks.values()), name="task"))

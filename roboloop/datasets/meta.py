@@ -251,9 +251,9 @@ def _load_v30(root: Path, info: DatasetInfo) -> DatasetMeta:
                 raise MetadataError(rel, "required column is missing", field=col)
         for row in table.to_pylist():
             row = {k: _nested_to_numpy(v) if k.startswith("stats/") else v for k, v in row.items()}
-            ep, stats = _episode_from_v3_row(row, info.video_keys)
+            ep, ep_stats = _episode_from_v3_row(row, info.video_keys)
             episodes.append(ep)
-            episode_stats[ep.episode_index] = stats
+            episode_stats[ep.episode_index] = ep_stats
     episodes.sort(key=lambda ep: ep.episode_index)
     tasks_path = root / layout.V30_TASKS_PATH
     try:
@@ -263,7 +263,7 @@ def _load_v30(root: Path, info: DatasetInfo) -> DatasetMeta:
     if "task_index" not in tdf.columns:
         raise MetadataError(layout.V30_TASKS_PATH, "required column is missing", field="task_index")
     tasks = {int(i): str(t) for t, i in zip(tdf.index, tdf["task_index"], strict=True)}
-    stats = None
+    stats: Stats | None = None
     if (root / layout.STATS_PATH).exists():
         stats = stats_to_numpy(read_json(root / layout.STATS_PATH, layout.STATS_PATH))
     return DatasetMeta(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -302,7 +302,7 @@ def _inventory(root: Path, sub: str, suffix: str) -> set[str]:
 _EP_RE = re.compile(r"episode_(\d+)")
 
 
-def _report_missing_and_extra(expected: dict[str, int | None], found: set[str], kind: str,
+def _report_missing_and_extra(expected: Mapping[str, int | None], found: set[str], kind: str,
                               report: Report) -> None:
     missing = {rel: e for rel, e in expected.items() if rel not in found}
     extra = sorted(found - set(expected))
@@ -374,8 +374,8 @@ def _check_video(path: Path, rel: str, meta: DatasetMeta, key: str, episode: int
         report.add("corrupt_file", f"unreadable video: {e}", rel, episode, key)
         return
     feat = meta.info.features[key]
-    h, w = (feat.shape[0], feat.shape[1]) if feat.names is None or feat.names[:2] != ["width", "height"] \
-        else (feat.shape[1], feat.shape[0])
+    width_first = isinstance(feat.names, list) and feat.names[:2] == ["width", "height"]
+    h, w = (feat.shape[1], feat.shape[0]) if width_first else (feat.shape[0], feat.shape[1])
     if (pr.height, pr.width) != (h, w):
         report.add("video", f"resolution {pr.width}x{pr.height}, info.json says {w}x{h}", rel, episode, key)
     declared_fps = (feat.info or {}).get("video.fps", meta.info.fps)

