@@ -183,3 +183,22 @@ def test_killed_conversion_leaves_no_dst_and_rerun_succeeds(large_v21, tmp_path)
     convert(large_v21, dst, ConvertConfig(progress=False))
     assert validate(dst).ok
     assert not list(tmp_path.glob(".out.converting-*"))  # cleaned by the rerun
+
+
+def test_av1_dataset_converts_and_loads(tmp_path):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from roboloop.datasets.generate import GenSpec, generate_v21
+
+    spec = GenSpec(num_episodes=3, min_length=8, max_length=12, codec="libsvtav1",
+                   cameras={"observation.images.top": (64, 64)}, seed=5)
+    src = generate_v21(tmp_path / "av1", spec)
+    assert video.probe(src / "videos/chunk-000/observation.images.top/episode_000000.mp4").codec in ("av1", "libdav1d")
+    dst = convert(src, tmp_path / "v3", ConvertConfig(progress=False))
+    assert validate(dst, deep=True).ok
+    ds = LeRobotDataset("test/av1", root=dst)
+    item = ds[len(ds) - 1]
+    expected = video.decode_frames_at(src / "videos/chunk-000/observation.images.top/episode_000002.mp4",
+                                      [int(item["frame_index"]) / spec.fps])[0]
+    got = (item["observation.images.top"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    np.testing.assert_array_equal(got, expected)

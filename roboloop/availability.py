@@ -1,0 +1,73 @@
+"""The one place that probes optional heavy dependencies and hardware.
+
+Everything optional (flash-attn, Transformer Engine, torchao, Isaac Lab, CUDA capability)
+is checked here, and the errors say what to install or what hardware is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import cache
+
+
+class MissingCapability(RuntimeError):
+    """An explicitly requested feature cannot run here; the message says why and what to do."""
+
+
+@cache
+def has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def flash_attn_available() -> bool:
+    return has_module("flash_attn") and cuda_available()
+
+
+def transformer_engine_available() -> bool:
+    return has_module("transformer_engine") and cuda_available()
+
+
+def torchao_available() -> bool:
+    return has_module("torchao")
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def cuda_capability() -> tuple[int, int] | None:
+    import torch
+
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
+def torch_varlen_available() -> bool:
+    """PyTorch's own varlen flash attention (torch >= 2.10, CUDA only)."""
+    return has_module("torch.nn.attention.varlen") and cuda_available()
+
+
+def fp8_hardware() -> bool:
+    """FP8 tensor cores: compute capability >= 8.9 (Ada, Hopper, Blackwell)."""
+    cap = cuda_capability()
+    return cap is not None and cap >= (8, 9)
+
+
+def require_fp8(backend: str) -> None:
+    """Raise a MissingCapability naming exactly what is missing for explicit FP8."""
+    problems = []
+    if not cuda_available():
+        problems.append("no CUDA GPU (FP8 needs compute capability >= 8.9: Ada, Hopper or Blackwell)")
+    elif not fp8_hardware():
+        cap = cuda_capability()
+        problems.append(f"GPU compute capability {cap} < 8.9 (FP8 needs Ada, Hopper or Blackwell)")
+    if backend == "te" and not has_module("transformer_engine"):
+        problems.append("Transformer Engine is not installed (install `roboloop[gpu]` or use an NGC container)")
+    if backend == "torchao" and not has_module("torchao"):
+        problems.append("torchao is not installed (pip install torchao)")
+    if problems:
+        raise MissingCapability("precision=fp8 cannot run here: " + "; ".join(problems))

@@ -1,0 +1,195 @@
+"""A GR00T-N1.5-style vision-language-action policy with a flow-matching DiT action head.
+
+Backbone (System 2): camera images -> patch tokens (+ patch and camera embeddings),
+instruction -> byte-level tokens, proprioceptive state -> one token; all of a sample's
+tokens go through a pre-LN transformer with varlen attention over the packed batch.
+
+Action head (System 1): a DiT over the H action tokens of the chunk. Each block has
+AdaLN-Zero conditioning on the flow-matching time t, self-attention among the sample's
+action tokens and cross-attention to its backbone tokens. Training is flow matching
+(GR00T/pi0 convention): x_t = t * a + (1 - t) * eps, target velocity a - eps, t ~ Beta;
+inference integrates K Euler steps from noise.
+
+Legend: T packed backbone tokens, N samples, H horizon, A action dim, D widths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from roboloop.training.attention import Backend, cu_seqlens, varlen_attention
+from roboloop.training.config import ModelConfig
+from roboloop.training.packing import PackedBatch
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, kv_dim: int | None = None, head_dim: int | None = None):
+        super().__init__()
+        self.heads = heads
+        self.head_dim = head_dim or dim // heads
+        inner = self.heads * self.head_dim
+        self.q = nn.Linear(dim, inner)
+        self.kv = nn.Linear(kv_dim or dim, 2 * inner)
+        self.out = nn.Linear(inner, dim)
+
+    def forward(self, x_TD: torch.Tensor, ctx_TD: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                max_q: int, max_k: int, backend: Backend) -> torch.Tensor:
+        q = self.q(x_TD).view(-1, self.heads, self.head_dim)
+        k, v = self.kv(ctx_TD).view(-1, 2, self.heads, self.head_dim).unbind(1)
+        o = varlen_attention(q, k, v, cu_q, cu_k, max_q, max_k, backend=backend)
+        return self.out(o.reshape(x_TD.shape[0], -1))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, ratio: float = 4.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, int(dim * ratio))
+        self.fc2 = nn.Linear(int(dim * ratio), dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class BackboneBlock(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.mlp = Mlp(dim)
+
+    def forward(self, x: torch.Tensor, cu: torch.Tensor, max_len: int, backend: Backend) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, cu, cu, max_len, max_len, backend)
+        return x + self.mlp(self.ln2(x))
+
+
+class DiTBlock(nn.Module):
+    """AdaLN-Zero DiT block: self-attention over actions, cross-attention to the backbone."""
+
+    def __init__(self, dim: int, heads: int, ctx_dim: int, head_dim: int | None = None):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim, elementwise_affine=False)
+        self.ln2 = nn.LayerNorm(dim)
+        self.ln3 = nn.LayerNorm(dim, elementwise_affine=False)
+        self.self_attn = Attention(dim, heads, head_dim=head_dim)
+        self.cross_attn = Attention(dim, heads, kv_dim=ctx_dim, head_dim=head_dim)
+        self.mlp = Mlp(dim)
+        self.ada = nn.Linear(dim, 6 * dim)
+        nn.init.zeros_(self.ada.weight)
+        nn.init.zeros_(self.ada.bias)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, ctx: torch.Tensor, cu_a: torch.Tensor,
+                cu_ctx: torch.Tensor, horizon: int, max_ctx: int, backend: Backend) -> torch.Tensor:
+        s1, b1, g1, s2, b2, g2 = self.ada(F.silu(cond)).chunk(6, dim=-1)
+        h = self.ln1(x) * (1 + s1) + b1
+        x = x + g1 * self.self_attn(h, h, cu_a, cu_a, horizon, horizon, backend)
+        x = x + self.cross_attn(self.ln2(x), ctx, cu_a, cu_ctx, horizon, max_ctx, backend)
+        h = self.ln3(x) * (1 + s2) + b2
+        return x + g2 * self.mlp(h)
+
+
+def timestep_embedding(t_N: torch.Tensor, dim: int) -> torch.Tensor:
+    half = dim // 2
+    freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, device=t_N.device, dtype=torch.float32) / half)
+    args = (t_N.float() * 1000.0)[:, None] * freqs[None]
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+class VLAPolicy(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d, dd = cfg.dim, cfg.head_dim_model
+        self.patch = nn.Conv2d(3, d, cfg.patch_size, stride=cfg.patch_size)
+        self.patch_pos = nn.Parameter(torch.randn(cfg.tokens_per_image, d) * 0.02)
+        self.camera_emb = nn.Embedding(cfg.max_cameras, d)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, d)
+        self.tok_pos = nn.Embedding(cfg.max_text_len, d)
+        self.state_proj = nn.Sequential(nn.Linear(cfg.state_dim, d), nn.GELU(), nn.Linear(d, d))
+        self.blocks = nn.ModuleList([BackboneBlock(d, cfg.heads) for _ in range(cfg.layers)])
+        self.ln_out = nn.LayerNorm(d)
+        self.action_in = nn.Linear(cfg.action_dim, dd)
+        self.action_pos = nn.Parameter(torch.randn(cfg.horizon, dd) * 0.02)
+        self.time_mlp = nn.Sequential(nn.Linear(dd, dd), nn.SiLU(), nn.Linear(dd, dd))
+        self.head_blocks = nn.ModuleList([
+            DiTBlock(dd, cfg.head_heads, ctx_dim=d, head_dim=cfg.head_head_dim) for _ in range(cfg.head_layers)])
+        self.ln_head = nn.LayerNorm(dd)
+        self.action_out = nn.Linear(dd, cfg.action_dim)
+
+    # ------------------------------------------------------------------ backbone
+    def encode(self, b: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Backbone tokens (T, D) of the packed batch, its cu_seqlens and longest sample."""
+        cfg = self.cfg
+        p = cfg.tokens_per_image
+        cu = cu_seqlens(b.seq_lens, device=b.states.device)
+        total = int(cu[-1])
+        x = b.states.new_zeros(total, cfg.dim, dtype=self.patch_pos.dtype)
+        if b.images.shape[0]:
+            vis = self.patch(b.images.to(self.patch.weight.dtype)).flatten(2).transpose(1, 2)  # (I, P, D)
+            vis = vis + self.patch_pos + self.camera_emb(b.image_camera)[:, None]
+            start = cu[b.image_sample].long() + b.image_camera * p
+            dest = start[:, None] + torch.arange(p, device=start.device)
+            x = x.index_put((dest.reshape(-1),), vis.reshape(-1, cfg.dim))
+        num_images = torch.bincount(b.image_sample, minlength=b.num_samples) if b.images.shape[0] else \
+            torch.zeros(b.num_samples, dtype=torch.long, device=x.device)
+        if b.tokens.numel():
+            txt = self.tok_emb(b.tokens) + self.tok_pos(b.token_pos)
+            dest = cu[b.token_sample].long() + num_images[b.token_sample] * p + b.token_pos
+            x = x.index_put((dest,), txt)
+        x = x.index_put(((cu[1:] - 1).long(),), self.state_proj(b.states.to(x.dtype)))
+        max_len = int(b.seq_lens.max())
+        for blk in self.blocks:
+            x = blk(x, cu, max_len, cfg.attention)
+        return self.ln_out(x), cu, max_len
+
+    # ------------------------------------------------------------------ action head
+    def velocity(self, ctx: torch.Tensor, cu_ctx: torch.Tensor, max_ctx: int, x_t: torch.Tensor,
+                 t_N: torch.Tensor) -> torch.Tensor:
+        """Predicted flow velocity (N, H, A) for noisy chunks x_t at times t."""
+        n, h, _ = x_t.shape
+        a = (self.action_in(x_t.to(ctx.dtype)) + self.action_pos).reshape(n * h, -1)
+        cond = self.time_mlp(timestep_embedding(t_N, self.cfg.head_dim_model).to(ctx.dtype))
+        cond = cond.repeat_interleave(h, dim=0)
+        cu_a = torch.arange(0, (n + 1) * h, h, device=x_t.device, dtype=torch.int32)
+        for blk in self.head_blocks:
+            a = blk(a, cond, ctx, cu_a, cu_ctx, h, max_ctx, self.cfg.attention)
+        return self.action_out(self.ln_head(a)).view(n, h, -1)
+
+    def loss(self, b: PackedBatch, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Flow-matching MSE averaged over the valid (unpadded) steps of every chunk."""
+        err = self.step_errors(b, generator)
+        mask = b.action_mask.to(err.dtype)
+        return (err * mask).sum() / mask.sum().clamp_min(1.0)
+
+    def step_errors(self, b: PackedBatch, generator: torch.Generator | None = None) -> torch.Tensor:
+        """(N, H) squared velocity error per chunk step (padded steps included)."""
+        ctx, cu, max_len = self.encode(b)
+        actions = b.actions.to(torch.float32)
+        noise = torch.randn(actions.shape, generator=generator, device=actions.device)
+        # GR00T: b ~ Beta(1.5, 1), t = (s - b) / s with s = 0.999, skewing t towards noise.
+        # Beta(1.5, 1) has CDF x^1.5, so b = u^(1/1.5) by inversion (seeded through `generator`).
+        u = torch.rand(actions.shape[0], generator=generator, device=actions.device)
+        t = ((0.999 - u.pow(1 / 1.5)) / 0.999).clamp_min(0.0)
+        x_t = t[:, None, None] * actions + (1 - t[:, None, None]) * noise
+        v = self.velocity(ctx, cu, max_len, x_t, t).float()
+        return ((v - (actions - noise)) ** 2).mean(-1)
+
+    @torch.no_grad()
+    def sample_actions(self, b: PackedBatch, steps: int | None = None,
+                       generator: torch.Generator | None = None) -> torch.Tensor:
+        ctx, cu, max_len = self.encode(b)
+        n = b.num_samples
+        x = torch.randn((n, self.cfg.horizon, self.cfg.action_dim), generator=generator, device=ctx.device)
+        k = steps or self.cfg.inference_steps
+        for i in range(k):
+            t = torch.full((n,), i / k, device=ctx.device)
+            x = x + self.velocity(ctx, cu, max_len, x, t).float() / k
+        return x
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

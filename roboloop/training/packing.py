@@ -1,0 +1,104 @@
+"""Packing variable-length samples into a fixed token budget.
+
+A sample's backbone sequence is [vision tokens of each camera | instruction tokens | state
+token]; cameras and instruction lengths vary, so padding a batch to its longest sample
+wastes compute. Packing concatenates samples along the token axis up to `max_tokens` and
+records `cu_seqlens` (where each sample starts) and per-token position ids; attention
+never crosses a sample boundary (see `attention.varlen_attention`). The loss is computed
+per sample from its own action chunk, masked where the chunk runs past the episode end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Sample:
+    """One training example before tokenisation (tensors on CPU)."""
+
+    images: list[torch.Tensor]  # each (3, H, W) float in [0, 1]; any number of cameras
+    instruction: torch.Tensor  # (L,) int64 token ids
+    state: torch.Tensor  # (S,) float
+    actions: torch.Tensor  # (H, A) float, the chunk to predict
+    action_mask: torch.Tensor  # (H,) bool, False past the episode end
+
+    def num_tokens(self, tokens_per_image: int) -> int:
+        return len(self.images) * tokens_per_image + int(self.instruction.numel()) + 1
+
+
+@dataclass
+class PackedBatch:
+    """A pack of samples. Images are stacked (num_images, 3, H, W) with their owner sample."""
+
+    images: torch.Tensor
+    image_sample: torch.Tensor  # (num_images,) which sample each image belongs to
+    image_camera: torch.Tensor  # (num_images,) camera slot within its sample
+    tokens: torch.Tensor  # (num_text,) instruction ids, concatenated
+    token_sample: torch.Tensor  # (num_text,)
+    token_pos: torch.Tensor  # (num_text,) position within the instruction
+    states: torch.Tensor  # (N, S)
+    actions: torch.Tensor  # (N, H, A)
+    action_mask: torch.Tensor  # (N, H)
+    seq_lens: torch.Tensor  # (N,) backbone tokens per sample
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.states.shape[0])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
+        return PackedBatch(**{k: v.to(device, non_blocking=non_blocking) for k, v in vars(self).items()})
+
+    def pin_memory(self) -> PackedBatch:
+        return PackedBatch(**{k: v.pin_memory() for k, v in vars(self).items()})
+
+
+def collate(samples: Sequence[Sample], tokens_per_image: int) -> PackedBatch:
+    images, img_sample, img_cam, toks, tok_sample, tok_pos = [], [], [], [], [], []
+    for i, s in enumerate(samples):
+        for c, img in enumerate(s.images):
+            images.append(img)
+            img_sample.append(i)
+            img_cam.append(c)
+        toks.append(s.instruction)
+        tok_sample.append(torch.full((s.instruction.numel(),), i, dtype=torch.long))
+        tok_pos.append(torch.arange(s.instruction.numel()))
+    return PackedBatch(
+        images=torch.stack(images) if images else torch.zeros(0, 3, 1, 1),
+        image_sample=torch.tensor(img_sample, dtype=torch.long),
+        image_camera=torch.tensor(img_cam, dtype=torch.long),
+        tokens=torch.cat(toks) if toks else torch.zeros(0, dtype=torch.long),
+        token_sample=torch.cat(tok_sample) if tok_sample else torch.zeros(0, dtype=torch.long),
+        token_pos=torch.cat(tok_pos) if tok_pos else torch.zeros(0, dtype=torch.long),
+        states=torch.stack([s.state for s in samples]),
+        actions=torch.stack([s.actions for s in samples]),
+        action_mask=torch.stack([s.action_mask for s in samples]),
+        seq_lens=torch.tensor([s.num_tokens(tokens_per_image) for s in samples], dtype=torch.int32),
+    )
+
+
+def pack(samples: Iterable[Sample], max_tokens: int, tokens_per_image: int,
+         max_samples: int | None = None) -> Iterator[PackedBatch]:
+    """Greedy first-fit in arrival order: emit a pack when the next sample would overflow it."""
+    buf: list[Sample] = []
+    used = 0
+    for s in samples:
+        n = s.num_tokens(tokens_per_image)
+        if n > max_tokens:
+            raise ValueError(f"a sample needs {n} tokens, more than the pack budget max_tokens={max_tokens}")
+        if buf and (used + n > max_tokens or (max_samples is not None and len(buf) >= max_samples)):
+            yield collate(buf, tokens_per_image)
+            buf, used = [], 0
+        buf.append(s)
+        used += n
+    if buf:
+        yield collate(buf, tokens_per_image)
+
+
+def nonpad_fraction(batches: Sequence[PackedBatch], max_tokens: int) -> float:
+    """Useful tokens / budgeted tokens over a run of packs."""
+    used = sum(int(b.seq_lens.sum()) for b in batches)
+    return used / (max_tokens * max(len(batches), 1))
