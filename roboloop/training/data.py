@@ -11,10 +11,9 @@ windows from different episodes.
 
 from __future__ import annotations
 
-import queue
 import random
-import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,8 +87,8 @@ class V3Dataset:
         self.episode_index = table["episode_index"].to_numpy()[order]
         self.frame_index = table["frame_index"].to_numpy()[order]
         self.task_index = table["task_index"].to_numpy()[order]
-        self.ep_from = {ep.episode_index: ep.dataset_from_index for ep in self.meta.episodes}
-        self.ep_to = {ep.episode_index: ep.dataset_to_index for ep in self.meta.episodes}
+        self.ep_from: dict[int, int] = {ep.episode_index: int(ep.dataset_from_index or 0) for ep in self.meta.episodes}
+        self.ep_to: dict[int, int] = {ep.episode_index: int(ep.dataset_to_index or 0) for ep in self.meta.episodes}
         self.video_keys = self.meta.info.video_keys
 
     def __len__(self) -> int:
@@ -123,7 +122,7 @@ class V3Dataset:
         with av.open(str(path)) as container:
             st = container.streams.video[0]
             st.thread_type = "AUTO"
-            tb = float(st.time_base)
+            tb = float(st.time_base)  # type: ignore[arg-type]
             container.seek(int(t0 / tb), stream=st, backward=True)
             for frame in container.decode(st):
                 t = frame.pts * tb
@@ -139,71 +138,103 @@ class V3Dataset:
 
 
 class SampleStream:
-    """Infinite, seeded stream of `Sample`s: windows decoded by producer threads, mixed in a shuffle buffer."""
+    """Infinite, seeded, resumable stream of `Sample`s.
+
+    Windows of `window` consecutive frames are visited in a per-epoch shuffled order (this
+    rank's shard). Their frames enter a shuffle buffer; each window's video is decoded once,
+    by a thread pool, as soon as it enters the buffer (prefetch: decoding overlaps training).
+    The order depends only on the seed, so `state_dict()` (epoch, cursor, buffer, RNG) lets a
+    restarted run continue with exactly the samples an uninterrupted run would have seen.
+    """
 
     def __init__(self, ds: V3Dataset, image_size: tuple[int, int], max_text_len: int, window: int = 32,
                  shuffle_buffer: int = 512, num_workers: int = 2, seed: int = 0, rank: int = 0,
                  world_size: int = 1, normalizer: Normalizer | None = None, with_video: bool = True):
         self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len
-        self.window, self.shuffle_buffer, self.num_workers = window, shuffle_buffer, num_workers
+        self.window, self.shuffle_buffer, self.num_workers = window, shuffle_buffer, max(1, num_workers)
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.norm, self.with_video = normalizer, with_video and bool(ds.video_keys)
+        self.epoch, self.cursor = 0, 0
+        self.buffer: list[int] = []  # global frame indices
+        self.rng = random.Random(seed * 7919 + rank)
+        self._pending: dict[tuple[int, int], Future] = {}
+        self._left: dict[tuple[int, int], int] = {}
+        self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="roboloop-decode")
 
-    def _windows(self, worker: int, epoch: int) -> list[tuple[int, int, int]]:
-        """(episode, first frame, count) of this rank and worker, shuffled per epoch."""
-        wins = []
-        for ep in self.ds.meta.episodes:
-            for first in range(0, ep.length, self.window):
-                wins.append((ep.episode_index, first, min(self.window, ep.length - first)))
+    def _windows(self, epoch: int) -> list[tuple[int, int, int]]:
+        """(episode, first frame, count) of this rank, shuffled per epoch."""
+        wins = [(ep.episode_index, first, min(self.window, ep.length - first))
+                for ep in self.ds.meta.episodes for first in range(0, ep.length, self.window)]
         random.Random(self.seed * 1_000_003 + epoch).shuffle(wins)
-        shard = self.rank * self.num_workers + worker
-        return wins[shard :: self.world_size * self.num_workers]
+        return wins[self.rank :: self.world_size]
 
-    def _make(self, episode: int, first: int, count: int) -> list[Sample]:
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor, "buffer": list(self.buffer),
+                "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        self.buffer = list(state["buffer"])
+        rng = state["rng"]
+        self.rng.setstate((rng[0], tuple(rng[1]), rng[2]))
+        for key in self.buffer:
+            self._schedule(self._window_of(key))
+
+    def _window_of(self, key: int) -> tuple[int, int, int]:
+        ep = int(self.ds.episode_index[key])
+        first = (int(self.ds.frame_index[key]) // self.window) * self.window
+        length = self.ds.ep_to[ep] - self.ds.ep_from[ep]
+        return ep, first, min(self.window, length - first)
+
+    def _schedule(self, win: tuple[int, int, int]) -> None:
+        ep, first, count = win
+        if (ep, first) not in self._pending:
+            self._pending[(ep, first)] = self._pool.submit(self._decode, ep, first, count)
+            self._left[(ep, first)] = 0
+        self._left[(ep, first)] += 1
+
+    def _decode(self, ep: int, first: int, count: int) -> dict[str, np.ndarray]:
+        if not self.with_video:
+            return {}
+        return {k: self.ds.decode_window(ep, k, first, count, self.image_size) for k in self.ds.video_keys}
+
+    def _fill(self) -> None:
+        while len(self.buffer) < self.shuffle_buffer:
+            wins = self._windows(self.epoch)
+            if self.cursor >= len(wins):
+                self.epoch, self.cursor = self.epoch + 1, 0
+                continue
+            win = wins[self.cursor]
+            self.cursor += 1
+            start = self.ds.ep_from[win[0]] + win[1]
+            self.buffer.extend(range(start, start + win[2]))
+            for _ in range(win[2]):
+                self._schedule(win)
+
+    def _sample(self, key: int) -> Sample:
         ds = self.ds
-        start = ds.ep_from[episode] + first
-        frames = {k: ds.decode_window(episode, k, first, count, self.image_size) for k in ds.video_keys} \
-            if self.with_video else {}
-        out = []
-        for j in range(count):
-            i = start + j
-            actions, pad = ds.action_chunk(i)
-            state = ds.state[i]
-            if self.norm is not None:
-                actions, state = self.norm(ds.action_key, actions), self.norm(ds.state_key, state)
-            images = [torch.from_numpy(frames[k][j]).permute(2, 0, 1).float().div_(255) for k in frames]
-            out.append(Sample(images=images, instruction=byte_tokens(ds.task(i), self.max_text_len),
-                              state=torch.from_numpy(np.ascontiguousarray(state)),
-                              actions=torch.from_numpy(np.ascontiguousarray(actions)),
-                              action_mask=torch.from_numpy(~pad)))
-        return out
+        ep, first, _ = self._window_of(key)
+        frames = self._pending[(ep, first)].result()
+        self._left[(ep, first)] -= 1
+        if self._left[(ep, first)] == 0:
+            del self._pending[(ep, first)], self._left[(ep, first)]
+        j = int(ds.frame_index[key]) - first
+        actions, pad = ds.action_chunk(key)
+        state = ds.state[key]
+        if self.norm is not None:
+            actions, state = self.norm(ds.action_key, actions), self.norm(ds.state_key, state)
+        images = [torch.from_numpy(frames[k][j]).permute(2, 0, 1).float().div_(255) for k in frames]
+        return Sample(images=images, instruction=byte_tokens(ds.task(key), self.max_text_len),
+                      state=torch.from_numpy(np.ascontiguousarray(state, dtype=np.float32)),
+                      actions=torch.from_numpy(np.ascontiguousarray(actions, dtype=np.float32)),
+                      action_mask=torch.from_numpy(~pad))
 
     def __iter__(self) -> Iterator[Sample]:
-        q: queue.Queue = queue.Queue(maxsize=max(4, 2 * self.num_workers))
-        stop = threading.Event()
+        while True:
+            self._fill()
+            k = self.rng.randrange(len(self.buffer))
+            self.buffer[k], self.buffer[-1] = self.buffer[-1], self.buffer[k]
+            yield self._sample(self.buffer.pop())
 
-        def produce(worker: int) -> None:
-            epoch = 0
-            while not stop.is_set():
-                for win in self._windows(worker, epoch):
-                    if stop.is_set():
-                        return
-                    q.put(self._make(*win))
-                epoch += 1
-
-        threads = [threading.Thread(target=produce, args=(w,), daemon=True) for w in range(self.num_workers)]
-        for t in threads:
-            t.start()
-        rng = random.Random(self.seed + 17 * self.rank)
-        buf: list[Sample] = []
-        try:
-            while True:
-                buf.extend(q.get())
-                while len(buf) > self.shuffle_buffer // 2:
-                    k = rng.randrange(len(buf))
-                    buf[k], buf[-1] = buf[-1], buf[k]
-                    yield buf.pop()
-        finally:
-            stop.set()
-            while not q.empty():
-                q.get_nowait()
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -62,9 +62,26 @@ def test_stream_shards_and_shapes(lerobot_v3):
     assert len(samples) == 40
     assert all(len(x.images) == 2 and x.images[0].shape == (3, 32, 32) for x in samples)
     assert all(x.actions.shape == (H, 6) for x in samples)
-    w0 = {w for w in SampleStream(ds, (8, 8), 8, window=4, rank=0, world_size=2)._windows(0, 0)}
-    w1 = {w for w in SampleStream(ds, (8, 8), 8, window=4, rank=1, world_size=2)._windows(0, 0)}
-    assert not (w0 & w1)
+    w0 = set(SampleStream(ds, (8, 8), 8, window=4, rank=0, world_size=2)._windows(0))
+    w1 = set(SampleStream(ds, (8, 8), 8, window=4, rank=1, world_size=2)._windows(0))
+    assert not (w0 & w1) and len(w0 | w1) == len(SampleStream(ds, (8, 8), 8, window=4)._windows(0))
+
+
+def test_stream_resumes_exactly(lerobot_v3):
+    ds = V3Dataset(lerobot_v3, horizon=H)
+
+    def stream():
+        return SampleStream(ds, image_size=(16, 16), max_text_len=32, window=4, shuffle_buffer=10, seed=3)
+
+    full = [(s.state.tolist(), s.images[0].sum().item()) for s in islice(iter(stream()), 60)]
+    first = stream()
+    it = iter(first)
+    head = [(s.state.tolist(), s.images[0].sum().item()) for s in islice(it, 25)]
+    state = first.state_dict()
+    second = stream()
+    second.load_state_dict(state)
+    tail = [(s.state.tolist(), s.images[0].sum().item()) for s in islice(iter(second), 35)]
+    assert head + tail == full
 
 
 def test_byte_tokens():
