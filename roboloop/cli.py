@@ -6,6 +6,8 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
+from typing import Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -21,7 +23,9 @@ def _add_model_options(
             continue
         flag = "--" + name.replace("_", "-")
         ann = f.annotation
-        if ann is bool:
+        if get_origin(ann) is Literal:
+            parser.add_argument(flag, choices=get_args(ann), default=None, help=f.description)
+        elif ann is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.description)
         elif ann in (int, float, str) or ann in (int | None, float | None, str | None):
             typ: type = next(t for t in (int, float, str) if ann in (t, t | None))
@@ -91,6 +95,18 @@ def _parse_cam(text: str) -> tuple[str, int, int]:
     return key, int(h), int(w)
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from roboloop.training.config import TrainConfig
+    from roboloop.training.train import train
+
+    cfg = TrainConfig.model_validate_json(Path(args.config).read_text()) if args.config else \
+        _model_from_args(TrainConfig, args)
+    result = train(cfg)  # type: ignore[arg-type]
+    print(json.dumps({"output_dir": str(result.output_dir), "first_loss": result.first_loss,
+                      "final_loss": result.final_loss, "steps": result.steps, "resumed_from": result.resumed_from}))
+    return 0
+
+
 def cmd_dvc_track(args: argparse.Namespace) -> int:
     from roboloop import dvc
 
@@ -136,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--v3", action="store_true", help="write v3.0 (generates v2.1 beside it, then converts)")
     _add_model_options(g, GenSpec, skip=frozenset({"cameras", "image_keys", "tasks"}))
     g.set_defaults(fn=cmd_generate)
+
+    from roboloop.training.config import TrainConfig
+
+    t = sub.add_parser("train", help="train the VLA policy on a v3 dataset (resumes from its checkpoints)")
+    t.add_argument("--config", help="a TrainConfig JSON file (what flows hand to torchrun ranks)")
+    _add_model_options(t, TrainConfig, skip=frozenset({"model_overrides"}))
+    t.set_defaults(fn=cmd_train)
 
     d = sub.add_parser("dvc-track", help="dvc add + push a stage output; prints its md5")
     d.add_argument("path")

@@ -62,3 +62,40 @@ def n15(**kw) -> ModelConfig:
 
 
 PRESETS = {"tiny": tiny, "small": small, "base": base, "n15": n15}
+
+
+class TrainConfig(BaseModel):
+    """Everything a training run needs; the CLI, the Prefect flow and every torchrun rank read this."""
+
+    dataset: str = Field(description="LeRobot v3.0 dataset folder")
+    output_dir: str = Field("artifacts/train", description="checkpoints, final model, metrics")
+    preset: Literal["tiny", "small", "base", "n15"] = Field("tiny", description="model size preset")
+    model_overrides: dict[str, int | float | str | list[int]] = Field(
+        default_factory=dict, description="fields of ModelConfig to change from the preset")
+    steps: int = Field(300, ge=1, description="optimizer steps")
+    max_tokens: int = Field(2048, gt=0, description="backbone token budget of one packed batch (per rank)")
+    max_samples: int = Field(64, gt=0, description="at most this many samples per pack")
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    precision: Literal["auto", "fp8", "bf16", "fp32"] = Field("auto", description="fp8 needs CC>=8.9 + TE/torchao")
+    fp8_backend: Literal["te", "torchao"] = Field("te", description="FP8 implementation when precision=fp8")
+    seed: int = 0
+    window: int = Field(32, gt=0, description="frames decoded per sequential video read")
+    shuffle_buffer: int = Field(256, gt=0)
+    num_workers: int = Field(2, ge=1, description="video decode threads")
+    with_video: bool = Field(True, description="feed camera frames (False: state + language only)")
+    checkpoint_every_steps: int = Field(100, ge=0, description="0 disables step-based checkpoints")
+    checkpoint_every_minutes: float = Field(0.0, ge=0, description="0 disables time-based checkpoints")
+    keep_last: int = Field(2, ge=1, description="checkpoints kept")
+    resume: bool = Field(True, description="resume from the latest checkpoint in output_dir")
+    log_every: int = Field(10, ge=1)
+    device: str = Field("auto", description="auto, cpu or cuda")
+    deterministic: bool = Field(False, description="deterministic kernels (exact resume comparisons)")
+
+    def model_config_resolved(self, state_dim: int, action_dim: int) -> ModelConfig:
+        over = dict(self.model_overrides)
+        if "image_size" in over and isinstance(over["image_size"], list):
+            over["image_size"] = tuple(over["image_size"])  # type: ignore[assignment]
+        return PRESETS[self.preset](**{"state_dim": state_dim, "action_dim": action_dim, **over})
