@@ -12,6 +12,7 @@ windows from different episodes.
 from __future__ import annotations
 
 import random
+from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -138,35 +139,38 @@ class V3Dataset:
 
 
 class SampleStream:
-    """Infinite, seeded, resumable stream of `Sample`s.
+    """Infinite, seeded, resumable stream of frame keys, materialised into `Sample`s on demand.
 
-    Windows of `window` consecutive frames are visited in a per-epoch shuffled order (this
-    rank's shard). Their frames enter a shuffle buffer; each window's video is decoded once,
-    by a thread pool, as soon as it enters the buffer (prefetch: decoding overlaps training).
-    The order depends only on the seed, so `state_dict()` (epoch, cursor, buffer, RNG) lets a
+    Windows of `window` consecutive frames are visited in a per-epoch shuffled order; their
+    frame keys (global indices) enter a shuffle buffer. Keys are cheap: packing, rank
+    sharding and loss normalisation all work on keys, and only the samples a rank needs are
+    materialised. Materialising decodes each needed window once, on a thread pool, so the
+    windows of a whole pack decode in parallel (and the next pack can be prefetched). The
+    key order depends only on the seed, so `state_dict()` (epoch, cursor, buffer, RNG) lets a
     restarted run continue with exactly the samples an uninterrupted run would have seen.
     """
 
     def __init__(self, ds: V3Dataset, image_size: tuple[int, int], max_text_len: int, window: int = 32,
-                 shuffle_buffer: int = 512, num_workers: int = 2, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, normalizer: Normalizer | None = None, with_video: bool = True):
+                 shuffle_buffer: int = 512, num_workers: int = 2, seed: int = 0,
+                 normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256):
         self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len
         self.window, self.shuffle_buffer, self.num_workers = window, shuffle_buffer, max(1, num_workers)
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.norm, self.with_video = normalizer, with_video and bool(ds.video_keys)
+        self.seed, self.norm = seed, normalizer
+        self.with_video = with_video and bool(ds.video_keys)
         self.epoch, self.cursor = 0, 0
         self.buffer: list[int] = []  # global frame indices
-        self.rng = random.Random(seed * 7919 + rank)
-        self._pending: dict[tuple[int, int], Future] = {}
-        self._left: dict[tuple[int, int], int] = {}
+        self.rng = random.Random(seed * 7919)
+        self._cache: OrderedDict[tuple[int, int], Future] = OrderedDict()
+        self._cache_windows = cache_windows
         self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="roboloop-decode")
+        self._tokens = {i: byte_tokens(t, max_text_len) for i, t in ds.meta.tasks.items()}
 
     def _windows(self, epoch: int) -> list[tuple[int, int, int]]:
-        """(episode, first frame, count) of this rank, shuffled per epoch."""
+        """(episode, first frame, count), shuffled per epoch."""
         wins = [(ep.episode_index, first, min(self.window, ep.length - first))
                 for ep in self.ds.meta.episodes for first in range(0, ep.length, self.window)]
         random.Random(self.seed * 1_000_003 + epoch).shuffle(wins)
-        return wins[self.rank :: self.world_size]
+        return wins
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "cursor": self.cursor, "buffer": list(self.buffer),
@@ -177,8 +181,28 @@ class SampleStream:
         self.buffer = list(state["buffer"])
         rng = state["rng"]
         self.rng.setstate((rng[0], tuple(rng[1]), rng[2]))
-        for key in self.buffer:
-            self._schedule(self._window_of(key))
+
+    def next_key(self) -> int:
+        while len(self.buffer) < self.shuffle_buffer:
+            wins = self._windows(self.epoch)
+            if self.cursor >= len(wins):
+                self.epoch, self.cursor = self.epoch + 1, 0
+                continue
+            ep, first, count = wins[self.cursor]
+            self.cursor += 1
+            start = self.ds.ep_from[ep] + first
+            self.buffer.extend(range(start, start + count))
+        k = self.rng.randrange(len(self.buffer))
+        self.buffer[k], self.buffer[-1] = self.buffer[-1], self.buffer[k]
+        return self.buffer.pop()
+
+    def num_tokens(self, key: int, tokens_per_image: int) -> int:
+        """Backbone tokens of a key's sample, known without decoding anything."""
+        cams = len(self.ds.video_keys) if self.with_video else 0
+        return cams * tokens_per_image + len(self._tokens[int(self.ds.task_index[key])]) + 1
+
+    def num_valid_steps(self, key: int) -> int:
+        return int((~self.ds.action_chunk(key)[1]).sum())
 
     def _window_of(self, key: int) -> tuple[int, int, int]:
         ep = int(self.ds.episode_index[key])
@@ -186,55 +210,46 @@ class SampleStream:
         length = self.ds.ep_to[ep] - self.ds.ep_from[ep]
         return ep, first, min(self.window, length - first)
 
-    def _schedule(self, win: tuple[int, int, int]) -> None:
-        ep, first, count = win
-        if (ep, first) not in self._pending:
-            self._pending[(ep, first)] = self._pool.submit(self._decode, ep, first, count)
-            self._left[(ep, first)] = 0
-        self._left[(ep, first)] += 1
+    def prefetch(self, keys: list[int]) -> None:
+        """Start decoding the windows these keys need (no-op for cached ones)."""
+        if not self.with_video:
+            return
+        for key in keys:
+            ep, first, count = self._window_of(key)
+            if (ep, first) in self._cache:
+                self._cache.move_to_end((ep, first))
+                continue
+            self._cache[(ep, first)] = self._pool.submit(self._decode, ep, first, count)
+            while len(self._cache) > self._cache_windows:
+                self._cache.popitem(last=False)
 
     def _decode(self, ep: int, first: int, count: int) -> dict[str, np.ndarray]:
-        if not self.with_video:
-            return {}
         return {k: self.ds.decode_window(ep, k, first, count, self.image_size) for k in self.ds.video_keys}
 
-    def _fill(self) -> None:
-        while len(self.buffer) < self.shuffle_buffer:
-            wins = self._windows(self.epoch)
-            if self.cursor >= len(wins):
-                self.epoch, self.cursor = self.epoch + 1, 0
-                continue
-            win = wins[self.cursor]
-            self.cursor += 1
-            start = self.ds.ep_from[win[0]] + win[1]
-            self.buffer.extend(range(start, start + win[2]))
-            for _ in range(win[2]):
-                self._schedule(win)
+    def materialize(self, keys: list[int]) -> list[Sample]:
+        self.prefetch(keys)
+        return [self._sample(k) for k in keys]
 
     def _sample(self, key: int) -> Sample:
         ds = self.ds
-        ep, first, _ = self._window_of(key)
-        frames = self._pending[(ep, first)].result()
-        self._left[(ep, first)] -= 1
-        if self._left[(ep, first)] == 0:
-            del self._pending[(ep, first)], self._left[(ep, first)]
-        j = int(ds.frame_index[key]) - first
+        images = []
+        if self.with_video:
+            ep, first, _ = self._window_of(key)
+            frames = self._cache[(ep, first)].result()
+            j = int(ds.frame_index[key]) - first
+            images = [torch.from_numpy(frames[k][j]).permute(2, 0, 1).float().div_(255) for k in ds.video_keys]
         actions, pad = ds.action_chunk(key)
         state = ds.state[key]
         if self.norm is not None:
             actions, state = self.norm(ds.action_key, actions), self.norm(ds.state_key, state)
-        images = [torch.from_numpy(frames[k][j]).permute(2, 0, 1).float().div_(255) for k in frames]
-        return Sample(images=images, instruction=byte_tokens(ds.task(key), self.max_text_len),
+        return Sample(images=images, instruction=self._tokens[int(ds.task_index[key])],
                       state=torch.from_numpy(np.ascontiguousarray(state, dtype=np.float32)),
                       actions=torch.from_numpy(np.ascontiguousarray(actions, dtype=np.float32)),
                       action_mask=torch.from_numpy(~pad))
 
     def __iter__(self) -> Iterator[Sample]:
         while True:
-            self._fill()
-            k = self.rng.randrange(len(self.buffer))
-            self.buffer[k], self.buffer[-1] = self.buffer[-1], self.buffer[k]
-            yield self._sample(self.buffer.pop())
+            yield self.materialize([self.next_key()])[0]
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -159,24 +159,38 @@ class VLAPolicy(nn.Module):
             a = blk(a, cond, ctx, cu_a, cu_ctx, h, max_ctx, self.cfg.attention)
         return self.action_out(self.ln_head(a)).view(n, h, -1)
 
-    def loss(self, b: PackedBatch, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Flow-matching MSE averaged over the valid (unpadded) steps of every chunk."""
-        err = self.step_errors(b, generator)
-        mask = b.action_mask.to(err.dtype)
-        return (err * mask).sum() / mask.sum().clamp_min(1.0)
+    def loss(self, b: PackedBatch, generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
+             u: torch.Tensor | None = None, denominator: float | None = None) -> torch.Tensor:
+        """Flow-matching MSE over the valid (unpadded) chunk steps.
 
-    def step_errors(self, b: PackedBatch, generator: torch.Generator | None = None) -> torch.Tensor:
+        `denominator` (default: this batch's valid steps) lets data-parallel ranks divide by
+        the global count, so the mean of rank losses equals the single-process loss.
+        """
+        err = self.step_errors(b, generator, noise, u)
+        mask = b.action_mask.to(err.dtype)
+        denom = denominator if denominator is not None else mask.sum().clamp_min(1.0)
+        return (err * mask).sum() / denom
+
+    def step_errors(self, b: PackedBatch, generator: torch.Generator | None = None,
+                    noise: torch.Tensor | None = None, u: torch.Tensor | None = None) -> torch.Tensor:
         """(N, H) squared velocity error per chunk step (padded steps included)."""
         ctx, cu, max_len = self.encode(b)
         actions = b.actions.to(torch.float32)
-        noise = torch.randn(actions.shape, generator=generator, device=actions.device)
+        if noise is None:
+            noise = torch.randn(actions.shape, generator=generator, device=actions.device)
+        if u is None:
+            u = torch.rand(actions.shape[0], generator=generator, device=actions.device)
         # GR00T: b ~ Beta(1.5, 1), t = (s - b) / s with s = 0.999, skewing t towards noise.
-        # Beta(1.5, 1) has CDF x^1.5, so b = u^(1/1.5) by inversion (seeded through `generator`).
-        u = torch.rand(actions.shape[0], generator=generator, device=actions.device)
-        t = ((0.999 - u.pow(1 / 1.5)) / 0.999).clamp_min(0.0)
+        # Beta(1.5, 1) has CDF x^1.5, so b = u^(1/1.5) by inversion.
+        t = ((0.999 - u.to(actions.device).pow(1 / 1.5)) / 0.999).clamp_min(0.0)
+        noise = noise.to(actions.device)
         x_t = t[:, None, None] * actions + (1 - t[:, None, None]) * noise
         v = self.velocity(ctx, cu, max_len, x_t, t).float()
         return ((v - (actions - noise)) ** 2).mean(-1)
+
+    def forward(self, b: PackedBatch, noise: torch.Tensor, u: torch.Tensor, denominator: float) -> torch.Tensor:
+        """The training loss (DDP wraps `forward`, so data-parallel training calls this)."""
+        return self.loss(b, noise=noise, u=u, denominator=denominator)
 
     @torch.no_grad()
     def sample_actions(self, b: PackedBatch, steps: int | None = None,

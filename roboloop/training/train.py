@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from roboloop.training import checkpoint, precision
+from roboloop.training import checkpoint, distributed, precision
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import Normalizer, SampleStream, V3Dataset
 from roboloop.training.model import VLAPolicy, num_parameters
-from roboloop.training.packing import PackedBatch, Sample, collate
+from roboloop.training.packing import PackedBatch, collate
 
 log = logging.getLogger(__name__)
 
@@ -32,32 +32,49 @@ class NonFiniteLossError(RuntimeError):
 
 
 class Packer:
-    """Packs samples from a resumable stream; its state includes the one sample carried over."""
+    """Forms global packs of keys from the stream; its state includes the one key carried over.
 
-    def __init__(self, stream: SampleStream, max_tokens: int, max_samples: int, tokens_per_image: int):
-        self.stream, self.max_tokens, self.max_samples, self.tpi = stream, max_tokens, max_samples, tokens_per_image
-        self.it = iter(stream)
-        self.carry: Sample | None = None
+    A global pack holds up to `max_tokens * world_size` backbone tokens (and at least one
+    sample per rank); rank r trains on its samples r, r+W, ... (see `distributed`).
+    """
+
+    def __init__(self, stream: SampleStream, max_tokens: int, max_samples: int, tokens_per_image: int,
+                 world_size: int = 1):
+        self.stream, self.tpi, self.world = stream, tokens_per_image, world_size
+        self.budget, self.max_samples = max_tokens * world_size, max_samples * world_size
+        self.max_tokens = max_tokens
+        self.carry: int | None = None
         self.carry_state: dict | None = None
 
-    def next(self) -> PackedBatch:
-        buf: list[Sample] = [self.carry] if self.carry is not None else []
-        used = sum(s.num_tokens(self.tpi) for s in buf)
+    def next(self) -> list[int]:
+        keys: list[int] = [self.carry] if self.carry is not None else []
+        used = sum(self.stream.num_tokens(k, self.tpi) for k in keys)
         self.carry = self.carry_state = None
         while True:
             state = self.stream.state_dict()
-            s = next(self.it)
-            n = s.num_tokens(self.tpi)
+            k = self.stream.next_key()
+            n = self.stream.num_tokens(k, self.tpi)
             if n > self.max_tokens:
                 raise ValueError(f"a sample needs {n} tokens, more than max_tokens={self.max_tokens}")
-            if buf and (used + n > self.max_tokens or len(buf) >= self.max_samples):
-                self.carry, self.carry_state = s, state
-                return collate(buf, self.tpi)
-            buf.append(s)
+            full = used + n > self.budget or len(keys) >= self.max_samples
+            if len(keys) >= self.world and full:
+                self.carry, self.carry_state = k, state
+                return keys
+            keys.append(k)
             used += n
 
     def state_dict(self) -> dict:
         return self.carry_state if self.carry is not None else self.stream.state_dict()  # type: ignore[return-value]
+
+
+def flow_noise(keys: list[int], step: int, seed: int, horizon: int, action_dim: int) -> tuple[torch.Tensor, ...]:
+    """Per-sample noise and time draws seeded by (seed, step, key): independent of how samples are split."""
+    noise, u = [], []
+    for k in keys:
+        g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 10_000_019 + k)
+        noise.append(torch.randn(horizon, action_dim, generator=g))
+        u.append(torch.rand(1, generator=g))
+    return torch.stack(noise), torch.cat(u)
 
 
 @dataclass
@@ -77,13 +94,20 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def train(cfg: TrainConfig) -> TrainResult:
+    env = distributed.init(cfg.device)
+    try:
+        return _train(cfg, env)
+    finally:
+        distributed.shutdown()
+
+
+def _train(cfg: TrainConfig, env: distributed.DistEnv) -> TrainResult:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if cfg.device == "auto" else cfg.device)
+    device = env.device
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank
     ds = V3Dataset(cfg.dataset)
     mcfg = cfg.model_config_resolved(ds.state.shape[1], ds.action.shape[1])
     ds.horizon = mcfg.horizon
@@ -96,7 +120,6 @@ def train(cfg: TrainConfig) -> TrainResult:
     stream = SampleStream(ds, mcfg.image_size, mcfg.max_text_len, window=cfg.window,
                           shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.num_workers, seed=cfg.seed,
                           normalizer=norm, with_video=cfg.with_video)
-    gen = torch.Generator(device=device).manual_seed(cfg.seed + 1)
     start, ckpt_dir = 0, out / "checkpoints"
     found = checkpoint.latest(ckpt_dir) if cfg.resume else None
     if found is not None:
@@ -105,60 +128,80 @@ def train(cfg: TrainConfig) -> TrainResult:
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         checkpoint.set_rng_state(st["rng"])
-        gen.set_state(st["generator"])
         stream.load_state_dict(st["data"])
         start = int(st["step"])
         log.info("resumed from %s (step %d)", found, start)
-    packer = Packer(stream, cfg.max_tokens, cfg.max_samples, mcfg.tokens_per_image)
-    log.info("model %s: %.2fM parameters, precision %s (%s), device %s", cfg.preset,
-             num_parameters(model) / 1e6, prec.name, prec.reason, device)
+    ddp_model = distributed.wrap(model, env)
+    packer = Packer(stream, cfg.max_tokens, cfg.max_samples, mcfg.tokens_per_image, env.world_size)
+    log.info("model %s: %.2fM parameters, precision %s (%s), device %s, rank %d/%d", cfg.preset,
+             num_parameters(model) / 1e6, prec.name, prec.reason, device, env.rank, env.world_size)
     metrics_path = out / "metrics.jsonl"
-    if metrics_path.exists():  # drop rows a killed run wrote after its last checkpoint
+    if env.is_main and metrics_path.exists():  # drop rows a killed run wrote after its last checkpoint
         keep = [r for r in metrics_path.read_text().splitlines() if r.strip() and json.loads(r)["step"] <= start]
         metrics_path.write_text("".join(r + "\n" for r in keep))
     first_loss = last_loss = float("nan")
     last_ckpt_time = time.time()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="train", disable=None)
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="train",
+               disable=None if env.is_main else True)
     try:
         for step in bar:
             t0 = time.perf_counter()
-            batch = packer.next().to(device, non_blocking=True)
+            keys = packer.next()
+            mine = keys[env.rank :: env.world_size]
+            denom = float(sum(stream.num_valid_steps(k) for k in keys))
+            batch = collate(stream.materialize(mine), mcfg.tokens_per_image).to(device, non_blocking=True)
+            noise, u = flow_noise(mine, step, cfg.seed, mcfg.horizon, mcfg.action_dim)
             t_data = time.perf_counter() - t0
             with prec.autocast(device.type), precision.fp8_context(prec):
-                loss = model.loss(batch, generator=gen)
-            if not torch.isfinite(loss):
-                raise NonFiniteLossError(f"loss became {loss.item()} at step {step}; stopping without a final model")
+                # Each rank divides by the global count; DDP averages, so scale back by W.
+                loss = model.loss(batch, noise=noise, u=u, denominator=denom) \
+                    if env.world_size == 1 else _ddp_loss(ddp_model, batch, noise, u, denom, env)
+            global_loss = distributed.all_reduce_sum(loss.detach() / env.world_size, env)
+            if not torch.isfinite(global_loss):
+                raise NonFiniteLossError(f"loss became {global_loss.item()} at step {step}; "
+                                         "stopping without a final model")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             sched.step()
             dt = time.perf_counter() - t0
-            last_loss = loss.item()
+            last_loss = global_loss.item()
             if step == start:
                 first_loss = last_loss
             tokens = int(batch.seq_lens.sum())
-            row = {"step": step + 1, "loss": last_loss, "lr": sched.get_last_lr()[0],
-                   "samples_per_s": batch.num_samples / dt, "tokens_per_s": tokens / dt,
-                   "nonpad_fraction": tokens / cfg.max_tokens, "data_wait_fraction": t_data / dt}
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            if env.is_main:
+                row = {"step": step + 1, "loss": last_loss, "lr": sched.get_last_lr()[0],
+                       "samples_per_s": len(keys) / dt, "tokens_per_s": tokens * env.world_size / dt,
+                       "nonpad_fraction": tokens / cfg.max_tokens, "data_wait_fraction": t_data / dt}
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps(row) + "\n")
             if (step + 1) % cfg.log_every == 0:
                 bar.set_postfix(loss=f"{last_loss:.4f}")
-            due = cfg.checkpoint_every_steps and (step + 1) % cfg.checkpoint_every_steps == 0
             minutes = (time.time() - last_ckpt_time) / 60
-            due = due or (cfg.checkpoint_every_minutes and minutes > cfg.checkpoint_every_minutes)
+            due = bool(cfg.checkpoint_every_steps and (step + 1) % cfg.checkpoint_every_steps == 0)
+            due = due or bool(cfg.checkpoint_every_minutes and minutes > cfg.checkpoint_every_minutes)
             if due and step + 1 < cfg.steps:
-                checkpoint.save(ckpt_dir, step + 1, {
-                    "step": step + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(), "rng": checkpoint.rng_state(), "generator": gen.get_state(),
-                    "data": packer.state_dict(), "config": cfg.model_dump()}, cfg.keep_last)
+                if env.is_main:  # DDP replicas are identical: rank 0 writes, everyone waits
+                    checkpoint.save(ckpt_dir, step + 1, {
+                        "step": step + 1, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(), "rng": checkpoint.rng_state(),
+                        "data": packer.state_dict(), "config": cfg.model_dump()}, cfg.keep_last)
+                distributed.barrier(env)
                 last_ckpt_time = time.time()
-            checkpoint.heartbeat(out / "heartbeat.json", step + 1, loss=last_loss)
+            if env.is_main:
+                checkpoint.heartbeat(out / "heartbeat.json", step + 1, loss=last_loss)
     finally:
         stream.close()
-    save_final(out, model, mcfg.model_dump(), cfg, ds)
+    if env.is_main:
+        save_final(out, model, mcfg.model_dump(), cfg, ds)
     return TrainResult(out, last_loss, first_loss, cfg.steps, start)
+
+
+def _ddp_loss(ddp_model: torch.nn.Module, batch: PackedBatch, noise: torch.Tensor, u: torch.Tensor,
+              denom: float, env: distributed.DistEnv) -> torch.Tensor:
+    """Run the loss through DDP's forward so that its gradient hooks fire."""
+    return ddp_model(batch, noise, u, denom / env.world_size)
 
 
 def save_final(out: Path, model: torch.nn.Module, model_cfg: dict, cfg: TrainConfig, ds: V3Dataset) -> None:

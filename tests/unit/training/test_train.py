@@ -82,9 +82,9 @@ def test_nan_loss_stops_without_final_model(tiny_v3, tmp_path, monkeypatch):
     real = VLAPolicy.step_errors
     calls = {"n": 0}
 
-    def poisoned(self, b, generator=None):
+    def poisoned(self, b, generator=None, noise=None, u=None):
         calls["n"] += 1
-        err = real(self, b, generator)
+        err = real(self, b, generator, noise, u)
         return err * float("nan") if calls["n"] == 3 else err
 
     monkeypatch.setattr(VLAPolicy, "step_errors", poisoned)

@@ -1,0 +1,85 @@
+"""Data-parallel training under torchrun (single node or multi-node rendezvous).
+
+Every rank walks the same seeded key stream and forms the same *global* pack; rank r
+materialises samples r, r+W, r+2W, ... of it, so the global batch does not depend on the
+number of ranks, and with the loss divided by the global count of valid steps DDP's
+gradient average equals the single-process gradient. Only the samples a rank trains on are
+decoded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init(device_pref: str = "auto") -> DistEnv:
+    """Join the process group torchrun set up (WORLD_SIZE > 1), or run alone."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref.startswith("cuda")
+    device = torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return DistEnv(rank, world, local, device)
+
+
+def wrap(model: nn.Module, env: DistEnv) -> nn.Module:
+    if env.world_size == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+
+
+def all_reduce_sum(x: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    if env.world_size > 1:
+        x = x.clone()
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+    return x
+
+
+def barrier(env: DistEnv) -> None:
+    if env.world_size > 1:
+        dist.barrier()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def torchrun_command(config_json: str, nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
+                     rdzv_endpoint: str = "127.0.0.1:29500", max_restarts: int = 0,
+                     run_id: str = "roboloop") -> list[str]:
+    """The torchrun command line that trains `config_json` (a TrainConfig file) on this node.
+
+    Multi-node: every node runs it with the same rdzv endpoint and run id (c10d rendezvous).
+    `max_restarts` lets torchrun restart failed ranks; they resume from the last checkpoint.
+    """
+    torchrun = shutil.which("torchrun") or sys.executable + " -m torch.distributed.run"
+    return [*torchrun.split(), f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
+            f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--rdzv-id={run_id}", f"--max-restarts={max_restarts}",
+            "-m", "roboloop.cli", "train", "--config", config_json]
