@@ -6,7 +6,10 @@ no compute is spent on padding. Backends, fastest first:
 
   flash        flash_attn.flash_attn_varlen_func (CUDA, flash-attn installed)
   torch_varlen torch.nn.attention.varlen.varlen_attn (CUDA, PyTorch >= 2.10)
-  sdpa         F.scaled_dot_product_attention with a block-diagonal mask (anywhere)
+  sdpa         F.scaled_dot_product_attention (anywhere): segments are scattered into a
+               (N, Lmax) batch with a key mask for the attention only, so its cost is
+               N * Lmax^2 rather than (sum L)^2, while every linear layer still runs on the
+               packed tokens without padding
 
 `auto` picks the first that can run here and logs the choice and why, once.
 Shapes: q_TqHD, k_TkHD, v_TkHD; cu_q/cu_k are int32 cumulative lengths.
@@ -77,11 +80,31 @@ def varlen_attention(q_TqHD: torch.Tensor, k_TkHD: torch.Tensor, v_TkHD: torch.T
 
         window = (-1, 0) if causal else (-1, -1)
         return varlen_attn(q_TqHD, k_TkHD, v_TkHD, cu_q, cu_k, max_q, max_k, window_size=window)
-    mask = block_diagonal_mask(cu_q, cu_k, q_TqHD.shape[0], k_TkHD.shape[0], causal)
-    # SDPA wants (B, H, T, D); the whole pack is one "batch" and the mask keeps samples apart.
-    out = F.scaled_dot_product_attention(q_TqHD.transpose(0, 1)[None], k_TkHD.transpose(0, 1)[None],
-                                         v_TkHD.transpose(0, 1)[None], attn_mask=mask[None, None])
-    return out[0].transpose(0, 1)
+    return _padded_sdpa(q_TqHD, k_TkHD, v_TkHD, cu_q, cu_k, max_q, max_k, causal)
+
+
+def _segments(cu: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(segment, position within segment) of each packed token."""
+    seg = torch.searchsorted(cu[1:], torch.arange(total, device=cu.device), right=True)
+    return seg, torch.arange(total, device=cu.device) - cu[seg]
+
+
+def _padded_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                 max_q: int, max_k: int, causal: bool) -> torch.Tensor:
+    n, heads, dim = cu_q.numel() - 1, q.shape[1], q.shape[2]
+    sq, pq = _segments(cu_q, q.shape[0])
+    sk, pk = _segments(cu_k, k.shape[0])
+    qb = q.new_zeros(n, max_q, heads, dim).index_put((sq, pq), q)
+    kb = k.new_zeros(n, max_k, heads, dim).index_put((sk, pk), k)
+    vb = v.new_zeros(n, max_k, heads, dim).index_put((sk, pk), v)
+    lens_k = (cu_k[1:] - cu_k[:-1]).to(torch.long)
+    mask = torch.arange(max_k, device=q.device)[None, :] < lens_k[:, None]  # (N, Lk) valid keys
+    mask = mask[:, None, None, :]
+    if causal:
+        mask = mask & (torch.arange(max_q, device=q.device)[:, None] >= torch.arange(max_k, device=q.device))
+    out = F.scaled_dot_product_attention(qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2),
+                                         attn_mask=mask)
+    return out.transpose(1, 2)[sq, pq]
 
 
 def cu_seqlens(lengths: list[int] | torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -81,21 +81,27 @@ def collate(samples: Sequence[Sample], tokens_per_image: int) -> PackedBatch:
 
 
 def pack(samples: Iterable[Sample], max_tokens: int, tokens_per_image: int,
-         max_samples: int | None = None) -> Iterator[PackedBatch]:
-    """Greedy first-fit in arrival order: emit a pack when the next sample would overflow it."""
-    buf: list[Sample] = []
-    used = 0
+         max_samples: int | None = None, open_bins: int = 4) -> Iterator[PackedBatch]:
+    """First-fit over a few open packs: a sample goes into the first open pack it fits in; when
+    none has room and `open_bins` are open, the fullest pack is emitted. More open packs fill
+    packs tighter at the cost of reordering samples a little (bounded by `open_bins`)."""
+    bins: list[tuple[list[Sample], int]] = []
     for s in samples:
         n = s.num_tokens(tokens_per_image)
         if n > max_tokens:
             raise ValueError(f"a sample needs {n} tokens, more than the pack budget max_tokens={max_tokens}")
-        if buf and (used + n > max_tokens or (max_samples is not None and len(buf) >= max_samples)):
-            yield collate(buf, tokens_per_image)
-            buf, used = [], 0
-        buf.append(s)
-        used += n
-    if buf:
-        yield collate(buf, tokens_per_image)
+        for i, (members, used) in enumerate(bins):
+            if used + n <= max_tokens and (max_samples is None or len(members) < max_samples):
+                members.append(s)
+                bins[i] = (members, used + n)
+                break
+        else:
+            if len(bins) >= open_bins:
+                fullest = max(range(len(bins)), key=lambda i: bins[i][1])
+                yield collate(bins.pop(fullest)[0], tokens_per_image)
+            bins.append(([s], n))
+    for members, _ in sorted(bins, key=lambda b: -b[1]):
+        yield collate(members, tokens_per_image)
 
 
 def nonpad_fraction(batches: Sequence[PackedBatch], max_tokens: int) -> float:
