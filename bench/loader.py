@@ -1,0 +1,104 @@
+"""roboloop's v3 loader vs LeRobotDataset + DataLoader: samples/s, state/action only and with video.
+
+    python bench/loader.py [--dataset V3_DIR] [--workers 2] [--batch 32] [--batches 40]
+
+Same data, same number of workers, action chunk 16. Without --dataset it generates two v3
+datasets under bench/out/ once (with and without a 128x128 camera). Ends with one JSON line
+carrying `ratio_state` and `ratio_video` (roboloop samples/s / LeRobot samples/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+H = 16
+
+
+def ensure(path: Path, cameras: dict) -> Path:
+    if path.exists():
+        return path
+    from roboloop.datasets.convert import ConvertConfig, convert
+    from roboloop.datasets.generate import GenSpec, generate_v21
+
+    src = generate_v21(path.with_name(path.name + "_v21"), GenSpec(
+        num_episodes=40, min_length=150, max_length=250, cameras=cameras, seed=1, noise=4))
+    return convert(src, path, ConvertConfig(progress=False))
+
+
+def ours(root: Path, workers: int, batch: int, batches: int, video: bool) -> float:
+    import torch
+
+    from roboloop.training.data import SampleStream, V3Dataset
+    from roboloop.training.packing import collate
+
+    ds = V3Dataset(root, horizon=H)
+    stream = SampleStream(ds, image_size=(128, 128), max_text_len=96, num_workers=workers, with_video=video)
+    keys = [stream.next_key() for _ in range(batch)]
+    collate(stream.materialize(keys), 64)  # warm-up
+    t0 = time.perf_counter()
+    nxt = [stream.next_key() for _ in range(batch)]
+    stream.prefetch(nxt)
+    for _ in range(batches):
+        cur, nxt = nxt, [stream.next_key() for _ in range(batch)]
+        stream.prefetch(nxt)  # decode the next batch while this one is assembled
+        b = collate(stream.materialize(cur), 64)
+        assert b.actions.shape == (batch, H, b.actions.shape[-1])
+    dt = time.perf_counter() - t0
+    stream.close()
+    del torch
+    return batch * batches / dt
+
+
+def lerobot(root: Path, workers: int, batch: int, batches: int, backend: str) -> float:
+    import torch
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    fps = json.loads((root / "meta/info.json").read_text())["fps"]
+    ds = LeRobotDataset("bench/ds", root=root, delta_timestamps={"action": [i / fps for i in range(H)]},
+                        video_backend=backend)
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+                                         multiprocessing_context="spawn" if workers else None,
+                                         persistent_workers=workers > 0)
+    it = iter(loader)
+    next(it)  # warm-up (workers started)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        b = next(it)
+        assert b["action"].shape[1] == H
+    return batch * batches / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dataset", type=Path, help="a v3 dataset with video (state-only uses a generated one)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batches", type=int, default=40)
+    # torchcodec (LeRobot's default) returns the neighbouring frame for some timestamps of
+    # multi-episode files and LeRobot raises FrameTimestampError, on LeRobot's own converted
+    # output too; its PyAV backend decodes them right.
+    ap.add_argument("--lerobot-backend", default="pyav", choices=["pyav", "torchcodec"])
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    state_ds = ensure(HERE / "out" / "loader_state_v3", {})
+    video_ds = args.dataset or ensure(HERE / "out" / "loader_video_v3", {"observation.images.top": (128, 128)})
+    r = {
+        "ours_state_sps": ours(state_ds, args.workers, args.batch, args.batches, video=False),
+        "lerobot_state_sps": lerobot(state_ds, args.workers, args.batch, args.batches, args.lerobot_backend),
+        "ours_video_sps": ours(video_ds, args.workers, args.batch, args.batches // 4, video=True),
+        "lerobot_video_sps": lerobot(video_ds, args.workers, args.batch, args.batches // 4, args.lerobot_backend),
+    }
+    r = {k: round(v, 1) for k, v in r.items()}
+    r["ratio_state"] = round(r["ours_state_sps"] / r["lerobot_state_sps"], 2)
+    r["ratio_video"] = round(r["ours_video_sps"] / r["lerobot_video_sps"], 2)
+    print(json.dumps({"workers": args.workers, "batch": args.batch, "chunk": H,
+                      "lerobot_backend": args.lerobot_backend, **r}))
+
+
+if __name__ == "__main__":
+    main()
