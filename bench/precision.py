@@ -17,15 +17,8 @@ import torch
 
 from roboloop.training import precision
 from roboloop.training.config import PRESETS
-from roboloop.training.model import VLAPolicy, num_parameters
+from roboloop.training.model import VLAPolicy, num_parameters, train_flops
 from roboloop.training.packing import Sample, pack
-
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0, "L40S": 362.0, "A100": 312.0}
-
-
-def peak_tflops() -> float | None:
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
 
 
 def batch(cfg, max_tokens: int):
@@ -59,11 +52,10 @@ def step_time(preset: str, mode: str, backend: str, steps: int, max_tokens: int)
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / steps
-    tokens = int(b.seq_lens.sum()) + b.num_samples * cfg.horizon
-    flops = 6 * num_parameters(model) * tokens  # dense estimate; attention adds a few %
-    peak = peak_tflops()
+    flops = train_flops(cfg, b.seq_lens.tolist(), int(b.images.shape[0]))
+    peak = precision.peak_flops(torch.device("cuda"), "bf16")  # MFU against the bf16 peak in both modes
     return {"step_ms": round(dt * 1e3, 2), "params_b": round(num_parameters(model) / 1e9, 3),
-            "fp8_linears": converted, "mfu": round(flops / dt / (peak * 1e12), 4) if peak else None}
+            "fp8_linears": converted, "mfu": round(flops / dt / peak, 4) if peak else None}
 
 
 def main() -> None:

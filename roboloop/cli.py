@@ -15,7 +15,9 @@ from roboloop import __version__
 
 
 def _add_model_options(
-    parser: argparse.ArgumentParser, model: type[BaseModel], skip: frozenset[str] = frozenset()
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    model: type[BaseModel],
+    skip: frozenset[str] = frozenset(),
 ) -> None:
     """Expose a pydantic model's scalar fields as --kebab-case options (one source of truth)."""
     for name, f in model.model_fields.items():
@@ -97,10 +99,19 @@ def _parse_cam(text: str) -> tuple[str, int, int]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from roboloop.training.config import TrainConfig
+    from roboloop.training.launch import LaunchConfig, run_torchrun
     from roboloop.training.train import train
 
     cfg = TrainConfig.model_validate_json(Path(args.config).read_text()) if args.config else \
         _model_from_args(TrainConfig, args)
+    launch = _model_from_args(LaunchConfig, args)
+    if launch.nproc_per_node > 1 or launch.nnodes > 1:  # type: ignore[attr-defined]
+        out = run_torchrun(cfg, launch)  # type: ignore[arg-type]
+        rows = (out / "metrics.jsonl").read_text().splitlines()
+        print(json.dumps({"output_dir": str(out), "first_loss": json.loads(rows[0])["loss"],
+                          "final_loss": json.loads(rows[-1])["loss"], "steps": len(rows), "ranks":
+                          launch.nproc_per_node * launch.nnodes}))  # type: ignore[attr-defined]
+        return 0
     result = train(cfg)  # type: ignore[arg-type]
     print(json.dumps({"output_dir": str(result.output_dir), "first_loss": result.first_loss,
                       "final_loss": result.final_loss, "steps": result.steps, "resumed_from": result.resumed_from}))
@@ -158,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train the VLA policy on a v3 dataset (resumes from its checkpoints)")
     t.add_argument("--config", help="a TrainConfig JSON file (what flows hand to torchrun ranks)")
     _add_model_options(t, TrainConfig, skip=frozenset({"model_overrides"}))
+    from roboloop.training.launch import LaunchConfig
+
+    _add_model_options(t.add_argument_group("torchrun (N > 1 ranks or nodes)"), LaunchConfig)
     t.set_defaults(fn=cmd_train)
 
     d = sub.add_parser("dvc-track", help="dvc add + push a stage output; prints its md5")

@@ -86,3 +86,54 @@ def heartbeat(path: Path, step: int, **extra: Any) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"step": step, "time": time.time(), "pid": os.getpid(), **extra}))
     tmp.replace(path)
+
+
+def save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 extra: dict[str, Any], keep_last: int, rank: int, barrier: Any) -> Path:
+    """FSDP checkpoint: every rank writes its shards with torch.distributed.checkpoint (DCP).
+
+    Same atomicity as `save`: shards and rank 0's `extra.pt` (step, scheduler, RNG, data
+    position) go to `step-N.tmp-dcp/`; only after every rank has finished does rank 0 write
+    meta.json and rename. Multi-node runs need `ckpt_dir` on a shared filesystem. The shards
+    reload on any world size (DCP reshards).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    final = ckpt_dir / f"{PREFIX}{step:08d}"
+    tmp = ckpt_dir / f"{final.name}.tmp-dcp"
+    if rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp))
+    if rank == 0:
+        torch.save(extra, tmp / "extra.pt")
+    barrier()
+    if rank == 0:
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time(), "format": "dcp"}))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _fsync_dir(ckpt_dir)
+        for old in complete(ckpt_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    return final
+
+
+def is_sharded(path: Path) -> bool:
+    return (path / "extra.pt").exists()
+
+
+def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load a DCP checkpoint into an FSDP model and optimizer (collective); returns the extra state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optimizer": osd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    return torch.load(path / "extra.pt", map_location="cpu", weights_only=False)

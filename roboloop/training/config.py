@@ -30,6 +30,10 @@ class ModelConfig(BaseModel):
     head_head_dim: int | None = Field(None, description="per-head dim of the DiT (GR00T: 48)")
     inference_steps: int = Field(4, ge=1, description="Euler steps K at inference")
     attention: Literal["auto", "flash", "torch_varlen", "sdpa"] = "auto"
+    vision_encoder: str | None = Field(None, description="local folder of a Hugging Face vision model "
+                                       "(ViT/SigLIP/DINOv2); default: a patch encoder trained from scratch")
+    tokenizer: str | None = Field(None, description="local folder of a Hugging Face tokenizer; "
+                                  "default: byte-level tokens")
 
     @property
     def tokens_per_image(self) -> int:
@@ -92,10 +96,18 @@ class TrainConfig(BaseModel):
     resume: bool = Field(True, description="resume from the latest checkpoint in output_dir")
     log_every: int = Field(10, ge=1)
     device: str = Field("auto", description="auto, cpu or cuda")
+    strategy: Literal["ddp", "fsdp"] = Field("ddp", description="data parallelism across ranks: replicate "
+                                             "(DDP) or shard parameters/optimizer (FSDP2)")
+    prefetch: bool = Field(True, description="prepare the next batch (decode, pin, copy) during the step")
     deterministic: bool = Field(False, description="deterministic kernels (exact resume comparisons)")
 
     def model_config_resolved(self, state_dim: int, action_dim: int) -> ModelConfig:
         over = dict(self.model_overrides)
         if "image_size" in over and isinstance(over["image_size"], list):
             over["image_size"] = tuple(over["image_size"])  # type: ignore[assignment]
-        return PRESETS[self.preset](**{"state_dim": state_dim, "action_dim": action_dim, **over})
+        cfg = PRESETS[self.preset](**{"state_dim": state_dim, "action_dim": action_dim, **over})
+        if cfg.tokenizer and "vocab_size" not in over:
+            from roboloop.training.hf import tokenizer_vocab_size
+
+            cfg = cfg.model_copy(update={"vocab_size": tokenizer_vocab_size(cfg.tokenizer)})
+        return cfg

@@ -152,7 +152,8 @@ class SampleStream:
 
     def __init__(self, ds: V3Dataset, image_size: tuple[int, int], max_text_len: int, window: int = 32,
                  shuffle_buffer: int = 512, num_workers: int = 2, seed: int = 0,
-                 normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256):
+                 normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256,
+                 tokenizer: str | None = None):
         self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len
         self.window, self.shuffle_buffer, self.num_workers = window, shuffle_buffer, max(1, num_workers)
         self.seed, self.norm = seed, normalizer
@@ -163,7 +164,12 @@ class SampleStream:
         self._cache: OrderedDict[tuple[int, int], Future] = OrderedDict()
         self._cache_windows = cache_windows
         self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="roboloop-decode")
-        self._tokens = {i: byte_tokens(t, max_text_len) for i, t in ds.meta.tasks.items()}
+        if tokenizer:
+            from roboloop.training.hf import text_tokens
+
+            self._tokens = {i: text_tokens(tokenizer, t, max_text_len) for i, t in ds.meta.tasks.items()}
+        else:
+            self._tokens = {i: byte_tokens(t, max_text_len) for i, t in ds.meta.tasks.items()}
 
     def _windows(self, epoch: int) -> list[tuple[int, int, int]]:
         """(episode, first frame, count), shuffled per epoch."""

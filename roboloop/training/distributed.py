@@ -45,12 +45,33 @@ def init(device_pref: str = "auto") -> DistEnv:
     return DistEnv(rank, world, local, device)
 
 
-def wrap(model: nn.Module, env: DistEnv) -> nn.Module:
+def wrap(model: nn.Module, env: DistEnv, strategy: str = "ddp") -> nn.Module:
+    """DDP: replicate and all-reduce gradients. FSDP2 (`fully_shard`): shard parameters, gradients
+    and optimizer state over the ranks, one unit per transformer block plus the root. Both
+    average gradients over ranks, so the loss scaling is the same. FSDP shards `model` in
+    place and returns it; DDP returns a wrapper whose `forward` must be called."""
     if env.world_size == 1:
+        return model
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in [*getattr(model, "blocks", []), *getattr(model, "head_blocks", [])]:
+            fully_shard(block)
+        fully_shard(model)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+
+
+def full_state_dict(model: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
+    """The whole model's weights on CPU (a collective under FSDP: every rank must call it)."""
+    if not sharded:
+        return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.contiguous() for k, v in sd.items()}
 
 
 def all_reduce_sum(x: torch.Tensor, env: DistEnv) -> torch.Tensor:

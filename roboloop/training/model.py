@@ -104,7 +104,12 @@ class VLAPolicy(nn.Module):
         super().__init__()
         self.cfg = cfg
         d, dd = cfg.dim, cfg.head_dim_model
-        self.patch = nn.Conv2d(3, d, cfg.patch_size, stride=cfg.patch_size)
+        if cfg.vision_encoder:
+            from roboloop.training.hf import HFVisionEncoder
+
+            self.vision: nn.Module = HFVisionEncoder(cfg.vision_encoder, d, cfg.tokens_per_image)
+        else:
+            self.patch = nn.Conv2d(3, d, cfg.patch_size, stride=cfg.patch_size)
         self.patch_pos = nn.Parameter(torch.randn(cfg.tokens_per_image, d) * 0.02)
         self.camera_emb = nn.Embedding(cfg.max_cameras, d)
         self.tok_emb = nn.Embedding(cfg.vocab_size, d)
@@ -129,7 +134,10 @@ class VLAPolicy(nn.Module):
         total = int(cu[-1])
         x = b.states.new_zeros(total, cfg.dim, dtype=self.patch_pos.dtype)
         if b.images.shape[0]:
-            vis = self.patch(b.images.to(self.patch.weight.dtype)).flatten(2).transpose(1, 2)  # (I, P, D)
+            if cfg.vision_encoder:
+                vis = self.vision(b.images.to(self.patch_pos.dtype))  # (I, P, D)
+            else:
+                vis = self.patch(b.images.to(self.patch.weight.dtype)).flatten(2).transpose(1, 2)  # (I, P, D)
             vis = vis + self.patch_pos + self.camera_emb(b.image_camera)[:, None]
             start = cu[b.image_sample].long() + b.image_camera * p
             dest = start[:, None] + torch.arange(p, device=start.device)
@@ -207,3 +215,34 @@ class VLAPolicy(nn.Module):
 
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def _linear_params(m: nn.Module) -> int:
+    return sum(x.in_features * x.out_features for x in m.modules() if isinstance(x, nn.Linear))
+
+
+def train_flops(cfg: ModelConfig, seq_lens: list[int], num_images: int) -> float:
+    """Model FLOPs of one training step (forward + backward = 3x forward) on a packed batch.
+
+    Counts every matmul: linears (2 FLOPs per weight per token they touch; the cross-attention
+    key/value projection touches backbone tokens, the rest of the head touches action tokens),
+    the patch embedding, and attention scores/values over each sample's own tokens only (what
+    varlen attention computes). Embedding lookups, norms and elementwise ops are left out, as
+    in the usual MFU definition.
+    """
+    d, dd, h = cfg.dim, cfg.head_dim_model, cfg.horizon
+    t, n = sum(seq_lens), len(seq_lens)
+    inner_b = d
+    inner_h = cfg.head_heads * (cfg.head_head_dim or dd // cfg.head_heads)
+    bb_block = 4 * d * d + 2 * 4 * d * d  # qkv+out, mlp (ratio 4)
+    fwd = 2 * t * bb_block * cfg.layers
+    fwd += 2 * 2 * inner_b * sum(s * s for s in seq_lens) * cfg.layers  # QK^T and PV
+    fwd += 2 * num_images * cfg.tokens_per_image * 3 * cfg.patch_size ** 2 * d
+    fwd += 2 * n * (cfg.state_dim * d + d * d)  # state MLP
+    per_action = 4 * dd * inner_h + inner_h * dd + inner_h * dd + 2 * 4 * dd * dd + 6 * dd * dd
+    # self q/kv/out (4*dd*inner), cross q + out, mlp, adaLN
+    fwd += 2 * n * h * per_action * cfg.head_layers
+    fwd += 2 * t * d * 2 * inner_h * cfg.head_layers  # cross-attention K/V over backbone tokens
+    fwd += 2 * 2 * inner_h * cfg.head_layers * (n * h * h + h * sum(seq_lens))  # self + cross attention
+    fwd += 2 * n * h * (2 * cfg.action_dim * dd) + 2 * n * 2 * dd * dd  # action in/out, time MLP
+    return 3.0 * fwd

@@ -99,3 +99,25 @@ def fp8_context(p: PrecisionPlan) -> contextlib.AbstractContextManager:
 
         return te.fp8_autocast(enabled=True, fp8_recipe=DelayedScaling(fp8_format=Format.HYBRID))
     return contextlib.nullcontext()
+
+
+# Dense bf16 tensor-core peaks (TFLOP/s, SXM parts, no sparsity); FP8 doubles them on Hopper/Blackwell.
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "B200": 2250.0, "GB200": 2500.0,
+                    "L40S": 362.0, "A100": 312.0, "A10G": 70.0, "L4": 121.0}
+
+
+def peak_flops(device: torch.device, mode: str) -> float | None:
+    """Peak FLOP/s of `device` for MFU, or None where unknown (CPU: set ROBOLOOP_PEAK_TFLOPS)."""
+    import os
+
+    if os.environ.get("ROBOLOOP_PEAK_TFLOPS"):
+        return float(os.environ["ROBOLOOP_PEAK_TFLOPS"]) * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    tflops = next((v for k, v in sorted(PEAK_BF16_TFLOPS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
+    if tflops is None:
+        return None
+    if mode == "fp32":
+        tflops /= 2  # TF32 tensor cores
+    return tflops * 1e12

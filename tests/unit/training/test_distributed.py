@@ -52,3 +52,72 @@ def test_two_ranks_match_one_rank(v3, tmp_path):
     assert abs(one[-1] - two[-1]) <= 1e-4, (one[-3:], two[-3:])
     assert max(abs(a - b) for a, b in zip(one, two, strict=True)) <= 1e-4
     assert (tmp_path / "two" / "model.safetensors").exists()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "roboloop.cli", *args], capture_output=True, text=True,
+                          timeout=600, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.slow
+def test_fsdp_two_ranks_match_one_and_resume_from_sharded_checkpoint(v3, tmp_path):
+    """`roboloop train --nproc-per-node 2 --strategy fsdp`: same losses as one process, DCP checkpoints
+    that a restarted job reloads (and then continues with the same losses)."""
+    over = {"image_size": [32, 32], "horizon": 8}
+    one = TrainConfig(output_dir=str(tmp_path / "one"), max_tokens=1024, dataset=str(v3), steps=20, lr=2e-3,
+                      warmup_steps=5, num_workers=1, device="cpu", checkpoint_every_steps=0, model_overrides=over)
+    train(one)
+    fsdp = TrainConfig(**{**one.model_dump(), "output_dir": str(tmp_path / "fsdp"), "max_tokens": 512,
+                          "strategy": "fsdp", "checkpoint_every_steps": 10})
+    cfg_file = tmp_path / "fsdp.json"
+    cfg_file.write_text(fsdp.model_dump_json())
+    port = f"127.0.0.1:{_port()}"
+    proc = _cli("train", "--config", str(cfg_file), "--nproc-per-node", "2", "--rdzv-endpoint", port)
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-4000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["ranks"] == 2
+    ref, got = _losses(tmp_path / "one"), _losses(tmp_path / "fsdp")
+    assert max(abs(a - b) for a, b in zip(ref, got, strict=True)) <= 1e-4
+    ckpt = tmp_path / "fsdp" / "checkpoints" / "step-00000010"
+    assert (ckpt / ".metadata").exists() and (ckpt / "extra.pt").exists()  # DCP shards, not a torch.save
+    # A restart (what torchrun --max-restarts does) resumes from step 10 and reproduces steps 11-20.
+    (tmp_path / "fsdp" / "model.safetensors").unlink()
+    proc = _cli("train", "--config", str(cfg_file), "--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{_port()}")
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-4000:]
+    again = _losses(tmp_path / "fsdp")
+    assert len(again) == 20 and max(abs(a - b) for a, b in zip(got, again, strict=True)) <= 1e-5
+    from safetensors.torch import load_file
+
+    from roboloop.training.config import ModelConfig
+    from roboloop.training.model import VLAPolicy
+
+    full = load_file(tmp_path / "fsdp" / "model.safetensors")  # gathered, unsharded weights
+    mcfg = ModelConfig(**json.loads((tmp_path / "fsdp" / "config.json").read_text())["model"])
+    VLAPolicy(mcfg).load_state_dict(full)  # strict: every weight, full shapes
+
+
+def test_launcher_timeout_kills_every_rank(v3, tmp_path):
+    """The torchrun child runs in its own process group; a timeout (or cancel) leaves no rank behind."""
+    import os
+
+    from roboloop.training.launch import LaunchConfig, run_torchrun
+
+    cfg = TrainConfig(dataset=str(v3), output_dir=str(tmp_path / "out"), steps=100000, device="cpu", num_workers=1,
+                      checkpoint_every_steps=0, model_overrides={"image_size": [32, 32], "horizon": 8})
+    lines: list[str] = []
+    with pytest.raises(TimeoutError, match="killed torchrun"):
+        run_torchrun(cfg, LaunchConfig(nproc_per_node=2, rdzv_endpoint=f"127.0.0.1:{_port()}", timeout_s=25),
+                     on_line=lines.append)
+    assert any("torch" in line for line in lines)
+    marker = str(tmp_path / "out" / "train_config.json")
+    survivors = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p).find(marker) >= 0]
+    assert survivors == [], [_cmdline(p) for p in survivors]
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

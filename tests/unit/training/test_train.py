@@ -98,3 +98,22 @@ def test_explicit_fp8_on_cpu_says_what_is_missing(tiny_v3, tmp_path):
 
     with pytest.raises(MissingCapability, match="compute capability"):
         train(_cfg(tiny_v3, tmp_path, steps=1, precision="fp8"))
+
+
+def test_prefetch_changes_nothing_but_timing(tiny_v3, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(_cfg(tiny_v3, a, steps=12, prefetch=True))
+    train(_cfg(tiny_v3, b, steps=12, prefetch=False))
+    assert _losses(a) == _losses(b)
+    row = json.loads((a / "metrics.jsonl").read_text().splitlines()[-1])
+    for key in ("loss", "lr", "samples_per_s", "tokens_per_s", "nonpad_fraction", "data_wait_fraction", "mfu"):
+        assert key in row
+    assert 0.0 < row["data_wait_fraction"] <= 1.0
+    assert row["mfu"] is None  # CPU: no known peak unless ROBOLOOP_PEAK_TFLOPS is set
+
+
+def test_mfu_reported_when_peak_known(tiny_v3, tmp_path, monkeypatch):
+    monkeypatch.setenv("ROBOLOOP_PEAK_TFLOPS", "1.0")
+    train(_cfg(tiny_v3, tmp_path, steps=3))
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(0.0 < r["mfu"] < 1.0 for r in rows)

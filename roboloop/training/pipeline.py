@@ -1,0 +1,120 @@
+"""From the key stream to device-resident packed batches, one step ahead of the model.
+
+`Packer` forms global packs of frame keys (cheap: no decoding). `BatchPipeline` turns a
+pack into this rank's `PackedBatch` and keeps the *next* one in flight while the current
+step runs: its windows decode on the stream's thread pool, and on CUDA the collated batch
+is pinned and copied to the device on a side stream (non-blocking), with an event the
+compute stream waits on before using it. That is the double buffer: batch s computes while
+batch s+1 is decoded and transferred. `state_dict()` is the position *before* the batch in
+flight, so a checkpoint resumes with exactly the batches an uninterrupted run would train.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from roboloop.training.data import SampleStream
+from roboloop.training.packing import PackedBatch, collate
+
+
+class Packer:
+    """Forms global packs of keys from the stream; its state includes the one key carried over.
+
+    A global pack holds up to `max_tokens * world_size` backbone tokens (and at least one
+    sample per rank); rank r trains on its samples r, r+W, ... (see `distributed`).
+    """
+
+    def __init__(self, stream: SampleStream, max_tokens: int, max_samples: int, tokens_per_image: int,
+                 world_size: int = 1):
+        self.stream, self.tpi, self.world = stream, tokens_per_image, world_size
+        self.budget, self.max_samples = max_tokens * world_size, max_samples * world_size
+        self.max_tokens = max_tokens
+        self.carry: int | None = None
+        self.carry_state: dict | None = None
+
+    def next(self) -> list[int]:
+        keys: list[int] = [self.carry] if self.carry is not None else []
+        used = sum(self.stream.num_tokens(k, self.tpi) for k in keys)
+        self.carry = self.carry_state = None
+        while True:
+            state = self.stream.state_dict()
+            k = self.stream.next_key()
+            n = self.stream.num_tokens(k, self.tpi)
+            if n > self.max_tokens:
+                raise ValueError(f"a sample needs {n} tokens, more than max_tokens={self.max_tokens}")
+            full = used + n > self.budget or len(keys) >= self.max_samples
+            if len(keys) >= self.world and full:
+                self.carry, self.carry_state = k, state
+                return keys
+            keys.append(k)
+            used += n
+
+    def state_dict(self) -> dict:
+        return self.carry_state if self.carry is not None else self.stream.state_dict()  # type: ignore[return-value]
+
+
+@dataclass
+class Ready:
+    """One step's input: the global pack, this rank's share on the device, and where it came from."""
+
+    keys: list[int]  # the global pack
+    mine: list[int]  # this rank's keys
+    denominator: float  # valid action steps in the global pack (loss normalisation)
+    batch: PackedBatch
+    position: dict  # stream position before this pack
+    event: torch.cuda.Event | None = None
+
+
+class BatchPipeline:
+    def __init__(self, packer: Packer, stream: SampleStream, rank: int, world_size: int, tokens_per_image: int,
+                 device: torch.device, prefetch: bool = True):
+        self.packer, self.stream, self.rank, self.world = packer, stream, rank, world_size
+        self.tpi, self.device, self.prefetch = tokens_per_image, device, prefetch
+        self.cuda = device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
+        self._next: Ready | None = None
+        self.wait_s = 0.0  # time the last `next()` blocked the training loop
+
+    def _plan(self) -> tuple[list[int], list[int], float, dict]:
+        position = self.packer.state_dict()
+        keys = self.packer.next()
+        mine = keys[self.rank :: self.world]
+        self.stream.prefetch(mine)  # decode starts now, on the stream's threads
+        denom = float(sum(self.stream.num_valid_steps(k) for k in keys))
+        return keys, mine, denom, position
+
+    def _build(self, plan: tuple[list[int], list[int], float, dict]) -> Ready:
+        keys, mine, denom, position = plan
+        batch = collate(self.stream.materialize(mine), self.tpi)
+        if not self.cuda:
+            return Ready(keys, mine, denom, batch, position)
+        assert self.copy_stream is not None
+        batch = batch.pin_memory()
+        with torch.cuda.stream(self.copy_stream):
+            on_dev = batch.to(self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.copy_stream)
+        return Ready(keys, mine, denom, on_dev, position, event)
+
+    def next(self) -> Ready:
+        t0 = time.perf_counter()
+        cur = self._next if self._next is not None else self._build(self._plan())
+        self._next = None
+        if cur.event is not None:
+            torch.cuda.current_stream(self.device).wait_event(cur.event)
+            for t in vars(cur.batch).values():  # the copy stream's memory is now used by the compute stream
+                t.record_stream(torch.cuda.current_stream(self.device))
+        self.wait_s = time.perf_counter() - t0
+        return cur
+
+    def prepare_next(self) -> None:
+        """Start the following batch (call after launching the current step's work)."""
+        if self.prefetch and self._next is None:
+            self._next = self._build(self._plan())
+
+    def state_dict(self) -> dict:
+        """Stream position of the first batch not yet trained on."""
+        return self._next.position if self._next is not None else self.packer.state_dict()
