@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml constraints/py312.txt
 	@[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV)
 	@[ -x $(VENV)/bin/uv ] || $(PY) -m pip install -q uv==0.9.11
 	$(VENV)/bin/uv pip install --python $(PY) -c constraints/py312.txt -e ".[all]"
+	@# gym-pusht asks for opencv-python, which would clash with the headless OpenCV already pinned
+	$(VENV)/bin/uv pip install --python $(PY) --no-deps gym-pusht==0.1.8
 	@touch $(STAMP)
 
 demo: install  ## run the loop on embedded defaults (generate -> validate -> convert -> DVC)

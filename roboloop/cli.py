@@ -118,6 +118,45 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from roboloop.evaluation.run import EvalConfig, run_evaluation
+
+    report = run_evaluation(_model_from_args(EvalConfig, args))  # type: ignore[arg-type]
+    print(report.to_json())
+    return 0
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from roboloop.evaluation.run import CollectConfig, collect
+
+    dst, report = collect(_model_from_args(CollectConfig, args))  # type: ignore[arg-type]
+    print(json.dumps({"dst": str(dst), "expert_success_rate": report.success_rate, "episodes": report.episodes}))
+    return 0
+
+
+def cmd_registry(args: argparse.Namespace) -> int:
+    from roboloop.registry import Registry
+
+    reg = Registry(args.registry)
+    if args.action == "list":
+        names = [args.name] if args.name else reg.models()
+        out = []
+        for n in names:
+            al, _ = reg.aliases(n)
+            out.append({"name": n, "versions": reg.versions(n), "champion": al.get("champion"),
+                        "challenger": al.get("challenger")})
+        print(json.dumps(out, indent=2))
+    elif args.action == "show":
+        print(json.dumps(reg.show(args.name, args.ref or "champion"), indent=2))
+    elif args.action == "promote":
+        d = reg.promote(args.name, args.ref, margin=args.margin, alpha=args.alpha, force=args.force)
+        print(json.dumps(vars(d)))
+        return 0 if d.promoted else 3
+    elif args.action == "download":
+        print(reg.download(args.name, args.ref or "champion", args.dst or f"{args.name}-{args.ref or 'champion'}"))
+    return 0
+
+
 def cmd_dvc_track(args: argparse.Namespace) -> int:
     from roboloop import dvc
 
@@ -174,6 +213,28 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(t.add_argument_group("torchrun (N > 1 ranks or nodes)"), LaunchConfig)
     t.set_defaults(fn=cmd_train)
 
+    from roboloop.evaluation.run import CollectConfig, EvalConfig
+
+    e = sub.add_parser("evaluate", help="run a policy for exactly N episodes in Isaac Lab or gymnasium; "
+                       "ends with one JSON line (success_rate, ci_low, ci_high, ...)")
+    _add_model_options(e, EvalConfig)
+    e.set_defaults(fn=cmd_evaluate)
+    co = sub.add_parser("collect", help="record scripted-expert episodes as a LeRobot v2.1 dataset")
+    co.add_argument("dst")
+    _add_model_options(co, CollectConfig, skip=frozenset({"dst"}))
+    co.set_defaults(fn=cmd_collect)
+
+    r = sub.add_parser("registry", help="model registry (local folder or s3://): list, show, promote, download")
+    r.add_argument("action", choices=["list", "show", "promote", "download"])
+    r.add_argument("name", nargs="?", help="model name")
+    r.add_argument("ref", nargs="?", help="version (3, v3) or alias (champion, challenger)")
+    r.add_argument("--registry", help="registry URI (default $ROBOLOOP_REGISTRY or .roboloop/registry)")
+    r.add_argument("--dst", help="download destination")
+    r.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin on the success rate")
+    r.add_argument("--alpha", type=float, default=0.05, help="test level")
+    r.add_argument("--force", action="store_true", help="promote without the test")
+    r.set_defaults(fn=cmd_registry)
+
     d = sub.add_parser("dvc-track", help="dvc add + push a stage output; prints its md5")
     d.add_argument("path")
     d.add_argument("--no-push", action="store_true")
@@ -187,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.fn(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
         print(f"roboloop {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -198,7 +198,10 @@ def save_final(out: Path, weights: dict[str, torch.Tensor], model_cfg: dict, cfg
     tmp = out / "model.safetensors.tmp"
     save_file(weights, str(tmp))
     tmp.replace(out / "model.safetensors")
-    (out / "config.json").write_text(json.dumps({"model": model_cfg, "train": cfg.model_dump()}, indent=2))
+    data = {"state_key": ds.state_key, "action_key": ds.action_key, "video_keys": list(ds.video_keys),
+            "fps": ds.meta.info.fps, "with_video": cfg.with_video}
+    (out / "config.json").write_text(json.dumps({"model": model_cfg, "train": cfg.model_dump(), "data": data},
+                                                indent=2))
     st = ds.meta.stats or {}
     (out / "stats.json").write_text(json.dumps({k: {s: v.tolist() for s, v in st[k].items()}
                                                 for k in (ds.state_key, ds.action_key) if k in st}, indent=2))

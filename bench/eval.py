@@ -1,0 +1,70 @@
+"""Evaluation throughput on CPU: env-steps/s and policy-steps/s at 1, 16 and 64 envs.
+
+    python bench/eval.py [--envs 1 16 64] [--episodes-per-env 1] [--task Roboloop-Reach-Color-v0]
+
+Runs `roboloop evaluate` in a fresh process per setting (Isaac Lab keeps one simulation per
+process) twice: with the random policy (simulation + camera rendering alone) and with an
+untrained `tiny` VLA (what evaluating a checkpoint costs: batched inference with 4 Euler
+steps, 8 of the 16 chunk actions executed per plan). Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def tiny_model(dst: Path) -> Path:
+    """An untrained tiny policy with the reach task's shapes (speed does not depend on weights)."""
+    from safetensors.torch import save_file
+
+    from roboloop.training.config import tiny
+    from roboloop.training.model import VLAPolicy
+
+    cfg = tiny(state_dim=12, action_dim=2)
+    model = VLAPolicy(cfg)
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(dst / "model.safetensors"))
+    data = {"state_key": "observation.state", "action_key": "action", "video_keys": ["observation.images.top"],
+            "with_video": True}
+    (dst / "config.json").write_text(json.dumps({"model": cfg.model_dump(), "data": data}))
+    (dst / "stats.json").write_text(json.dumps({"observation.state": {"mean": [0.0] * 12, "std": [1.0] * 12},
+                                                "action": {"mean": [0.0] * 2, "std": [1.0] * 2}}))
+    return dst
+
+
+def run(policy: str, task: str, envs: int, episodes: int, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "roboloop.cli", "evaluate", "--policy", policy, "--task", task, "--num-envs",
+           str(envs), "--episodes", str(episodes), "--videos", "0", "--output-dir", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--envs", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--episodes-per-env", type=int, default=1)
+    ap.add_argument("--task", default="Roboloop-Reach-Color-v0")
+    args = ap.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_model(Path(tmp) / "tiny")
+        for n in args.envs:
+            eps = max(n * args.episodes_per_env, 2)
+            r = run("random", args.task, n, eps, Path(tmp) / f"r{n}")
+            m = run(str(model), args.task, n, eps, Path(tmp) / f"m{n}")
+            results[str(n)] = {"env_steps_per_s": round(r["env_steps_per_s"], 1),
+                               "env_steps_per_s_with_tiny_policy": round(m["env_steps_per_s"], 1),
+                               "policy_steps_per_s": round(m["policy_steps_per_s"], 1)}
+            print(f"{n:3d} envs: {results[str(n)]}", file=sys.stderr)
+    print(json.dumps({"task": args.task, "device": "cpu", "results": results}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Evaluation: batched environments (Isaac Lab, gymnasium), policies, the Evaluator, rollouts."""

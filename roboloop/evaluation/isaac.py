@@ -1,0 +1,132 @@
+"""Isaac Lab backend (3.0, kit-less): any registered task through `gym.make`, Newton physics.
+
+Isaac Lab's simulation context lives once per process: open an `IsaacLabEnv` with `with`
+(or call `close()`), and run one at a time. Before isaaclab is imported,
+`ISAACSIM_ASSET_ROOT` is pointed at the assets roboloop ships unless the user set it (a
+cluster can point it at NVIDIA's server or a mirror).
+
+Observation adapter: the task's `policy` observation is the state; any (N, H, W, 3|4) image
+observation becomes a camera (`observation.images.<name>`, alpha dropped); instructions come
+from the env's `instructions()` if it has one. Success comes from `extras["success"]`, else
+from a `success` termination term (manager-based tasks), else a timeout counts as success
+(survival tasks such as Cartpole) if `success_on_timeout` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from roboloop.evaluation.assets import use_shipped_assets
+from roboloop.evaluation.protocol import Obs, StepResult
+
+ROBOLOOP_TASKS = {"Roboloop-Reach-Color-v0"}
+
+
+def _import_isaaclab():
+    use_shipped_assets()
+    try:
+        import gymnasium as gym
+        import isaaclab_tasks  # noqa: F401  (registers Isaac Lab's tasks)
+        from isaaclab.app import launch_simulation
+        from isaaclab_tasks.utils import resolve_task_config
+
+        import roboloop.evaluation.isaac_tasks  # noqa: F401
+    except ImportError as e:
+        raise ImportError("the Isaac Lab backend needs isaaclab 3.0: pip install 'roboloop[sim]'") from e
+    return gym, launch_simulation, resolve_task_config
+
+
+class IsaacLabEnv:
+    def __init__(self, task: str = "Roboloop-Reach-Color-v0", num_envs: int = 16, device: str = "cpu",
+                 seed: int = 0, physics: str = "newton_mjwarp", camera: bool = True, success_on_timeout: bool = False,
+                 overrides: dict[str, Any] | None = None):
+        gym, launch_simulation, resolve_task_config = _import_isaaclab()
+        self.task, self.num_envs, self.device = task, num_envs, device
+        if task in ROBOLOOP_TASKS:
+            from roboloop.evaluation.isaac_tasks.reach import ReachColorEnvCfg
+
+            cfg = ReachColorEnvCfg()
+            if not camera:
+                cfg.scene.camera = None
+        else:
+            cfg, _ = resolve_task_config(task, "", overrides=(f"physics={physics}",))
+        cfg.scene.num_envs = num_envs
+        cfg.sim.device = device
+        cfg.seed = seed
+        for k, v in (overrides or {}).items():
+            setattr(cfg, k, v)
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(launch_simulation(cfg, {"device": device, "visualizer": []}))
+        try:
+            self.env = gym.make(task, cfg=cfg)
+        except BaseException:
+            self._stack.close()
+            raise
+        self.u = self.env.unwrapped
+        space = self.u.single_action_space if hasattr(self.u, "single_action_space") else self.u.action_space
+        self.action_dim = int(space.shape[-1])
+        low = torch.as_tensor(getattr(space, "low", -1.0), dtype=torch.float32).reshape(-1)[-self.action_dim:]
+        high = torch.as_tensor(getattr(space, "high", 1.0), dtype=torch.float32).reshape(-1)[-self.action_dim:]
+        self.action_low = torch.where(torch.isfinite(low), low, torch.full_like(low, -1.0))
+        self.action_high = torch.where(torch.isfinite(high), high, torch.full_like(high, 1.0))
+        self.fps = round(1.0 / self.u.step_dt)
+        self.backend = f"isaaclab-{physics}-{device}"
+        self.success_on_timeout = success_on_timeout
+
+    def _obs(self, raw: dict) -> Obs:
+        state = raw["policy"]
+        images = {}
+        for k, v in raw.items():
+            if k != "policy" and isinstance(v, torch.Tensor) and v.ndim == 4 and v.shape[-1] in (3, 4):
+                img = v[..., :3]
+                if img.dtype != torch.uint8:
+                    img = (img.float().clamp(0, 1) * 255).to(torch.uint8) if img.is_floating_point() else \
+                        img.to(torch.uint8)
+                images["observation.images." + ("top" if k == "rgb" else k)] = img.cpu()
+        if isinstance(state, dict):  # manager-based groups with concatenation off
+            state = torch.cat([t.flatten(1) for t in state.values()], dim=-1)
+        instr = self.u.instructions() if hasattr(self.u, "instructions") else [""] * self.num_envs
+        return Obs(state.float().cpu(), images, instr)
+
+    def reset(self, seed: int | None = None) -> Obs:
+        raw, _ = self.env.reset(seed=seed)
+        return self._obs(raw)
+
+    def _success(self, extras: dict, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+        if "success" in extras:
+            return torch.as_tensor(extras["success"]).bool().cpu()
+        tm = getattr(self.u, "termination_manager", None)
+        if tm is not None and "success" in getattr(tm, "active_terms", []):
+            return tm.get_term("success").bool().cpu()
+        if self.success_on_timeout:
+            return (truncated & ~terminated).bool().cpu()
+        raise ValueError(f"task {self.task} reports no success signal (extras['success'] or a 'success' "
+                         "termination term); pass success_on_timeout=True for survival tasks")
+
+    def step(self, actions: torch.Tensor) -> StepResult:
+        raw, rew, term, trunc, extras = self.env.step(actions.to(self.u.device))
+        done = (term | trunc).bool().cpu()
+        success = self._success(extras, term.cpu(), trunc.cpu()) & done
+        return StepResult(self._obs(raw), rew.float().cpu(), done, success)
+
+    def expert(self, obs: Obs) -> torch.Tensor | None:
+        if self.task == "Roboloop-Reach-Color-v0":
+            from roboloop.evaluation.isaac_tasks.reach import expert_action
+
+            return expert_action(obs.state, self.u.target.cpu())
+        return None
+
+    def close(self) -> None:
+        try:
+            self.env.close()
+        finally:
+            self._stack.close()
+
+    def __enter__(self) -> IsaacLabEnv:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,228 @@
+"""Language-conditioned reaching in Isaac Lab (kit-less, Newton physics, CPU or GPU).
+
+A planar two-link arm (shipped USD, see `roboloop.evaluation.assets`) and three coloured
+balls (red, green, blue) on a table; the instruction names one colour ("reach the green
+ball"). A top-down RGB camera sees the table. Success: the fingertip stays within
+`success_radius` of the named ball for `success_hold` consecutive policy steps.
+
+Observation `policy` (state, 12): joint positions (2), joint velocities (2), fingertip xy (2),
+red, green, blue ball xy (6), all relative to the env origin. Action (2): joint position
+deltas in [-1, 1], scaled by `action_scale` rad per policy step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import isaaclab.sim as sim_utils
+import torch
+from isaaclab.actuators import ImplicitActuatorCfg
+from isaaclab.assets import ArticulationCfg, AssetBaseCfg, RigidObjectCfg
+from isaaclab.envs import DirectRLEnv, DirectRLEnvCfg
+from isaaclab.scene import InteractiveSceneCfg
+from isaaclab.sensors import CameraCfg
+from isaaclab.sim import SimulationCfg
+from isaaclab.utils import configclass
+from isaaclab.utils.assets import ISAACLAB_NUCLEUS_DIR
+from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
+from isaaclab_newton.renderers.newton_warp_renderer_cfg import NewtonWarpRendererCfg
+
+from roboloop.evaluation.assets import ARM_REL, LINK1, LINK2
+
+COLORS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.8, 0.1), "blue": (0.1, 0.2, 0.9)}
+COLOR_NAMES = tuple(COLORS)
+BALL_RADIUS = 0.035
+TABLE_TOP = 0.0
+
+
+def _ball(name: str) -> RigidObjectCfg:
+    return RigidObjectCfg(
+        prim_path=f"{{ENV_REGEX_NS}}/{name}_ball",
+        spawn=sim_utils.SphereCfg(
+            radius=BALL_RADIUS,
+            visual_material=sim_utils.PreviewSurfaceCfg(diffuse_color=COLORS[name]),
+            rigid_props=sim_utils.UsdPhysicsRigidBodyCfg(rigid_body_enabled=True, kinematic_enabled=True),
+            mass_props=sim_utils.MassCfg(mass=0.05),
+        ),
+        init_state=RigidObjectCfg.InitialStateCfg(pos=(0.3, 0.0, 0.1), rot=(0.0, 0.0, 0.0, 1.0)),
+    )
+
+
+@configclass
+class ReachSceneCfg(InteractiveSceneCfg):
+    arm: ArticulationCfg = ArticulationCfg(
+        prim_path="{ENV_REGEX_NS}/Robot",
+        spawn=sim_utils.UsdFileCfg(usd_path=f"{ISAACLAB_NUCLEUS_DIR}/{ARM_REL.removeprefix('Isaac/IsaacLab/')}",
+                                   fix_root_link=True),
+        init_state=ArticulationCfg.InitialStateCfg(pos=(0.0, 0.0, 0.0), joint_pos={"shoulder": 0.0, "elbow": 0.0}),
+        actuators={"arm": ImplicitActuatorCfg(joint_names_expr=["shoulder", "elbow"], stiffness=60.0, damping=6.0,
+                                              joint_effort_limit=50.0)},
+    )
+    table = AssetBaseCfg(
+        prim_path="{ENV_REGEX_NS}/Table",
+        spawn=sim_utils.CuboidCfg(size=(1.3, 1.3, 0.02),
+                                  visual_material=sim_utils.PreviewSurfaceCfg(diffuse_color=(0.55, 0.45, 0.35))),
+        init_state=AssetBaseCfg.InitialStateCfg(pos=(0.1, 0.0, -0.011)),
+    )
+    red_ball: RigidObjectCfg = _ball("red")
+    green_ball: RigidObjectCfg = _ball("green")
+    blue_ball: RigidObjectCfg = _ball("blue")
+    light = AssetBaseCfg(prim_path="/World/Light", spawn=sim_utils.DomeLightCfg(intensity=2000.0))
+    camera: CameraCfg | None = CameraCfg(
+        prim_path="{ENV_REGEX_NS}/Camera",
+        # top-down: rotate the camera's +x view axis by 90 deg about y so it looks along -z
+        offset=CameraCfg.OffsetCfg(pos=(0.1, 0.0, 1.1), rot=(0.0, 0.7071068, 0.0, 0.7071068), convention="world"),
+        data_types=["rgb"],
+        spawn=sim_utils.PinholeCameraCfg(focal_length=18.0, focus_distance=1.0, horizontal_aperture=20.955,
+                                         clipping_range=(0.05, 5.0)),
+        width=64,
+        height=64,
+        renderer_cfg=NewtonWarpRendererCfg(),
+    )
+
+
+@configclass
+class ReachColorEnvCfg(DirectRLEnvCfg):
+    decimation = 2
+    episode_length_s = 4.0  # 120 policy steps at 30 Hz
+    action_space = 2
+    observation_space = 12
+    state_space = 0
+    action_scale = 0.08  # rad per policy step at |action| = 1
+    success_radius = 0.045  # m
+    success_hold = 5  # policy steps
+    reach_min, reach_max = 0.22, 0.50  # ball distance from the shoulder (m)
+    min_separation = 0.14  # between balls (m)
+    sim: SimulationCfg = SimulationCfg(
+        dt=1 / 60, render_interval=decimation,
+        physics=NewtonCfg(solver_cfg=MJWarpSolverCfg(njmax=8, nconmax=4, integrator="implicitfast", cone="pyramidal"),
+                          num_substeps=1, debug_mode=False, use_cuda_graph=True))
+    scene: ReachSceneCfg = ReachSceneCfg(num_envs=16, env_spacing=2.0, replicate_physics=True)
+
+
+class ReachColorEnv(DirectRLEnv):
+    cfg: ReachColorEnvCfg
+
+    def __init__(self, cfg: ReachColorEnvCfg, render_mode: str | None = None, **kwargs):
+        super().__init__(cfg, render_mode, **kwargs)
+        self.arm = self.scene["arm"]
+        self.balls = [self.scene[f"{c}_ball"] for c in COLOR_NAMES]
+        self.joint_ids, _ = self.arm.find_joints(["shoulder", "elbow"])
+        self.ball_xy = torch.zeros(self.num_envs, 3, 2, device=self.device)
+        self.target = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
+        self.hold = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
+        self.success = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        self.q_target = torch.zeros(self.num_envs, 2, device=self.device)
+        self._gen = torch.Generator(device="cpu").manual_seed(int(cfg.seed or 0))
+
+    # ----------------------------------------------------------------- language
+    def instructions(self) -> list[str]:
+        return [f"reach the {COLOR_NAMES[i]} ball" for i in self.target.tolist()]
+
+    # ----------------------------------------------------------------- kinematics
+    def joint_pos(self) -> torch.Tensor:
+        return self.arm.data.joint_pos.torch[:, self.joint_ids]
+
+    def fingertip(self) -> torch.Tensor:
+        q = self.joint_pos()
+        a1, a12 = q[:, 0], q[:, 0] + q[:, 1]
+        return torch.stack([LINK1 * torch.cos(a1) + LINK2 * torch.cos(a12),
+                            LINK1 * torch.sin(a1) + LINK2 * torch.sin(a12)], dim=-1)
+
+    # ----------------------------------------------------------------- MDP
+    def _pre_physics_step(self, actions: torch.Tensor) -> None:
+        a = actions.to(self.device).clamp(-1.0, 1.0)
+        self.q_target = (self.joint_pos() + self.cfg.action_scale * a).clamp(-2.9, 2.9)
+
+    def _apply_action(self) -> None:
+        self.arm.set_joint_position_target_index(target=self.q_target, joint_ids=self.joint_ids)
+
+    def _get_observations(self) -> dict:
+        q = self.joint_pos()
+        qd = self.arm.data.joint_vel.torch[:, self.joint_ids]
+        state = torch.cat([q, qd, self.fingertip(), self.ball_xy.reshape(self.num_envs, 6)], dim=-1)
+        obs = {"policy": state}
+        if "camera" in self.scene.keys():  # noqa: SIM118 (InteractiveScene has no __contains__)
+            obs["rgb"] = self.scene["camera"].data.output["rgb"].torch[..., :3]
+        return obs
+
+    def _distance(self) -> torch.Tensor:
+        goal = self.ball_xy[torch.arange(self.num_envs, device=self.device), self.target]
+        return torch.linalg.norm(self.fingertip() - goal, dim=-1)
+
+    def _get_rewards(self) -> torch.Tensor:
+        return -self._distance() + 5.0 * self.success.float()
+
+    def _get_dones(self) -> tuple[torch.Tensor, torch.Tensor]:
+        near = self._distance() < self.cfg.success_radius
+        self.hold = torch.where(near, self.hold + 1, torch.zeros_like(self.hold))
+        self.success = self.hold >= self.cfg.success_hold
+        self.extras["success"] = self.success.clone()  # read before the auto-reset clears it
+        time_out = self.episode_length_buf >= self.max_episode_length - 1
+        return self.success.clone(), time_out
+
+    def _reset_idx(self, env_ids: Sequence[int] | None):
+        if env_ids is None:
+            env_ids = self.arm._ALL_INDICES
+        super()._reset_idx(env_ids)
+        ids = torch.as_tensor(env_ids, device=self.device, dtype=torch.long)
+        n = len(ids)
+        g = self._gen
+        self.target[ids] = torch.randint(0, 3, (n,), generator=g).to(self.device)
+        self.hold[ids] = 0
+        self.ball_xy[ids] = self._sample_balls(n).to(self.device)
+        q = torch.empty(n, 2).uniform_(-0.6, 0.6, generator=g)
+        q[:, 1] = q[:, 1] + torch.sign(q[:, 1] + 1e-3) * 0.6  # start bent, away from the singularity
+        q = q.to(self.device)
+        self.arm.write_joint_position_to_sim_index(position=q, joint_ids=self.joint_ids, env_ids=ids)
+        self.arm.write_joint_velocity_to_sim_index(velocity=torch.zeros_like(q), joint_ids=self.joint_ids,
+                                                   env_ids=ids)
+        self.arm.set_joint_position_target_index(target=q, joint_ids=self.joint_ids, env_ids=ids)
+        origins = self.scene.env_origins[ids]
+        for k, ball in enumerate(self.balls):
+            pose = torch.zeros(n, 7, device=self.device)
+            pose[:, :2] = self.ball_xy[ids, k] + origins[:, :2]
+            pose[:, 2] = TABLE_TOP + BALL_RADIUS
+            pose[:, 6] = 1.0  # quaternion (x, y, z, w)
+            ball.write_root_pose_to_sim_index(root_pose=pose, env_ids=ids)
+
+    def _sample_balls(self, n: int) -> torch.Tensor:
+        """Three ball positions per env in the reachable annulus, at least `min_separation` apart."""
+        out = torch.zeros(n, 3, 2)
+        for i in range(n):
+            while True:
+                r = torch.empty(3).uniform_(self.cfg.reach_min, self.cfg.reach_max, generator=self._gen)
+                th = torch.empty(3).uniform_(-0.6 * math.pi, 0.6 * math.pi, generator=self._gen)
+                xy = torch.stack([r * torch.cos(th), r * torch.sin(th)], dim=-1)
+                if torch.pdist(xy).min() >= self.cfg.min_separation:
+                    out[i] = xy
+                    break
+        return out
+
+
+def expert_action(state: torch.Tensor, target: torch.Tensor, action_scale: float = 0.08,
+                  ) -> torch.Tensor:
+    """Scripted expert: analytic two-link IK to the named ball, a rate-limited step towards it.
+
+    `state` (N, 12) as observed; `target` (N,) colour index. Of the two IK branches it takes
+    the one nearer the current joints, so it never swings through the singularity.
+    """
+    q = state[:, 0:2]
+    goal = state[:, 6:12].view(-1, 3, 2)[torch.arange(state.shape[0]), target]
+    x, y = goal[:, 0], goal[:, 1]
+    c2 = ((x * x + y * y - LINK1**2 - LINK2**2) / (2 * LINK1 * LINK2)).clamp(-1.0, 1.0)
+    best = None
+    for sign in (1.0, -1.0):
+        q2 = sign * torch.acos(c2)
+        q1 = torch.atan2(y, x) - torch.atan2(LINK2 * torch.sin(q2), LINK1 + LINK2 * torch.cos(q2))
+        cand = torch.stack([_wrap(q1 - q[:, 0]) + q[:, 0], q2], dim=-1)
+        dist = (cand - q).abs().sum(-1)
+        best = (cand, dist) if best is None else (torch.where((dist < best[1])[:, None], cand, best[0]),
+                                                   torch.minimum(dist, best[1]))
+    assert best is not None
+    return ((best[0] - q) / action_scale).clamp(-1.0, 1.0)
+
+
+def _wrap(a: torch.Tensor) -> torch.Tensor:
+    return torch.remainder(a + math.pi, 2 * math.pi) - math.pi

@@ -1,0 +1,126 @@
+"""Policies the Evaluator runs: random, the task's scripted expert, and a trained VLA model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from roboloop.evaluation.protocol import BatchedEnv, Obs
+
+
+class RandomPolicy:
+    name = "random"
+
+    def __init__(self, env: BatchedEnv, seed: int = 0):
+        self.low, self.high = env.action_low, env.action_high
+        self.g = torch.Generator().manual_seed(seed)
+
+    def act(self, obs: Obs) -> torch.Tensor:
+        u = torch.rand(obs.state.shape[0], self.low.shape[0], generator=self.g)
+        return self.low + u * (self.high - self.low)
+
+
+class ExpertPolicy:
+    name = "expert"
+
+    def __init__(self, env: BatchedEnv):
+        self.env = env
+
+    def act(self, obs: Obs) -> torch.Tensor:
+        a = self.env.expert(obs)
+        if a is None:
+            raise ValueError(f"task {self.env.task} has no scripted expert")
+        return a
+
+
+class ModelPolicy:
+    """A model folder written by `roboloop train` (model.safetensors, config.json, stats.json)."""
+
+    def __init__(self, model_dir: str | Path, device: str = "cpu", inference_steps: int | None = None,
+                 seed: int = 0):
+        from safetensors.torch import load_file
+
+        from roboloop.training.config import ModelConfig
+        from roboloop.training.model import VLAPolicy
+
+        self.dir = Path(model_dir)
+        for f in ("model.safetensors", "config.json", "stats.json"):
+            if not (self.dir / f).exists():
+                raise FileNotFoundError(f"{self.dir}: missing {f}; not a roboloop model folder")
+        cfg = json.loads((self.dir / "config.json").read_text())
+        self.cfg = ModelConfig(**cfg["model"])
+        self.data = cfg.get("data", {"state_key": "observation.state", "action_key": "action", "video_keys": [],
+                                     "with_video": True})
+        self.device = torch.device(device)
+        self.model = VLAPolicy(self.cfg)
+        self.model.load_state_dict(load_file(self.dir / "model.safetensors"))
+        self.model.to(self.device).eval()
+        st = json.loads((self.dir / "stats.json").read_text())
+        self.stats = {k: {s: np.asarray(v, dtype=np.float32) for s, v in d.items()} for k, d in st.items()}
+        self.steps = inference_steps
+        self.g = torch.Generator(device=self.device).manual_seed(seed)
+        self.name = f"model:{self.dir.name}"
+        self._tok: dict[str, torch.Tensor] = {}
+
+    def _norm(self, key: str, x: np.ndarray) -> np.ndarray:
+        s = self.stats[key]
+        return (x - s["mean"]) / np.maximum(s["std"], 1e-6)
+
+    def _tokens(self, text: str) -> torch.Tensor:
+        if text not in self._tok:
+            if self.cfg.tokenizer:
+                from roboloop.training.hf import text_tokens
+
+                self._tok[text] = text_tokens(self.cfg.tokenizer, text, self.cfg.max_text_len)
+            else:
+                from roboloop.training.data import byte_tokens
+
+                self._tok[text] = byte_tokens(text, self.cfg.max_text_len)
+        return self._tok[text]
+
+    def _images(self, obs: Obs) -> list[list[torch.Tensor]]:
+        keys = self.data.get("video_keys") or []
+        if not self.data.get("with_video", True) or not keys:
+            return [[] for _ in range(obs.state.shape[0])]
+        cams = [obs.images[k] if k in obs.images else list(obs.images.values())[j] for j, k in enumerate(keys)]
+        h, w = self.cfg.image_size
+        per_cam = []
+        for x in cams:
+            x = x.permute(0, 3, 1, 2).float().div(255)
+            if x.shape[-2:] != (h, w):
+                x = F.interpolate(x, size=(h, w), mode="bilinear", antialias=True, align_corners=False)
+            per_cam.append(x)
+        return [[c[i] for c in per_cam] for i in range(obs.state.shape[0])]
+
+    @torch.no_grad()
+    def act(self, obs: Obs) -> torch.Tensor:
+        from roboloop.training.packing import Sample, collate
+
+        sk, ak = self.data["state_key"], self.data["action_key"]
+        state = self._norm(sk, obs.state.cpu().numpy().astype(np.float32))
+        imgs = self._images(obs)
+        h, a = self.cfg.horizon, self.cfg.action_dim
+        samples = [Sample(imgs[i], self._tokens(obs.instructions[i] if obs.instructions else ""),
+                          torch.from_numpy(state[i]), torch.zeros(h, a), torch.ones(h, dtype=torch.bool))
+                   for i in range(state.shape[0])]
+        batch = collate(samples, self.cfg.tokens_per_image).to(self.device)
+        chunk = self.model.sample_actions(batch, steps=self.steps, generator=self.g).cpu().numpy()
+        s = self.stats[ak]
+        return torch.from_numpy(chunk * np.maximum(s["std"], 1e-6) + s["mean"]).float()
+
+
+def make_policy(spec: str, env: BatchedEnv, device: str = "cpu", seed: int = 0):
+    """`expert`, `random`, a model folder, or a registry reference (`registry:NAME@ALIAS|VERSION`)."""
+    if spec == "expert":
+        return ExpertPolicy(env)
+    if spec == "random":
+        return RandomPolicy(env, seed)
+    if spec.startswith("registry:"):
+        from roboloop.registry import resolve_model_ref
+
+        return ModelPolicy(resolve_model_ref(spec), device, seed=seed)
+    return ModelPolicy(spec, device, seed=seed)

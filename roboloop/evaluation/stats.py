@@ -1,0 +1,39 @@
+"""Binomial statistics for success rates: Wilson interval and a non-inferiority test."""
+
+from __future__ import annotations
+
+import math
+
+
+def wilson(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson score interval (95% by default) for a success proportion."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _norm_cdf(x: float) -> float:
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
+def non_inferior(s_new: int, n_new: int, s_old: int, n_old: int, margin: float = 0.05,
+                 alpha: float = 0.05) -> tuple[bool, float, str]:
+    """Two-proportion z-test of H0: p_new <= p_old - margin against H1: p_new > p_old - margin.
+
+    Returns (passed, p_value, reason). `passed` means the challenger is not worse than the
+    champion by more than `margin`, at level `alpha`.
+    """
+    if n_new <= 0 or n_old <= 0:
+        return False, 1.0, "no episodes to compare"
+    p1, p0 = s_new / n_new, s_old / n_old
+    se = math.sqrt(max(p1 * (1 - p1) / n_new + p0 * (1 - p0) / n_old, 1e-12))
+    z = (p1 - p0 + margin) / se
+    p_value = 1 - _norm_cdf(z)
+    passed = p_value < alpha
+    reason = (f"challenger {s_new}/{n_new} = {p1:.3f} vs champion {s_old}/{n_old} = {p0:.3f}, margin {margin}: "
+              f"z = {z:.2f}, p = {p_value:.4f} {'<' if passed else '>='} {alpha}")
+    return passed, p_value, reason

@@ -1,0 +1,227 @@
+"""Model registry: immutable versions with lineage, `champion`/`challenger` aliases, a promotion gate.
+
+Backends: a local folder or S3 (`s3://bucket/prefix`, endpoint from ROBOLOOP_S3_ENDPOINT_URL),
+chosen by the URI; default `$ROBOLOOP_REGISTRY` or `.roboloop/registry`.
+
+Layout per model NAME:
+    NAME/versions/v000001/claim.json       created with If-None-Match: the version number is ours
+    NAME/versions/v000001/files/...        model files
+    NAME/versions/v000001/lineage.json     git commit, dataset DVC md5, config, metrics, eval report
+    NAME/versions/v000001/COMMITTED.json   written last: only committed versions exist
+    NAME/aliases.json                      {"champion", "challenger", "decisions": [...]}, CAS-updated
+
+A killed upload leaves a claim and some files but no COMMITTED.json, so it never appears as
+a version. Alias updates are compare-and-swap (If-Match on the ETag read); a writer that
+loses the race re-reads and decides again against the new champion, so concurrent promoters
+serialise and no decision is lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from roboloop.evaluation.stats import non_inferior
+from roboloop.registry.store import PreconditionFailed, open_store
+
+REQUIRED_LINEAGE = ("git_commit", "dataset_md5", "config", "metrics")
+ALIASES = ("champion", "challenger")
+
+
+class RegistryError(ValueError):
+    pass
+
+
+def default_uri() -> str:
+    return os.environ.get("ROBOLOOP_REGISTRY", ".roboloop/registry")
+
+
+def _vname(v: int) -> str:
+    return f"v{v:06d}"
+
+
+def parse_version(ref: str | int) -> int:
+    s = str(ref).lstrip("v")
+    if not s.isdigit():
+        raise RegistryError(f"not a version: {ref!r} (use 3, v3 or an alias {ALIASES})")
+    return int(s)
+
+
+@dataclass
+class Decision:
+    version: int
+    promoted: bool
+    reason: str
+    champion_before: int | None
+    champion_after: int | None
+    time: float
+
+
+class Registry:
+    def __init__(self, uri: str | Path | None = None):
+        self.store = open_store(uri or default_uri())
+        self.uri = self.store.uri
+
+    # ------------------------------------------------------------------ versions
+    def _vdir(self, name: str, v: int) -> str:
+        return f"{name}/versions/{_vname(v)}"
+
+    def versions(self, name: str) -> list[int]:
+        keys = self.store.list(f"{name}/versions/")
+        return sorted({int(k.split("/")[2][1:]) for k in keys if k.endswith("/COMMITTED.json")})
+
+    def models(self) -> list[str]:
+        return sorted({k.split("/")[0] for k in self.store.list("") if k.endswith("/COMMITTED.json")})
+
+    def register(self, name: str, model_dir: str | Path, lineage: dict[str, Any]) -> int:
+        """Upload `model_dir` as a new immutable version; returns its number. Lineage is required."""
+        missing = [k for k in REQUIRED_LINEAGE if not lineage.get(k)]
+        if missing:
+            raise RegistryError(f"refusing to register {name}: lineage lacks {', '.join(missing)}")
+        if not name or "/" in name or name.startswith("."):
+            raise RegistryError(f"bad model name {name!r}")
+        src = Path(model_dir)
+        files = sorted(p for p in src.rglob("*") if p.is_file() and "checkpoints" not in p.relative_to(src).parts)
+        if not files:
+            raise RegistryError(f"{src}: no model files")
+        v = (max(self._claimed(name), default=0)) + 1
+        while True:  # claim the next free number (If-None-Match), racing other registrants
+            try:
+                self.store.put_bytes(f"{self._vdir(name, v)}/claim.json",
+                                     json.dumps({"pid": os.getpid(), "time": time.time()}).encode(),
+                                     if_none_match=True)
+                break
+            except PreconditionFailed:
+                v += 1
+        manifest = {}
+        for p in files:
+            rel = str(p.relative_to(src))
+            self.store.put_file(f"{self._vdir(name, v)}/files/{rel}", p)
+            manifest[rel] = {"sha256": hashlib.sha256(p.read_bytes()).hexdigest(), "bytes": p.stat().st_size}
+        self.store.put_bytes(f"{self._vdir(name, v)}/lineage.json", json.dumps(lineage, indent=2).encode())
+        self.store.put_bytes(f"{self._vdir(name, v)}/COMMITTED.json",
+                             json.dumps({"version": v, "files": manifest, "time": time.time()}).encode(),
+                             if_none_match=True)
+        return v
+
+    def _claimed(self, name: str) -> list[int]:
+        return sorted({int(k.split("/")[2][1:]) for k in self.store.list(f"{name}/versions/")
+                       if k.endswith("/claim.json")})
+
+    def resolve(self, name: str, ref: str | int) -> int:
+        if str(ref) in ALIASES:
+            v = self.aliases(name)[0].get(str(ref))
+            if v is None:
+                raise RegistryError(f"{name} has no {ref}")
+            return int(v)
+        v = parse_version(ref)
+        if v not in self.versions(name):
+            raise RegistryError(f"{name} has no committed version {v}")
+        return v
+
+    def lineage(self, name: str, ref: str | int) -> dict[str, Any]:
+        v = self.resolve(name, ref)
+        got = self.store.get_bytes(f"{self._vdir(name, v)}/lineage.json")
+        if got is None:
+            raise RegistryError(f"{name} v{v} has no lineage.json; refusing to use it")
+        return json.loads(got[0])
+
+    def show(self, name: str, ref: str | int) -> dict[str, Any]:
+        v = self.resolve(name, ref)
+        committed = json.loads(self.store.get_bytes(f"{self._vdir(name, v)}/COMMITTED.json")[0])  # type: ignore[index]
+        al, _ = self.aliases(name)
+        return {"name": name, "version": v, "aliases": [a for a in ALIASES if al.get(a) == v],
+                "files": committed["files"], "lineage": self.lineage(name, v)}
+
+    def download(self, name: str, ref: str | int, dst: str | Path) -> Path:
+        """Copy a version's files to `dst` (verified against the manifest), atomically."""
+        v = self.resolve(name, ref)
+        self.lineage(name, v)  # refuse versions without lineage
+        committed = json.loads(self.store.get_bytes(f"{self._vdir(name, v)}/COMMITTED.json")[0])  # type: ignore[index]
+        dst = Path(dst)
+        tmp = dst.with_name(f".{dst.name}.download-{os.getpid()}")
+        for rel, meta in committed["files"].items():
+            out = tmp / rel
+            self.store.get_file(f"{self._vdir(name, v)}/files/{rel}", out)
+            if hashlib.sha256(out.read_bytes()).hexdigest() != meta["sha256"]:
+                raise RegistryError(f"{name} v{v}: {rel} does not match its manifest checksum")
+        (tmp / "lineage.json").write_text(json.dumps(self.lineage(name, v), indent=2))
+        if dst.exists():
+            import shutil
+
+            shutil.rmtree(dst)
+        tmp.rename(dst)
+        return dst
+
+    # ------------------------------------------------------------------ aliases and promotion
+    def aliases(self, name: str) -> tuple[dict[str, Any], str | None]:
+        got = self.store.get_bytes(f"{name}/aliases.json")
+        if got is None:
+            return {"champion": None, "challenger": None, "decisions": []}, None
+        return json.loads(got[0]), got[1]
+
+    def _cas_aliases(self, name: str, new: dict[str, Any], etag: str | None) -> None:
+        data = json.dumps(new, indent=2).encode()
+        if etag is None:
+            self.store.put_bytes(f"{name}/aliases.json", data, if_none_match=True)
+        else:
+            self.store.put_bytes(f"{name}/aliases.json", data, if_match=etag)
+
+    def promote(self, name: str, ref: str | int, margin: float = 0.05, alpha: float = 0.05,
+                force: bool = False) -> Decision:
+        """Make `ref` champion if it is not worse than the current one (two-proportion test on the
+        eval reports in lineage); otherwise make it challenger and record why."""
+        v = self.resolve(name, ref)
+        ev = self._eval(name, v)
+        for _attempt in range(200):
+            al, etag = self.aliases(name)
+            champ = al.get("champion")
+            if champ is None:
+                ok, reason = True, "no champion yet"
+            elif champ == v:
+                ok, reason = True, "already champion"
+            elif force:
+                ok, reason = True, "forced"
+            else:
+                c = self._eval(name, int(champ))
+                ok, _p, reason = non_inferior(ev["successes"], ev["episodes"], c["successes"], c["episodes"],
+                                              margin, alpha)
+            d = Decision(v, ok, reason, champ, v if ok else champ, time.time())
+            new = {**al, "decisions": [*al.get("decisions", []), asdict(d)]}
+            if ok:
+                new["champion"] = v
+                if new.get("challenger") == v:
+                    new["challenger"] = None
+            else:
+                new["challenger"] = v
+            try:
+                self._cas_aliases(name, new, etag)
+                return d
+            except PreconditionFailed:
+                time.sleep(0.01 + 0.02 * (_attempt % 5))
+        raise RegistryError(f"could not update {name}/aliases.json: too much contention")
+
+    def _eval(self, name: str, v: int) -> dict[str, int]:
+        ev = self.lineage(name, v).get("eval") or {}
+        if "successes" not in ev or "episodes" not in ev:
+            raise RegistryError(f"{name} v{v}: lineage has no eval report (successes, episodes); evaluate it "
+                                "before promoting")
+        return {"successes": int(ev["successes"]), "episodes": int(ev["episodes"])}
+
+
+def resolve_model_ref(ref: str, cache: str | Path = ".roboloop/registry-cache") -> Path:
+    """`registry:NAME@ALIAS|VERSION` (optionally `registry:URI#NAME@REF`) -> a local model folder."""
+    body = ref.removeprefix("registry:")
+    uri = None
+    if "#" in body:
+        uri, body = body.split("#", 1)
+    name, _, r = body.partition("@")
+    reg = Registry(uri)
+    v = reg.resolve(name, r or "champion")
+    dst = Path(cache) / name / _vname(v)
+    return dst if (dst / "model.safetensors").exists() else reg.download(name, v, dst)

@@ -1,0 +1,76 @@
+"""The Evaluator's bookkeeping on a scripted env with known outcomes; Wilson interval; gate statistics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from roboloop.evaluation.evaluator import evaluate
+from roboloop.evaluation.policies import RandomPolicy
+from roboloop.evaluation.protocol import ScriptedEnv
+from roboloop.evaluation.stats import non_inferior, wilson
+
+
+class CountingPolicy:
+    name = "counting"
+
+    def __init__(self, horizon: int):
+        self.h, self.calls, self.rows = horizon, 0, 0
+
+    def act(self, obs):
+        self.calls += 1
+        self.rows += obs.state.shape[0]
+        return torch.zeros(obs.state.shape[0], self.h, 1)
+
+
+def test_counts_exactly_n_episodes_without_short_episode_bias():
+    # env 0: short successful episodes; env 1: long failures; env 2: alternating
+    env = ScriptedEnv(lengths=[[3], [11], [5, 7]], outcomes=[[True], [False], [True, False]])
+    report, _ = evaluate(env, CountingPolicy(4), episodes=7, execute_steps=2, videos=0)
+    assert report.episodes == 7 == len(report.per_episode)
+    # counted = the first 7 episodes to *start*: env0 starts eps at t=0,3,6,9,...; env1 at 0,11; env2 at 0,5,12
+    starts = sorted([(t, 0) for t in range(0, 30, 3)] + [(t, 1) for t in (0, 11, 22)] + [(t, 2) for t in (0, 5, 12)])
+    first7 = starts[:7]
+    expect_success = sum(1 for t, e in first7 if e == 0) + sum(1 for t, e in first7 if e == 2 and t in (0, 12))
+    assert report.successes == expect_success
+    assert sum(e["env"] == 1 for e in report.per_episode) == sum(e == 1 for _, e in first7)
+
+
+def test_runs_to_n_even_with_more_envs_than_episodes():
+    env = ScriptedEnv(lengths=[[4]] * 8, outcomes=[[True], [False]] * 4)
+    report, _ = evaluate(env, CountingPolicy(1), episodes=3, execute_steps=1, videos=0)
+    assert report.episodes == 3 and {e["env"] for e in report.per_episode} == {0, 1, 2}
+    assert report.successes == 2
+
+
+def test_action_chunks_replan_every_k_steps_and_after_reset():
+    env = ScriptedEnv(lengths=[[10]], outcomes=[[True]])
+    pol = CountingPolicy(horizon=8)
+    evaluate(env, pol, episodes=2, execute_steps=4, videos=0)
+    assert pol.calls == 6  # 10-step episodes: plans at t=0,4,8 in each
+
+
+def test_report_files_and_rollout_trajectories(tmp_path):
+    env = ScriptedEnv(lengths=[[6], [8]], outcomes=[[True], [False]])
+    report, trajs = evaluate(env, RandomPolicy(env), episodes=4, execute_steps=1, videos=2, output_dir=tmp_path,
+                             record_rollouts=True)
+    assert len(trajs) == 4 and all(len(t["states"]) == len(t["actions"]) for t in trajs)
+    assert sorted(len(t["states"]) for t in trajs) == [6, 6, 8, 8]
+    assert len(report.videos) == 2 and (tmp_path / "eval.png").exists()
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["success_rate"] == 0.5 and saved["ci_low"] < 0.5 < saved["ci_high"]
+
+
+def test_wilson_interval():
+    lo, hi = wilson(48, 48)
+    assert hi == pytest.approx(1.0) and lo == pytest.approx(0.9259, abs=1e-4)
+    lo, hi = wilson(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+
+
+def test_non_inferiority():
+    assert non_inferior(90, 100, 80, 100, margin=0.05)[0]
+    assert not non_inferior(50, 100, 80, 100, margin=0.05)[0]
+    assert not non_inferior(79, 100, 80, 100, margin=0.0)[0]  # equal-ish without margin is not enough
