@@ -66,3 +66,17 @@ def test_collect_writes_valid_v21_and_rollouts_save_as_v3(tmp_path):
                   "--output-dir", str(tmp_path / "ev"), "--save-rollouts", str(tmp_path / "rollouts"))
     v3 = load_meta(ev["rollouts"])
     assert v3.version == "v3.0" and v3.info.total_episodes == 4
+
+
+@pytest.mark.slow
+def test_tiny_policy_trained_on_expert_data_beats_random(tmp_path):
+    """Collect -> convert -> train `tiny` on CPU for a few minutes -> evaluate against random."""
+    roboloop("collect", str(tmp_path / "demos"), "--episodes", "128", "--num-envs", "32")
+    roboloop("convert", str(tmp_path / "demos"), str(tmp_path / "v3"))
+    roboloop("train", "--dataset", str(tmp_path / "v3"), "--output-dir", str(tmp_path / "model"), "--steps", "1200",
+             "--checkpoint-every-steps", "0")
+    common = ["--episodes", "48", "--num-envs", "16", "--videos", "0", "--execute-steps", "4"]
+    model = roboloop("evaluate", "--policy", str(tmp_path / "model"), *common, "--output-dir", str(tmp_path / "m"))
+    rand = roboloop("evaluate", "--policy", "random", *common, "--output-dir", str(tmp_path / "r"))
+    assert model["ci_low"] > rand["success_rate"], (model, rand)
+    assert model["successes"] >= rand["successes"] + 5, (model["successes"], rand["successes"])

@@ -34,6 +34,7 @@ COLORS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.8, 0.1), "blue": (0.1, 0.2, 0
 COLOR_NAMES = tuple(COLORS)
 BALL_RADIUS = 0.035
 TABLE_TOP = 0.0
+JOINT_LIMIT = 2.9  # rad (the USD limits are +-170 deg)
 
 
 def _ball(name: str) -> RigidObjectCfg:
@@ -85,7 +86,7 @@ class ReachSceneCfg(InteractiveSceneCfg):
 @configclass
 class ReachColorEnvCfg(DirectRLEnvCfg):
     decimation = 2
-    episode_length_s = 4.0  # 120 policy steps at 30 Hz
+    episode_length_s = 6.0  # 180 policy steps at 30 Hz
     action_space = 2
     observation_space = 12
     state_space = 0
@@ -133,7 +134,7 @@ class ReachColorEnv(DirectRLEnv):
     # ----------------------------------------------------------------- MDP
     def _pre_physics_step(self, actions: torch.Tensor) -> None:
         a = actions.to(self.device).clamp(-1.0, 1.0)
-        self.q_target = (self.joint_pos() + self.cfg.action_scale * a).clamp(-2.9, 2.9)
+        self.q_target = (self.joint_pos() + self.cfg.action_scale * a).clamp(-JOINT_LIMIT, JOINT_LIMIT)
 
     def _apply_action(self) -> None:
         self.arm.set_joint_position_target_index(target=self.q_target, joint_ids=self.joint_ids)
@@ -193,7 +194,7 @@ class ReachColorEnv(DirectRLEnv):
         for i in range(n):
             while True:
                 r = torch.empty(3).uniform_(self.cfg.reach_min, self.cfg.reach_max, generator=self._gen)
-                th = torch.empty(3).uniform_(-0.6 * math.pi, 0.6 * math.pi, generator=self._gen)
+                th = torch.empty(3).uniform_(-0.5 * math.pi, 0.5 * math.pi, generator=self._gen)
                 xy = torch.stack([r * torch.cos(th), r * torch.sin(th)], dim=-1)
                 if torch.pdist(xy).min() >= self.cfg.min_separation:
                     out[i] = xy
@@ -206,7 +207,8 @@ def expert_action(state: torch.Tensor, target: torch.Tensor, action_scale: float
     """Scripted expert: analytic two-link IK to the named ball, a rate-limited step towards it.
 
     `state` (N, 12) as observed; `target` (N,) colour index. Of the two IK branches it takes
-    the one nearer the current joints, so it never swings through the singularity.
+    the one nearer the current joints (and inside the joint limits), so it never swings
+    through the singularity or parks against a limit.
     """
     q = state[:, 0:2]
     goal = state[:, 6:12].view(-1, 3, 2)[torch.arange(state.shape[0]), target]
@@ -217,7 +219,7 @@ def expert_action(state: torch.Tensor, target: torch.Tensor, action_scale: float
         q2 = sign * torch.acos(c2)
         q1 = torch.atan2(y, x) - torch.atan2(LINK2 * torch.sin(q2), LINK1 + LINK2 * torch.cos(q2))
         cand = torch.stack([_wrap(q1 - q[:, 0]) + q[:, 0], q2], dim=-1)
-        dist = (cand - q).abs().sum(-1)
+        dist = (cand - q).abs().sum(-1) + 100.0 * (cand[:, 0].abs() > JOINT_LIMIT - 0.05)  # stay inside limits
         best = (cand, dist) if best is None else (torch.where((dist < best[1])[:, None], cand, best[0]),
                                                    torch.minimum(dist, best[1]))
     assert best is not None
