@@ -49,6 +49,10 @@ def init_repo(root: str | Path, remote: str = LOCAL_REMOTE) -> Path:
         conf["core"]["site_cache_dir"] = conf["core"].get("site_cache_dir", str(root / ".roboloop" / "dvc-site"))
         conf["remote"].setdefault("local", {"url": str(root / remote)})
         conf["core"]["autostage"] = False
+    ignore = root / ".dvcignore"
+    if "checkpoints/" not in (ignore.read_text() if ignore.exists() else ""):
+        with open(ignore, "a") as f:  # a model version is its final files, not its resumable state
+            f.write("checkpoints/\nheartbeat.json\nheartbeat.tmp\n")
     return root
 
 

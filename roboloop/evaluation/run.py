@@ -79,3 +79,51 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
         return dst, report
     finally:
         env.close()
+
+
+def cli_args(cfg: BaseModel) -> list[str]:
+    """A pydantic config as `roboloop` CLI options (the inverse of cli._add_model_options)."""
+    out: list[str] = []
+    for name, value in cfg.model_dump().items():
+        flag = "--" + name.replace("_", "-")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def evaluate_in_subprocess(cfg: EvalConfig, on_line=print, timeout_s: float | None = None) -> dict:
+    """Run `roboloop evaluate` in a child process group (Isaac Lab keeps one simulation per
+    process; a cancelled caller kills the simulator too). Returns the report dict."""
+    import json
+    import os
+    import sys
+
+    from roboloop.procs import run_streaming
+
+    cmd = [sys.executable, "-m", "roboloop.cli", "evaluate", *cli_args(cfg)]
+    code, tail = run_streaming(cmd, on_line, timeout_s, {**os.environ, "PYTHONUNBUFFERED": "1"},
+                               what="evaluation")
+    if code != 0:
+        raise RuntimeError(f"evaluation of {cfg.policy} on {cfg.task} failed (exit {code}): " + " | ".join(tail[-5:]))
+    return json.loads(Path(cfg.output_dir, "report.json").read_text())
+
+
+def collect_in_subprocess(cfg: CollectConfig, on_line=print, timeout_s: float | None = None) -> dict:
+    """`roboloop collect` in a child process group (see `evaluate_in_subprocess`)."""
+    import json
+    import os
+    import sys
+
+    from roboloop.procs import run_streaming
+
+    args = cli_args(cfg)
+    i = args.index("--dst")
+    cmd = [sys.executable, "-m", "roboloop.cli", "collect", args[i + 1], *args[:i], *args[i + 2:]]
+    code, tail = run_streaming(cmd, on_line, timeout_s, {**os.environ, "PYTHONUNBUFFERED": "1"}, what="collection")
+    if code != 0:
+        raise RuntimeError(f"collecting {cfg.task} demos failed (exit {code}): " + " | ".join(tail[-5:]))
+    return json.loads(tail[-1])

@@ -1,0 +1,74 @@
+"""Lineage: what produced an artifact (code, data, config, seed, packages) and how to rerun it.
+
+Every stage records a `Lineage` next to its output; the registry refuses a version without
+one. `reproduce()` reruns the loop from a registered version's lineage (same dataset md5,
+same configs, same seed) and compares the new metrics with the recorded ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("roboloop", "torch", "lerobot", "isaaclab", "newton", "warp-lang", "prefect", "dvc", "numpy")
+
+
+def git_commit(repo: Path = REPO) -> str:
+    """HEAD's commit, suffixed `-dirty` when tracked files differ from it ('unknown' outside git)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def code_version() -> str:
+    """Hash of the library's source: a cache key part that changes exactly when the code does."""
+    h = hashlib.sha256()
+    for p in sorted((REPO / "roboloop").rglob("*.py")):
+        h.update(str(p.relative_to(REPO)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def config_hash(obj: Any) -> str:
+    data = obj.model_dump(mode="json") if isinstance(obj, BaseModel) else obj
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Lineage(BaseModel):
+    """What the registry stores with a model version (`lineage.json`)."""
+
+    git_commit: str = Field(default_factory=git_commit)
+    code_version: str = Field(default_factory=code_version)
+    dataset_md5: str = Field(description="DVC md5 of the training dataset (v3)")
+    raw_dataset_md5: str | None = Field(None, description="DVC md5 of the raw dataset it was converted from")
+    model_md5: str | None = Field(None, description="DVC md5 of the model folder")
+    config: dict[str, Any] = Field(description="train config (and the convert/eval configs)")
+    seed: int = 0
+    metrics: dict[str, Any] = Field(description="training metrics (first/final loss, steps, ...)")
+    eval: dict[str, Any] | None = Field(None, description="evaluation report (successes, episodes, CI, ...)")
+    packages: dict[str, str] = Field(default_factory=package_versions)
+    created: float = Field(default_factory=time.time)
+    flow_run: str | None = None

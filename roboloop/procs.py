@@ -1,0 +1,107 @@
+"""Child processes that must not outlive their parent: torchrun and its ranks, simulator runs.
+
+`run_streaming` starts the command in its own session (process group), hands every output
+line to `on_line` as it arrives (Prefect tasks re-log them; child output reaches Prefect
+only that way), and kills the *whole group* — SIGTERM, then SIGKILL — when the parent
+raises, times out, or receives SIGTERM (what Prefect sends a cancelled flow run). A plain
+`Popen.kill()` would leave torchrun's ranks running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM the child's process group, then SIGKILL what is left after `grace_s`."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        with contextlib.suppress(ProcessLookupError):  # the leader exited; its children may linger
+            os.killpg(pgid, signal.SIGKILL)
+        return
+
+
+def _group_alive(proc: subprocess.Popen) -> bool:
+    try:
+        os.killpg(proc.pid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def run_streaming(cmd: list[str], on_line: Callable[[str], None] = print, timeout_s: float | None = None,
+                  env: dict[str, str] | None = None, what: str = "child process",
+                  keep_last: int = 50) -> tuple[int, list[str]]:
+    """Run `cmd`, streaming its merged stdout/stderr; returns (exit code, last `keep_last` lines)."""
+    on_line("$ " + " ".join(cmd))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            start_new_session=True, env=env)
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    previous = signal.getsignal(signal.SIGTERM) if _main_thread() else None
+
+    def _term(signum, frame):  # a cancelled flow run / `kill`: take the children down with us
+        kill_group(proc, grace_s=5.0)
+        raise SystemExit(128 + signum)
+
+    if _main_thread():
+        signal.signal(signal.SIGTERM, _term)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def _pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    pump = threading.Thread(target=_pump, daemon=True, name="roboloop-child-log")
+    pump.start()
+    atexit.register(kill_group, proc, 2.0)
+    tail: collections.deque[str] = collections.deque(maxlen=keep_last)
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                line = ""
+            if line is None:
+                break
+            if line:
+                tail.append(line)
+                on_line(line)
+            if deadline and time.monotonic() > deadline:
+                raise TimeoutError(f"{what} exceeded {timeout_s} s; killed its process group")
+        code = proc.wait()
+    finally:
+        if proc.poll() is None or _group_alive(proc):
+            kill_group(proc)
+        pump.join(timeout=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
+        atexit.unregister(kill_group)
+        if _main_thread() and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return code, list(tail)

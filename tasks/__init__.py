@@ -1,0 +1,1 @@
+"""Prefect tasks: thin adapters over `roboloop` (retries, cache keys, artifacts, logging)."""
