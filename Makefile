@@ -13,7 +13,7 @@ export DO_NOT_TRACK ?= 1
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: help install demo test test-fast lint bench clean
+.PHONY: help install demo test test-fast lint bench clean server pools deploy worker-cpu worker-gpu s3
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints/py312.txt
 	$(VENV)/bin/uv pip install --python $(PY) --no-deps gym-pusht==0.1.8
 	@touch $(STAMP)
 
-demo: install  ## run the loop on embedded defaults (generate -> validate -> convert -> DVC)
+demo: install  ## the whole closed loop on embedded defaults (ephemeral Prefect, local DVC remote and registry)
 	$(PY) -m roboloop.demo
 
 test: install  ## run the whole test suite (every marker this machine can run)
@@ -40,11 +40,33 @@ test-fast: install  ## unit tests only
 	$(PY) -m pytest -q tests/unit -m "not slow"
 
 lint: install  ## ruff + mypy
-	$(VENV)/bin/ruff check roboloop tests bench
+	$(VENV)/bin/ruff check roboloop tasks flows tests bench
 	$(VENV)/bin/mypy
 
-bench: install  ## benchmarks against the reference tools (prints JSON lines)
+bench: install  ## benchmarks against the reference tools (each prints one JSON line)
 	$(PY) bench/convert.py
+	$(PY) bench/loader.py
+	$(PY) bench/packing.py
+	$(PY) bench/eval.py
+	$(PY) bench/overhead.py
+
+server: install  ## local Prefect server on 127.0.0.1:4200 (SQLite; Postgres for a shared one: see infra/server.sh)
+	infra/server.sh
+
+pools: install  ## process work pools `cpu` and `gpu` on $$PREFECT_API_URL
+	infra/pools.sh
+
+deploy: pools  ## register every deployment of deployments/prefect.yaml
+	ROBOLOOP_HOME=$(CURDIR) $(VENV)/bin/prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
+
+worker-cpu: install  ## a process worker for the cpu pool
+	$(VENV)/bin/prefect worker start --pool cpu
+
+worker-gpu: install  ## a process worker for the gpu pool (one per GPU node)
+	$(VENV)/bin/prefect worker start --pool gpu
+
+s3: install  ## moto S3 server on 127.0.0.1:5555 for local S3 development
+	infra/moto-s3.sh
 
 clean:  ## remove caches and demo outputs (keeps .venv)
 	rm -rf .roboloop .pytest_cache build *.egg-info

@@ -19,14 +19,21 @@ from roboloop.training.config import TrainConfig
 from roboloop.training.distributed import torchrun_command
 
 
+def _env_int(name: str, default: int) -> int:
+    """Cluster job templates (infra/k8s-gpu-pool.json) describe the job through the environment."""
+    return int(os.environ.get(name, default))
+
+
 class LaunchConfig(BaseModel):
     """How many processes, on how many nodes (torchrun's c10d rendezvous)."""
 
-    nproc_per_node: int = Field(1, ge=1, description="ranks on this node (GPUs, or CPU processes)")
-    nnodes: int = Field(1, ge=1, description="nodes in the job")
-    node_rank: int = Field(0, ge=0, description="this node's index")
-    rdzv_endpoint: str | None = Field(None, description="host:port of the rendezvous on node 0 (multi-node: "
-                                      "required; one node: a free local port)")
+    nproc_per_node: int = Field(default_factory=lambda: _env_int("ROBOLOOP_NPROC_PER_NODE", 1), ge=1,
+                                description="ranks on this node (GPUs, or CPU processes)")
+    nnodes: int = Field(default_factory=lambda: _env_int("ROBOLOOP_NNODES", 1), ge=1, description="nodes in the job")
+    node_rank: int = Field(0, ge=0, description="this node's index (the flow's node is 0)")
+    rdzv_endpoint: str | None = Field(
+        default_factory=lambda: os.environ.get("ROBOLOOP_RDZV_ENDPOINT"),
+        description="host:port of the rendezvous on node 0 (multi-node: required; one node: a free local port)")
     max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed ranks (they auto-resume)")
     run_id: str = Field("roboloop", description="rendezvous id shared by all nodes of one job")
     timeout_s: float | None = Field(None, gt=0, description="kill the job after this many seconds")
