@@ -65,6 +65,8 @@ def run_streaming(cmd: list[str], on_line: Callable[[str], None] = print, timeou
 
     def _term(signum, frame):  # a cancelled flow run / `kill`: take the children down with us
         kill_group(proc, grace_s=5.0)
+        if callable(previous):  # then let the host react as it would have (Prefect marks the run Cancelled)
+            previous(signum, frame)
         raise SystemExit(128 + signum)
 
     if _main_thread():

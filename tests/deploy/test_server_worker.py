@@ -1,0 +1,167 @@
+"""A real Prefect server and process workers: deploy prefect.yaml, run `evaluate` with parameters,
+see the cron schedule produce runs, and cancel a training run without leaving a rank behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+pytestmark = [pytest.mark.slow, pytest.mark.isaac]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
+    with open(log, "w") as f:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prefect-stack")
+    port = _port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp / "home"), "PREFECT_API_URL": api, "ROBOLOOP_HOME": str(REPO),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "INFO",
+           "ROBOLOOP_REGISTRY": str(tmp / "registry"), "PREFECT_WORKER_QUERY_SECONDS": "2",
+           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp}/prefect.db"}
+    procs = [_spawn([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, tmp / "server.log")]
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError("prefect server did not start: " + (tmp / "server.log").read_text()[-3000:])
+        subprocess.run(["bash", "infra/pools.sh"], cwd=REPO, env=env, check=True, capture_output=True)
+        deploy = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file",
+                                 "deployments/prefect.yaml"], cwd=REPO, env=env, capture_output=True, text=True)
+        assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+        for pool in ("cpu", "gpu"):
+            procs.append(_spawn([PREFECT, "worker", "start", "--pool", pool, "--limit", "2"], env,
+                                tmp / f"worker-{pool}.log"))
+        yield {"api": api, "tmp": tmp, "env": env}
+    finally:
+        for p in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(20)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def _deployment(api: str, name: str) -> dict:
+    r = httpx.get(f"{api}/deployments/name/{name}", timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def _run(api: str, name: str, parameters: dict) -> str:
+    dep = _deployment(api, name)
+    r = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": parameters}, timeout=30)
+    assert r.status_code in (200, 201), r.text
+    return r.json()["id"]
+
+
+def _state(api: str, run_id: str) -> str:
+    return httpx.get(f"{api}/flow_runs/{run_id}", timeout=10).json()["state"]["type"]
+
+
+def _wait(api: str, run_id: str, states: set[str], timeout: float) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        s = _state(api, run_id)
+        if s in states:
+            return s
+        time.sleep(1)
+    raise AssertionError(f"flow run {run_id} still {_state(api, run_id)} after {timeout} s")
+
+
+def test_deployments_registered_with_pools_and_cron(stack):
+    api = stack["api"]
+    names = {"closed-loop/closed-loop": "gpu", "evaluate/evaluate": "cpu", "ingest/ingest": "cpu",
+             "convert/convert": "cpu", "train/train": "gpu"}
+    for name, pool in names.items():
+        assert _deployment(api, name)["work_pool_name"] == pool
+    dep = _deployment(api, "closed-loop/closed-loop")
+    assert dep["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+    deadline, scheduled = time.time() + 120, []
+    while time.time() < deadline and not scheduled:
+        r = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}},
+                                                        "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}})
+        scheduled = r.json()
+        time.sleep(2)
+    assert scheduled, "the cron schedule produced no scheduled runs"
+    assert all(run["expected_start_time"].endswith(("02:00:00Z", "02:00:00+00:00")) for run in scheduled)
+
+
+def test_ui_triggered_evaluation_completes(stack):
+    out = stack["tmp"] / "eval"
+    run = _run(stack["api"], "evaluate/evaluate", {"params": {"policy": "expert", "episodes": 4, "num_envs": 4,
+                                                              "videos": 0, "output_dir": str(out)}})
+    assert _wait(stack["api"], run, {"COMPLETED", "FAILED", "CRASHED"}, 600) == "COMPLETED", \
+        (stack["tmp"] / "worker-cpu.log").read_text()[-4000:]
+    assert json.loads((out / "report.json").read_text())["episodes"] == 4
+
+
+def test_cancelling_training_leaves_no_rank_behind(stack):
+    from roboloop.datasets.convert import ConvertConfig, convert
+    from roboloop.datasets.generate import GenSpec, generate_v21
+
+    tmp = stack["tmp"]
+    src = generate_v21(tmp / "v21", GenSpec(num_episodes=3, min_length=16, max_length=20,
+                                            cameras={"observation.images.top": (32, 32)}, seed=3))
+    v3 = convert(src, tmp / "v3", ConvertConfig(progress=False))
+    out = tmp / "train-out"
+    params = {"params": {"train": {"dataset": str(v3), "output_dir": str(out), "steps": 1_000_000, "device": "cpu",
+                                   "checkpoint_every_steps": 0, "model_overrides": {"image_size": [32, 32]}},
+                         "launch": {"nproc_per_node": 2}, "dataset_md5": "test", "track": False}}
+    run = _run(stack["api"], "train/train", params)
+    _wait(stack["api"], run, {"RUNNING"}, 300)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(_ranks(out)) < 3:  # torchrun + 2 ranks
+        time.sleep(1)
+    assert len(_ranks(out)) >= 3, (tmp / "worker-gpu.log").read_text()[-4000:]
+    r = httpx.post(f"{stack['api']}/flow_runs/{run}/set_state",
+                   json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, timeout=10)
+    assert r.status_code in (200, 201), r.text
+    # Prefect 3.8.8's process worker reports the run Cancelled when its control channel acknowledged the
+    # intent and Crashed ("aborted by a termination signal") otherwise; either way it must end, ranks dead.
+    final = _wait(stack["api"], run, {"CANCELLED", "FAILED", "CRASHED"}, 180)
+    assert final in ("CANCELLED", "CRASHED"), (tmp / "worker-gpu.log").read_text()[-6000:]
+    deadline = time.time() + 30
+    while time.time() < deadline and _ranks(out):
+        time.sleep(0.5)
+    assert _ranks(out) == []
+
+
+def _ranks(out: Path) -> list[str]:
+    marker = str(out / "train_config.json")
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if marker in cmd:
+                found.append(cmd)
+    return found
