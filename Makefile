@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml constraints/py312.txt
 	@touch $(STAMP)
 
 demo: install  ## the whole closed loop on embedded defaults (ephemeral Prefect, local DVC remote and registry)
-	$(PY) -m roboloop.demo
+	$(PY) -m flows.demo
 
 test: install  ## run the whole test suite (every marker this machine can run)
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -157,6 +157,14 @@ def cmd_registry(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from roboloop.reproduce import reproduce
+
+    report = reproduce(args.model, registry=args.registry, on_line=(lambda _line: None) if args.quiet else print)
+    print(json.dumps(report))
+    return 0 if report["match"] else 4
+
+
 def cmd_dvc_track(args: argparse.Namespace) -> int:
     from roboloop import dvc
 
@@ -234,6 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--alpha", type=float, default=0.05, help="test level")
     r.add_argument("--force", action="store_true", help="promote without the test")
     r.set_defaults(fn=cmd_registry)
+
+    rp = sub.add_parser("reproduce", help="rerun the loop from a registered model's lineage; exit 0 iff "
+                        "datasets, model and metrics match")
+    rp.add_argument("model", help="NAME@VERSION or NAME@champion")
+    rp.add_argument("--registry", help="registry URI (default $ROBOLOOP_REGISTRY or .roboloop/registry)")
+    rp.add_argument("--quiet", action="store_true", help="do not stream the training/evaluation output")
+    rp.set_defaults(fn=cmd_reproduce)
 
     d = sub.add_parser("dvc-track", help="dvc add + push a stage output; prints its md5")
     d.add_argument("path")

@@ -101,6 +101,9 @@ class ModelPolicy:
         from roboloop.training.packing import Sample, collate
 
         sk, ak = self.data["state_key"], self.data["action_key"]
+        if obs.state.shape[1] != self.cfg.state_dim:
+            raise ValueError(f"{self.dir}: the model takes a {self.cfg.state_dim}-dim state, the environment gives "
+                             f"{obs.state.shape[1]}: it was trained on another task's data")
         state = self._norm(sk, obs.state.cpu().numpy().astype(np.float32))
         imgs = self._images(obs)
         h, a = self.cfg.horizon, self.cfg.action_dim

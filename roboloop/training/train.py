@@ -159,6 +159,10 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv) -> TrainResult:
                     f.write(json.dumps(row) + "\n")
             if (step + 1) % cfg.log_every == 0:
                 bar.set_postfix(loss=f"{last_loss:.4f}")
+            if env.is_main and bar.disable and (step + 1) % max(cfg.log_every, cfg.steps // 20) == 0:
+                # no terminal (torchrun under Prefect): a plain line the parent can re-log
+                print(f"step {step + 1}/{cfg.steps} loss {last_loss:.4f} {len(ready.keys) / dt:.0f} samples/s",
+                      flush=True)
             minutes = (time.time() - last_ckpt_time) / 60
             due = bool(cfg.checkpoint_every_steps and (step + 1) % cfg.checkpoint_every_steps == 0)
             due = due or bool(cfg.checkpoint_every_minutes and minutes > cfg.checkpoint_every_minutes)

@@ -52,6 +52,11 @@ def test_closed_loop_end_to_end_then_every_stage_cached(dvc_repo):
     assert second["registry"]["reused"] and reg.versions("reach-vla") == [1]  # nothing re-registered
     assert rerun_s < 60, f"cached rerun took {rerun_s:.1f} s"
 
+    from roboloop.reproduce import reproduce
+
+    rep = reproduce("reach-vla@1", registry=params.registry, on_line=lambda _line: None)
+    assert rep["match"], rep["checks"]  # same data md5, bit-identical model, same loss and success rate
+
 
 def test_corrupt_dataset_stops_at_validation(dvc_repo, tmp_path_factory):
     from roboloop.datasets.generate import GenSpec, generate_v21

@@ -1,0 +1,54 @@
+"""`make demo`: the whole closed loop on embedded defaults, then where everything is.
+
+Embedded defaults: an ephemeral Prefect server (no PREFECT_API_URL needed), the local DVC
+remote (.roboloop/dvc-remote), the local registry (.roboloop/registry), the reach task in
+Isaac Lab on CPU with the assets in assets/, and the `tiny` model. `data/` comes from the
+DVC remote when it has it; otherwise the scripted expert records it (bit-identical on every
+machine, so `data.dvc` does not change).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    os.chdir(REPO)
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "roboloop")
+    from roboloop import dvc
+
+    dvc.init_repo(REPO)
+    t0 = time.time()
+    if not (REPO / "data" / "meta" / "info.json").exists() and (REPO / "data.dvc").exists():
+        pulled = subprocess.run([sys.executable, "-m", "dvc", "pull", "-q", "data.dvc"], capture_output=True)
+        print("data/: pulled from the DVC remote" if pulled.returncode == 0 else
+              "data/: not in the DVC remote here; the scripted expert will record it")
+    from flows.closed_loop import ClosedLoopParams, closed_loop
+
+    s = closed_loop(ClosedLoopParams())
+    r = s["registry"]
+    print("\n" + "=" * 72)
+    print(f"closed loop finished in {time.time() - t0:.0f} s")
+    print(f"  dataset (v3, DVC md5 {s['dataset_md5']}): {s['dataset_v3']}")
+    print(f"  model ({s['model_md5']}):               {s['model']}")
+    print(f"  evaluation report:   {s['eval_report']}  (videos and eval.png beside it)")
+    print(f"  registry entry:      {r['name']} v{r['version']} in {r['registry']} "
+          f"({'champion' if r.get('promoted') else 'not promoted: ' + str(r.get('reason'))})")
+    print(f"  success rate:        policy {s['success_rate']:.1%} (95% CI {s['ci'][0]:.1%}-{s['ci'][1]:.1%})"
+          f"  vs random {s['random_success_rate']:.1%}")
+    print("=" * 72)
+    print(json.dumps({k: v for k, v in s.items() if k != "registry"} | {"registry_version": r["version"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
