@@ -44,11 +44,15 @@ def init_repo(root: str | Path, remote: str = LOCAL_REMOTE) -> Path:
     if not (root / ".dvc").is_dir():
         with _quiet():
             Repo.init(str(root), no_scm=not (root / ".git").exists())
-    with Repo(str(root)) as repo, repo.config.edit() as conf:
-        conf["core"]["remote"] = conf["core"].get("remote", "local")
-        conf["core"]["site_cache_dir"] = conf["core"].get("site_cache_dir", str(root / ".roboloop" / "dvc-site"))
-        conf["remote"].setdefault("local", {"url": str(root / remote)})
-        conf["core"]["autostage"] = False
+    with Repo(str(root)) as repo:
+        with repo.config.edit() as conf:  # committed: the default remote, relative to the repository
+            if "remote" not in conf["core"]:
+                conf["core"]["remote"] = "local"
+            conf["remote"].setdefault("local", {"url": str(root / remote)})
+            if "autostage" not in conf["core"]:
+                conf["core"]["autostage"] = False
+        with repo.config.edit("local") as conf:  # machine-specific, untracked (.dvc/config.local)
+            conf["core"].setdefault("site_cache_dir", str(root / ".roboloop" / "dvc-site"))
     ignore = root / ".dvcignore"
     if "checkpoints/" not in (ignore.read_text() if ignore.exists() else ""):
         with open(ignore, "a") as f:  # a model version is its final files, not its resumable state
