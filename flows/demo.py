@@ -32,9 +32,11 @@ def main() -> int:
         pulled = subprocess.run([sys.executable, "-m", "dvc", "pull", "-q", "data.dvc"], capture_output=True)
         print("data/: pulled from the DVC remote" if pulled.returncode == 0 else
               "data/: not in the DVC remote here; the scripted expert will record it")
+    from flows import embedded
     from flows.closed_loop import ClosedLoopParams, closed_loop
 
-    s = closed_loop(ClosedLoopParams())
+    with embedded():
+        s = closed_loop(ClosedLoopParams())
     r = s["registry"]
     print("\n" + "=" * 72)
     print(f"closed loop finished in {time.time() - t0:.0f} s")
