@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import task
 from prefect.artifacts import create_image_artifact, create_link_artifact, create_table_artifact
 
@@ -24,7 +26,7 @@ def evaluate_task(cfg: EvalConfig, policy_md5: str = "") -> dict:
                           .replace(":", "-").replace(".", "-").lower()[:40],
                           description=f"{cfg.policy} on {cfg.task}")
     if report.get("plot"):
-        create_image_artifact(f"file://{report['plot']}", description=f"success rate of {cfg.policy}")
+        create_image_artifact(Path(report["plot"]).resolve().as_uri(), description=f"success rate of {cfg.policy}")
     for v in report.get("videos", []):
-        create_link_artifact(f"file://{v}", link_text=v.rsplit("/", 1)[-1], description="rollout video")
+        create_link_artifact(Path(v).resolve().as_uri(), link_text=Path(v).name, description="rollout video")
     return {k: v for k, v in report.items() if k != "per_episode"}

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_table_artifact
 
 from roboloop.training.config import TrainConfig
@@ -25,6 +26,12 @@ def train_task(cfg: TrainConfig, launch: LaunchConfig, dataset_md5: str) -> dict
 
     Cancelling the flow run or hitting `launch.timeout_s` kills torchrun's whole process group.
     """
+    owner = Path(cfg.output_dir) / "run_config.json"
+    if cfg.resume and owner.exists():
+        changed = cfg.changed_fields(json.loads(owner.read_text()))
+        if changed:  # the cache said this is a new run: the old checkpoints belong to a superseded one
+            get_run_logger().warning("dropping checkpoints of a run with different %s", ", ".join(changed))
+            shutil.rmtree(Path(cfg.output_dir) / "checkpoints", ignore_errors=True)
     out = run_torchrun(cfg, launch, on_line=relay("[train] "))
     rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines() if r.strip()]
     last = rows[-1]

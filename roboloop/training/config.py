@@ -5,7 +5,7 @@ Presets are functions (torchtitan style); variants derive from a base by changin
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -111,3 +111,13 @@ class TrainConfig(BaseModel):
 
             cfg = cfg.model_copy(update={"vocab_size": tokenizer_vocab_size(cfg.tokenizer)})
         return cfg
+
+    # Fields a resumed run may change (how long, how often to save or log); anything else is another run.
+    RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
+        "steps", "checkpoint_every_steps", "checkpoint_every_minutes", "keep_last", "log_every", "resume",
+        "num_workers", "prefetch", "output_dir", "dataset", "device"})
+
+    def changed_fields(self, saved: dict) -> list[str]:
+        """Fields whose value differs from `saved` (another run's config) and that resuming cannot change."""
+        now = self.model_dump(mode="json")
+        return sorted(k for k in now if k not in self.RESUMABLE_CHANGES and k in saved and saved[k] != now[k])

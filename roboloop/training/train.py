@@ -100,11 +100,14 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv) -> TrainResult:
                 raise ValueError(f"{found} is a DDP checkpoint; resume it with strategy=ddp")
             model.load_state_dict(st["model"])
             opt.load_state_dict(st["optimizer"])
+        _check_same_run(st.get("config", {}), cfg, found)
         sched.load_state_dict(st["scheduler"])
         checkpoint.set_rng_state(st["rng"])
         stream.load_state_dict(st["data"])
         start = int(st["step"])
         log.info("resumed from %s (step %d)", found, start)
+    if env.is_main:  # which run owns the checkpoints here (read by orchestration without torch)
+        (out / "run_config.json").write_text(cfg.model_dump_json(indent=2))
     packer = Packer(stream, cfg.max_tokens, cfg.max_samples, mcfg.tokens_per_image, env.world_size)
     pipe = BatchPipeline(packer, stream, env.rank, env.world_size, mcfg.tokens_per_image, device,
                          prefetch=cfg.prefetch)
@@ -170,7 +173,7 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv) -> TrainResult:
             due = bool(distributed.all_reduce_sum(torch.tensor(float(due), device=device), env) > 0)
             if due and step + 1 < cfg.steps:
                 extra = {"step": step + 1, "scheduler": sched.state_dict(), "rng": checkpoint.rng_state(),
-                         "data": pipe.state_dict(), "config": cfg.model_dump()}
+                         "data": pipe.state_dict(), "config": cfg.model_dump(mode="json")}
                 if sharded:
                     checkpoint.save_sharded(ckpt_dir, step + 1, model, opt, extra, cfg.keep_last, env.rank,
                                             lambda: distributed.barrier(env))
@@ -187,6 +190,13 @@ def _train(cfg: TrainConfig, env: distributed.DistEnv) -> TrainResult:
     if env.is_main:
         save_final(out, weights, mcfg.model_dump(), cfg, ds)
     return TrainResult(out, last_loss, first_loss, cfg.steps, start)
+
+
+def _check_same_run(saved: dict, cfg: TrainConfig, found: Path) -> None:
+    changed = cfg.changed_fields(saved)
+    if changed:
+        raise ValueError(f"{found} belongs to a run with different {', '.join(changed)}; resuming would mix two "
+                         "runs: use another output_dir, or resume=False to start over")
 
 
 def _ddp_loss(ddp_model: torch.nn.Module, batch: PackedBatch, noise: torch.Tensor, u: torch.Tensor,

@@ -117,3 +117,11 @@ def test_mfu_reported_when_peak_known(tiny_v3, tmp_path, monkeypatch):
     train(_cfg(tiny_v3, tmp_path, steps=3))
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(0.0 < r["mfu"] < 1.0 for r in rows)
+
+
+def test_resume_refuses_checkpoints_of_another_run(tiny_v3, tmp_path):
+    train(_cfg(tiny_v3, tmp_path, steps=12, checkpoint_every_steps=5))
+    assert json.loads((tmp_path / "run_config.json").read_text())["lr"] == 2e-3
+    train(_cfg(tiny_v3, tmp_path, steps=14, checkpoint_every_steps=5))  # longer: the same run, resumes
+    with pytest.raises(ValueError, match="different lr"):
+        train(_cfg(tiny_v3, tmp_path, steps=14, checkpoint_every_steps=5, lr=1e-4))
