@@ -34,7 +34,7 @@ demo: install  ## the whole closed loop on embedded defaults (ephemeral Prefect,
 	$(PY) -m flows.demo
 
 test: install  ## run the whole test suite (every marker this machine can run)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 test-fast: install  ## unit tests only
 	$(PY) -m pytest -q tests/unit -m "not slow"

@@ -3,11 +3,12 @@
 Reads lineage.json (raw and v3 dataset md5s, convert/train/eval configs, seed), checks that
 the raw dataset here still has the recorded md5, converts, trains and evaluates again into
 `artifacts/reproduce/NAME-vN/`, and reports, stage by stage, whether the new outputs match the
-recorded ones (dataset md5, model md5, final loss, success rate).
+recorded ones (dataset md5s, model weights hash, final loss, success rate).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -45,7 +46,10 @@ def reproduce(ref: str, registry: str | None = None, out_root: str | Path = "art
     model = run_torchrun(train_cfg, LaunchConfig(), on_line=on_line)
     rows = [json.loads(x) for x in (model / "metrics.jsonl").read_text().splitlines() if x.strip()]
     checks["final_loss"] = {"recorded": lin["metrics"].get("final_loss"), "now": rows[-1]["loss"]}
-    checks["model_md5"] = {"recorded": lin.get("model_md5"), "now": dvc.track(model, push=False).md5}
+    checks["weights_sha256"] = {"recorded": lin["metrics"].get("weights_sha256"),
+                                "now": hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()}
+    # The folder's DVC md5 also covers paths and timings (config.json, metrics.jsonl): reported, not compared.
+    model_md5 = {"recorded": lin.get("model_md5"), "now": dvc.track(model, push=False).md5}
     if lin.get("eval"):
         ev = EvalConfig(**{**cfg["eval"], "policy": str(model), "output_dir": str(out / "eval"), "videos": 0})
         rep = evaluate_in_subprocess(ev, on_line=on_line)
@@ -56,6 +60,6 @@ def reproduce(ref: str, registry: str | None = None, out_root: str | Path = "art
         else:
             c["match"] = c["recorded"] is None or c["recorded"] == c["now"]
     report = {"model": f"{name}@v{v}", "git_commit_recorded": lin.get("git_commit"), "output": str(out),
-              "checks": checks, "match": all(c["match"] for c in checks.values())}
+              "checks": checks, "model_folder_md5": model_md5, "match": all(c["match"] for c in checks.values())}
     (out / "reproduce.json").write_text(json.dumps(report, indent=2))
     return report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -38,7 +39,9 @@ def train_task(cfg: TrainConfig, launch: LaunchConfig, dataset_md5: str) -> dict
     summary = {"output_dir": str(out), "steps": last["step"], "first_loss": rows[0]["loss"],
                "final_loss": last["loss"], "samples_per_s": round(sum(r["samples_per_s"] for r in rows[-20:])
                                                                    / min(20, len(rows)), 1),
-               "data_wait_fraction": round(last["data_wait_fraction"], 3), "mfu": last.get("mfu")}
+               "data_wait_fraction": round(last["data_wait_fraction"], 3), "mfu": last.get("mfu"),
+               # the weights alone: the folder's md5 also covers paths and timings (config.json, metrics.jsonl)
+               "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()}
     create_table_artifact([summary], key="train-summary", description=f"{cfg.preset} on {Path(cfg.dataset).name}")
     create_image_artifact((out / "loss.png").resolve().as_uri(), key="train-loss", description="loss curve")
     return summary
