@@ -55,14 +55,19 @@ def save(ckpt_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Pa
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
-    (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time()}))
+    _publish(tmp, final, {"step": step, "time": time.time()}, keep_last)
+    return final
+
+
+def _publish(tmp: Path, final: Path, meta: dict[str, Any], keep_last: int) -> None:
+    """meta.json last (it marks the folder complete), then rename into place and prune old ones."""
+    (tmp / "meta.json").write_text(json.dumps(meta))
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    _fsync_dir(ckpt_dir)
-    for old in complete(ckpt_dir)[:-keep_last]:
+    _fsync_dir(final.parent)
+    for old in complete(final.parent)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def complete(ckpt_dir: Path) -> list[Path]:
@@ -112,13 +117,7 @@ def save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: t
         torch.save(extra, tmp / "extra.pt")
     barrier()
     if rank == 0:
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "time": time.time(), "format": "dcp"}))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        _fsync_dir(ckpt_dir)
-        for old in complete(ckpt_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        _publish(tmp, final, {"step": step, "time": time.time(), "format": "dcp"}, keep_last)
     barrier()
     return final
 
