@@ -19,7 +19,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("roboloop", "torch", "lerobot", "isaaclab", "newton", "warp-lang", "prefect", "dvc", "numpy")
+PACKAGES = ("roboloop", "torch", "lerobot", "isaaclab", "newton", "warp-lang", "gymnasium", "gym-pusht", "prefect",
+            "dvc", "numpy")
 
 
 def git_commit(repo: Path = REPO) -> str:

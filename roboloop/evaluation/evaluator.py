@@ -11,8 +11,6 @@ once. Policy calls are batched over the envs that need a new chunk.
 
 from __future__ import annotations
 
-import contextlib
-import importlib.metadata
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,6 +22,7 @@ import torch
 
 from roboloop.evaluation.protocol import BatchedEnv, Obs
 from roboloop.evaluation.stats import wilson
+from roboloop.lineage import package_versions
 
 
 class Policy(Protocol):
@@ -68,14 +67,6 @@ class EvalReport:
         if not full:
             d.pop("per_episode")
         return json.dumps(d)
-
-
-def package_versions() -> dict[str, str]:
-    out = {}
-    for pkg in ("roboloop", "torch", "isaaclab", "newton", "warp-lang", "gymnasium", "gym-pusht", "lerobot"):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            out[pkg] = importlib.metadata.version(pkg)
-    return out
 
 
 class Recorder:

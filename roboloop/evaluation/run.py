@@ -95,35 +95,33 @@ def cli_args(cfg: BaseModel) -> list[str]:
     return out
 
 
-def evaluate_in_subprocess(cfg: EvalConfig, on_line=print, timeout_s: float | None = None) -> dict:
-    """Run `roboloop evaluate` in a child process group (Isaac Lab keeps one simulation per
-    process; a cancelled caller kills the simulator too). Returns the report dict."""
-    import json
+def _run_cli(argv: list[str], on_line, timeout_s: float | None, what: str) -> list[str]:
+    """`roboloop ARGV` in a child process group (Isaac Lab keeps one simulation per process; a
+    cancelled caller kills the simulator too). Returns the last output lines; raises on failure."""
     import os
     import sys
 
     from roboloop.procs import run_streaming
 
-    cmd = [sys.executable, "-m", "roboloop.cli", "evaluate", *cli_args(cfg)]
-    code, tail = run_streaming(cmd, on_line, timeout_s, {**os.environ, "PYTHONUNBUFFERED": "1"},
-                               what="evaluation")
+    cmd = [sys.executable, "-m", "roboloop.cli", *argv]
+    code, tail = run_streaming(cmd, on_line, timeout_s, {**os.environ, "PYTHONUNBUFFERED": "1"}, what=what)
     if code != 0:
-        raise RuntimeError(f"evaluation of {cfg.policy} on {cfg.task} failed (exit {code}): " + " | ".join(tail[-5:]))
+        raise RuntimeError(f"{what} failed (exit {code}): " + " | ".join(tail[-5:]))
+    return tail
+
+
+def evaluate_in_subprocess(cfg: EvalConfig, on_line=print, timeout_s: float | None = None) -> dict:
+    """`roboloop evaluate` in a child process group; returns the report dict."""
+    import json
+
+    _run_cli(["evaluate", *cli_args(cfg)], on_line, timeout_s, f"evaluation of {cfg.policy} on {cfg.task}")
     return json.loads(Path(cfg.output_dir, "report.json").read_text())
 
 
 def collect_in_subprocess(cfg: CollectConfig, on_line=print, timeout_s: float | None = None) -> dict:
-    """`roboloop collect` in a child process group (see `evaluate_in_subprocess`)."""
+    """`roboloop collect` in a child process group; returns its JSON summary."""
     import json
-    import os
-    import sys
 
-    from roboloop.procs import run_streaming
-
-    args = cli_args(cfg)
-    i = args.index("--dst")
-    cmd = [sys.executable, "-m", "roboloop.cli", "collect", args[i + 1], *args[:i], *args[i + 2:]]
-    code, tail = run_streaming(cmd, on_line, timeout_s, {**os.environ, "PYTHONUNBUFFERED": "1"}, what="collection")
-    if code != 0:
-        raise RuntimeError(f"collecting {cfg.task} demos failed (exit {code}): " + " | ".join(tail[-5:]))
+    tail = _run_cli(["collect", cfg.dst, *cli_args(cfg.model_copy(update={"dst": None}))], on_line, timeout_s,
+                    f"collecting {cfg.task} demos")
     return json.loads(tail[-1])
