@@ -1,7 +1,9 @@
-"""LeRobot v2.1 -> v3.0 conversion: fast, atomic, never touching the source.
+"""LeRobot v2.x -> v3.0 conversion: fast, atomic, never touching the source.
 
 Plan, then execute:
   1. Validate the source; a defective one is refused with the report (nothing written).
+     Per-episode stats the source lacks (v2.0, or a v2.1 that lost episodes_stats.jsonl) are
+     computed from its data.
   2. Plan output files with LeRobot's greedy rule (start a new file when the running size
      plus the next episode would reach the cap), by uncompressed parquet size for data and
      on-disk size for video, optionally also capped by episode count. Same rule, same
@@ -17,36 +19,25 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, Field
 from tqdm import tqdm
 
-from roboloop.datasets import layout, stats, video
+from roboloop import fsutil, procs
+from roboloop.datasets import episode_stats, layout, stats, video
+from roboloop.datasets.arrowutil import read_table, to_2d
+from roboloop.datasets.config import ConvertConfig
 from roboloop.datasets.meta import DatasetMeta, load_meta
 from roboloop.datasets.validate import DatasetDefectError, validate
 
 log = logging.getLogger(__name__)
 MB = 1024**2
 ROW_GROUP_BYTES = 64 * MB  # flush a row group once this much uncompressed data is buffered
-
-
-class ConvertConfig(BaseModel):
-    data_file_size_in_mb: float = Field(layout.DEFAULT_DATA_FILE_SIZE_IN_MB, gt=0, description="cap per data file")
-    video_file_size_in_mb: float = Field(layout.DEFAULT_VIDEO_FILE_SIZE_IN_MB, gt=0, description="cap per mp4")
-    max_episodes_per_file: int | None = Field(None, ge=1, description="optional cap on episodes per file")
-    workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1, description="parallel jobs")
-    validate_deep: bool = Field(False, description="decode every frame while validating the source")
-    progress: bool = Field(True, description="show a progress bar")
 
 
 def plan_files(sizes_mb: list[float], cap_mb: float, max_episodes: int | None,
@@ -89,7 +80,7 @@ def write_data_file(srcs: list[str], dst: str, schema_bytes: bytes, numeric: lis
     buffered = 0
     with pq.ParquetWriter(dst, schema, compression="snappy") as writer:
         for src in srcs:
-            table = pq.read_table(src)
+            table = read_table(src)
             table = table.select(schema.names).cast(schema) if table.schema != schema else table
             ep = int(table["episode_index"][0].as_py()) if table.num_rows else -1
             quantiles[ep] = {k: _column_quantiles(table[k]) for k in numeric if k in table.column_names}
@@ -104,62 +95,74 @@ def write_data_file(srcs: list[str], dst: str, schema_bytes: bytes, numeric: lis
 
 
 def _column_quantiles(col: pa.ChunkedArray) -> dict[str, list]:
-    arr = _to_2d(col)
+    arr = to_2d(col)
     qs = np.quantile(arr, stats.QUANTILES, axis=0)
     return {k: qs[i].tolist() for i, k in enumerate(stats.QUANTILE_KEYS)}
-
-
-def _to_2d(col: pa.ChunkedArray) -> np.ndarray:
-    col = col.combine_chunks()
-    if pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type) or pa.types.is_large_list(col.type):
-        flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
-        return flat.reshape(len(col), -1)
-    return col.to_numpy(zero_copy_only=False).astype(np.float64)[:, None]
 
 
 def write_video_file(srcs: list[str], dst: str) -> list[tuple[float, float]]:
     return video.concat_videos(srcs, dst)
 
 
-def convert(src: str | Path, dst: str | Path, config: ConvertConfig | None = None) -> Path:
-    """Convert the v2.1 dataset at `src` to v3.0 at `dst`. Raises DatasetDefectError on a bad source."""
+class ConversionCheckError(ValueError):
+    """The converted output failed its own validation: it was not published."""
+
+
+def convert(src: str | Path, dst: str | Path, config: ConvertConfig | None = None, overwrite: bool = False,
+            marker: dict | None = None) -> Path:
+    """Convert the v2.x dataset at `src` to v3.0 at `dst`. Raises DatasetDefectError on a bad source.
+
+    `dst` must not exist, unless it is an earlier roboloop conversion and `overwrite` is set (the old
+    one is moved aside). The output is validated (and the first and last frame of every episode
+    decoded) before it is renamed into place: a conversion we would refuse to read is never published.
+    """
     cfg = config or ConvertConfig()
-    src, dst = Path(src).resolve(), Path(dst).resolve()
-    if dst.exists():
-        raise FileExistsError(f"{dst} already exists; choose a new destination (the source is never modified)")
-    if dst == src or src in dst.parents:
-        raise ValueError(f"destination {dst} must be outside the source {src}")
-    report = validate(src, deep=cfg.validate_deep, workers=cfg.workers)
+    src, dst = Path(src).resolve(), Path(dst).absolute()
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src} is not a dataset folder" if src.exists() else f"{src} does not exist")
+    if fsutil.inside(dst, src) or fsutil.inside(src, dst):
+        raise ValueError(f"destination {dst} must be outside the source {src} (and must not contain it)")
+    fsutil.check_destination(dst, "dataset_v3", overwrite, flag="DST")
+    report = validate(src, deep=cfg.validate_deep, workers=cfg.num_workers)
     if not report.ok:
         raise DatasetDefectError(report)
     meta = load_meta(src)
-    if not meta.is_v21:
-        raise ValueError(f"{src} is {meta.version}; convert takes v2.1 datasets")
+    if not meta.is_v2:
+        raise ValueError(f"{src} is {meta.version}; convert takes v2.0/v2.1 datasets (v3.0 needs no conversion)")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(dst)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.converting-{os.getpid()}-", dir=dst.parent))
-    try:
+    with fsutil.exclusive(fsutil.lock_path_for(dst), f"conversion to {dst}"), \
+            fsutil.atomic_dir(dst, "dataset_v3", overwrite, meta={"format": layout.V30, **(marker or {})}) as tmp:
         _convert_into(meta, tmp, cfg)
-        tmp.rename(dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        check_output(tmp, cfg.num_workers)
     return dst
 
 
-def _remove_stale_temps(dst: Path) -> None:
-    """Remove temporary folders of earlier, killed conversions to the same DST."""
-    for p in dst.parent.glob(f".{dst.name}.converting-*"):
+def check_output(root: Path, workers: int = 1) -> None:
+    """Never publish what we would refuse to read: validate, then decode each episode's first and last frame."""
+    report = validate(root, workers=workers)
+    if not report.ok:
+        raise ConversionCheckError("the converted dataset failed validation; nothing was published:\n"
+                                   + report.human(limit=20))
+    meta = load_meta(root)
+    wanted: dict[Path, list[tuple[float, int]]] = {}
+    for ep in meta.episodes:
+        for key, loc in ep.videos.items():
+            path = root / meta.info.video_path.format(  # type: ignore[union-attr]
+                video_key=key, chunk_index=int(loc["chunk_index"]), file_index=int(loc["file_index"]))
+            first = float(loc["from_timestamp"])
+            wanted.setdefault(path, []).extend([(first, ep.episode_index),
+                                                (first + (ep.length - 1) / meta.info.fps, ep.episode_index)])
+
+    def check(item: tuple[Path, list[tuple[float, int]]]) -> None:
+        path, times = item
         try:
-            pid = int(p.name.split("converting-")[1].split("-")[0])
-            os.kill(pid, 0)
-            alive = pid != os.getpid()
-        except (ValueError, IndexError, ProcessLookupError):
-            alive = False
-        except PermissionError:
-            alive = True
-        if not alive:
-            shutil.rmtree(p, ignore_errors=True)
+            video.check_decodes_at(path, [t for t, _ in times], tolerance_s=0.5 / meta.info.fps)
+        except Exception as e:
+            raise ConversionCheckError(f"the converted video {path.relative_to(root)} does not decode at an "
+                                       f"episode's first/last frame ({e}); nothing was published") from e
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:  # PyAV decodes with the GIL released
+        list(pool.map(check, wanted.items()))
 
 
 def _convert_into(meta: DatasetMeta, out: Path, cfg: ConvertConfig) -> None:
@@ -174,6 +177,7 @@ def _convert_into(meta: DatasetMeta, out: Path, cfg: ConvertConfig) -> None:
         for key in sorted(info.video_keys)
     }
     numeric = [k for k, f in info.features.items() if f.dtype not in ("video", "image", "string")]
+    ep_stats = episode_stats.fill_missing(meta, cfg.num_workers)
     schema = _output_schema(data_src[0], meta)
     schema_bytes = schema.serialize().to_pybytes()
 
@@ -199,14 +203,15 @@ def _convert_into(meta: DatasetMeta, out: Path, cfg: ConvertConfig) -> None:
         else:
             for i, span in zip(members, res, strict=True):
                 video_spans[kind][i] = span
-    _write_meta(meta, out, cfg, data_assign, video_assign, video_spans, ep_quantiles)
+    _write_meta(meta, out, cfg, data_assign, video_assign, video_spans, ep_quantiles, ep_stats)
 
 
 def _run_jobs(jobs: list, cfg: ConvertConfig) -> list:
     bar = tqdm(total=len(jobs), desc="convert", unit="file", disable=not cfg.progress)
-    Pool = ProcessPoolExecutor if cfg.workers > 1 and len(jobs) > 1 else ThreadPoolExecutor
+    workers = min(cfg.num_workers, len(jobs))
     try:
-        with Pool(max_workers=min(cfg.workers, len(jobs))) as pool:
+        with (ProcessPoolExecutor(workers, initializer=procs.die_with_parent) if workers > 1
+              else ThreadPoolExecutor(1)) as pool:
             futures: list[Future] = [pool.submit(fn, *args) for _, _, fn, args in jobs]
             for f in futures:
                 f.add_done_callback(lambda _: bar.update(1))
@@ -223,9 +228,11 @@ def _output_schema(first_src: Path, meta: DatasetMeta) -> pa.Schema:
 
 
 def _write_meta(meta: DatasetMeta, out: Path, cfg: ConvertConfig, data_assign: list, video_assign: dict,
-                video_spans: dict, ep_quantiles: dict) -> None:
+                video_spans: dict, ep_quantiles: dict, ep_stats_all: dict) -> None:
     (out / "meta").mkdir(parents=True, exist_ok=True)
     # tasks.parquet: index = task string, column task_index (what LeRobot writes via pandas)
+    import pandas as pd  # only here: keeps `roboloop convert`'s start-up short
+
     tasks = pd.DataFrame({"task_index": list(meta.tasks)}, index=pd.Index(list(meta.tasks.values()), name="task"))
     tasks.to_parquet(out / layout.V30_TASKS_PATH)
 
@@ -241,7 +248,7 @@ def _write_meta(meta: DatasetMeta, out: Path, cfg: ConvertConfig, data_assign: l
             row.update({f"videos/{key}/chunk_index": assign[i][0], f"videos/{key}/file_index": assign[i][1],
                         f"videos/{key}/from_timestamp": f, f"videos/{key}/to_timestamp": t})
         row.update({"tasks": ep.tasks, "length": ep.length})
-        ep_stats = {k: dict(v) for k, v in meta.episode_stats[ep.episode_index].items()}
+        ep_stats = {k: dict(v) for k, v in ep_stats_all[ep.episode_index].items()}
         for feat, qs in ep_quantiles.get(ep.episode_index, {}).items():
             ep_stats.setdefault(feat, {}).update({q: np.asarray(v) for q, v in qs.items()})
         for feat, fstats in ep_stats.items():
@@ -256,7 +263,7 @@ def _write_meta(meta: DatasetMeta, out: Path, cfg: ConvertConfig, data_assign: l
     ep_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), ep_path)
 
-    legacy = [meta.episode_stats[ep.episode_index] for ep in meta.episodes]
+    legacy = [ep_stats_all[ep.episode_index] for ep in meta.episodes]
     dataset_stats = stats.aggregate(legacy)
     _add_dataset_quantiles(meta, dataset_stats, data_assign)
     (out / layout.STATS_PATH).write_text(json.dumps(stats.to_jsonable(dataset_stats), indent=4))
@@ -269,9 +276,9 @@ def _add_dataset_quantiles(meta: DatasetMeta, dataset_stats: dict, data_assign: 
                and k in dataset_stats]
     sketches = {k: stats.QuantileSketch(dataset_stats[k]["min"], dataset_stats[k]["max"]) for k in numeric}
     for ep in meta.episodes:
-        table = pq.read_table(meta.root / meta.v21_data_path(ep.episode_index), columns=numeric)
+        table = read_table(meta.root / meta.v21_data_path(ep.episode_index), columns=numeric)
         for k in numeric:
-            sketches[k].update(_to_2d(table[k]))
+            sketches[k].update(to_2d(table[k]))
     for k, sk in sketches.items():
         shape = np.asarray(dataset_stats[k]["mean"]).shape
         dataset_stats[k].update({q: v.reshape(shape) for q, v in sk.quantiles().items()})
@@ -283,11 +290,11 @@ def _v30_info(meta: DatasetMeta, cfg: ConvertConfig) -> dict:
     for key, feat in src["features"].items():
         feat = dict(feat)
         if feat["dtype"] != "video":
-            feat["fps"] = int(meta.info.fps)
+            feat["fps"] = _num(src["fps"])  # exactly as given: 29.97 stays 29.97 (LeRobot's converter truncates it)
         features[key] = feat
     info = {
         "codebase_version": layout.V30,
-        "fps": int(meta.info.fps),
+        "fps": _num(src["fps"]),
         "features": features,
         "total_episodes": meta.info.total_episodes,
         "total_frames": meta.info.total_frames,

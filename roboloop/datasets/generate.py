@@ -13,7 +13,6 @@ import io
 import json
 import os
 import shutil
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -21,40 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
-from pydantic import BaseModel, Field
 
+from roboloop import fsutil
 from roboloop.datasets import layout, stats, video
-
-DEFAULT_TASKS = (
-    "pick up the red cube",
-    "push the blue block to the left",
-    "reach the green ball",
-    "open the drawer",
-    "stack the yellow cube on the red cube",
-)
-
-
-class GenSpec(BaseModel):
-    num_episodes: int = Field(10, ge=1, description="number of episodes")
-    min_length: int = Field(20, ge=2, description="shortest episode, frames")
-    max_length: int = Field(40, ge=2, description="longest episode, frames")
-    fps: int = Field(30, gt=0)
-    cameras: dict[str, tuple[int, int]] = Field(
-        default_factory=lambda: {"observation.images.top": (48, 64), "observation.images.wrist": (48, 64)},
-        description="video features: key -> (height, width)",
-    )
-    image_keys: dict[str, tuple[int, int]] = Field(
-        default_factory=dict, description="image features stored as PNG inside parquet"
-    )
-    codec: str = Field("libx264", description="libx264 (h264) or libsvtav1 (AV1)")
-    crf: int = 23
-    noise: int = Field(0, ge=0, le=128, description="per-pixel noise amplitude (raises bitrate)")
-    state_dim: int = 6
-    action_dim: int = 6
-    tasks: tuple[str, ...] = DEFAULT_TASKS
-    chunks_size: int = layout.DEFAULT_CHUNK_SIZE
-    robot_type: str = "synthetic_arm"
-    seed: int = 0
+from roboloop.datasets.config import DEFAULT_TASKS, GenSpec  # noqa: F401  (re-exported)
 
 
 def _lengths(spec: GenSpec) -> np.ndarray:
@@ -160,7 +129,7 @@ def _features(spec: GenSpec) -> dict:
                 "video.codec": "h264" if spec.codec == "libx264" else "av1",
                 "video.pix_fmt": "yuv420p",
                 "video.is_depth_map": False,
-                "video.fps": spec.fps,
+                "video.fps": _fps_json(spec.fps),
                 "video.channels": 3,
                 "has_audio": False,
             },
@@ -190,7 +159,8 @@ def generate_v21(root: str | Path, spec: GenSpec | None = None, workers: int | N
     if root.exists():
         raise FileExistsError(f"{root} already exists")
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    fsutil.sweep_temps(root)
+    tmp = fsutil.make_dir(fsutil.temp_sibling(root))  # umask permissions; swept if we die
     try:
         lengths = _lengths(spec)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
@@ -223,7 +193,7 @@ def generate_v21(root: str | Path, spec: GenSpec | None = None, workers: int | N
             "total_videos": spec.num_episodes * len(spec.cameras),
             "total_chunks": layout.chunk_of(spec.num_episodes - 1, spec.chunks_size) + 1,
             "chunks_size": spec.chunks_size,
-            "fps": spec.fps,
+            "fps": _fps_json(spec.fps),
             "splits": {"train": f"0:{spec.num_episodes}"},
             "data_path": layout.V21_DATA_PATH,
             "video_path": layout.V21_VIDEO_PATH if spec.cameras else None,
@@ -235,6 +205,10 @@ def generate_v21(root: str | Path, spec: GenSpec | None = None, workers: int | N
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return root
+
+
+def _fps_json(fps: float) -> int | float:
+    return int(fps) if float(fps).is_integer() else fps
 
 
 def _write_episode_star(args: tuple) -> dict:

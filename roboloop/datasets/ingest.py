@@ -11,17 +11,21 @@ complete, verified download is renamed to `<hash>/`. The result is then validate
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
+import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from roboloop import fsutil
 from roboloop import s3 as s3mod
 from roboloop.datasets.validate import DatasetDefectError, Report, validate
+from roboloop.errors import BusyError
 
 log = logging.getLogger(__name__)
 CHUNK = 8 * 1024 * 1024
@@ -52,10 +56,9 @@ def ingest(source: str | Path, cache_dir: str | Path = ".roboloop/cache", worker
     if s3mod.is_s3(source):
         result = _ingest_s3(str(source), Path(cache_dir), workers, settings)
     else:
-        path = Path(source).resolve()
-        if not path.is_dir():
-            raise FileNotFoundError(f"dataset folder {path} does not exist")
-        result = IngestResult(str(source), path, local_manifest_hash(path), Report(root=str(path)))
+        path = Path(source).resolve()  # a missing folder or a plain file is reported by validate below
+        digest = local_manifest_hash(path) if path.is_dir() else ""
+        result = IngestResult(str(source), path, digest, Report(root=str(path)))
     result.report = validate(result.path, deep=deep, workers=workers)
     if strict and not result.report.ok:
         raise DatasetDefectError(result.report)
@@ -73,53 +76,95 @@ def local_manifest_hash(root: Path) -> str:
 
 
 def _ingest_s3(uri: str, cache_dir: Path, workers: int, settings: s3mod.S3Settings | None) -> IngestResult:
-    src = s3mod.S3Uri.parse(uri)
-    client = s3mod.client(settings)
-    objects = s3mod.list_objects(client, src)
-    if not objects:
-        raise FileNotFoundError(f"no objects under {uri}")
-    manifest = [{"key": o.rel, "size": o.size, "etag": o.etag} for o in objects]
-    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
-    final = cache_dir / "datasets" / digest
-    if (final / ".roboloop-manifest.json").exists():
-        log.info("cache hit for %s at %s", uri, final)
-        return IngestResult(uri, final, digest, Report(root=str(final)), 0, cache_hit=True)
-    partial = cache_dir / "datasets" / f"{digest}.partial"
-    partial.mkdir(parents=True, exist_ok=True)
+    with s3mod.translated(f"ingesting {uri}"):
+        src = s3mod.S3Uri.parse(uri)
+        client = s3mod.client(settings)
+        objects = s3mod.list_objects(client, src)
+        if not objects:
+            raise FileNotFoundError(f"no objects under {uri}")
+        manifest = [{"key": o.rel, "size": o.size, "etag": o.etag} for o in objects]
+        digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+        root = cache_dir / "datasets"
+        root.mkdir(parents=True, exist_ok=True)
+        # Concurrent ingests of one dataset into one cache serialise here; the second finds the first's result.
+        with fsutil.exclusive(root / f".{digest}.roboloop-lock", f"the cache entry of {uri}", wait=True):
+            _sweep_orphaned_partials(root, digest)
+            final, partial = root / digest, root / f"{digest}.partial"
+            if (final / MANIFEST).exists():
+                bad = _corrupt_files(final, objects)
+                if not bad:
+                    log.info("cache hit for %s at %s (sizes and checksums verified)", uri, final)
+                    return IngestResult(uri, final, digest, Report(root=str(final)), 0, cache_hit=True)
+                log.warning("cache entry %s: %d file(s) changed since download (e.g. %s); repairing", final,
+                            len(bad), bad[0])
+                (final / MANIFEST).unlink()
+                os.rename(final, partial) if not partial.exists() else shutil.rmtree(final)
+            partial.mkdir(exist_ok=True)
 
-    def fetch(obj: s3mod.S3Object) -> int:
-        return download_object(client, src.bucket, obj, partial / obj.rel)
+            def fetch(obj: s3mod.S3Object) -> int:
+                return download_object(client, src.bucket, obj, partial / obj.rel)
 
-    with ThreadPoolExecutor(max(1, workers)) as pool:
-        downloaded = sum(pool.map(fetch, objects))
-    (partial / ".roboloop-manifest.json").write_text(json.dumps({"source": uri, "objects": manifest}, indent=1))
-    if final.exists():  # another process finished the same download first
-        shutil.rmtree(partial, ignore_errors=True)
-    else:
-        partial.rename(final)
+            with ThreadPoolExecutor(max(1, workers)) as pool:
+                downloaded = sum(pool.map(fetch, objects))
+            fsutil.atomic_write_json(partial / MANIFEST, {"source": uri, "objects": manifest}, indent=1)
+            os.rename(partial, final)
     return IngestResult(uri, final, digest, Report(root=str(final)), downloaded)
 
 
+MANIFEST = ".roboloop-manifest.json"
+
+
+def _corrupt_files(root: Path, objects: list[s3mod.S3Object]) -> list[str]:
+    """Files of a cache entry whose size or checksum no longer matches S3's (edited, truncated, deleted)."""
+    bad = []
+    for obj in objects:
+        try:
+            verify_file(root / obj.rel, obj)
+        except (ChecksumError, OSError):
+            bad.append(obj.rel)
+    return bad
+
+
+def _sweep_orphaned_partials(root: Path, keep: str) -> None:
+    """Remove partial downloads of other manifests (the source changed under them) that nobody is writing."""
+    for p in root.glob("*.partial"):
+        digest = p.name.removesuffix(".partial")
+        if digest == keep:
+            continue
+        try:
+            with fsutil.exclusive(root / f".{digest}.roboloop-lock", "a partial download"):
+                shutil.rmtree(p, ignore_errors=True)
+        except BusyError:
+            continue
+
+
 def download_object(client: Any, bucket: str, obj: s3mod.S3Object, dest: Path) -> int:
-    """Download (or resume) one object into `dest` and verify it; returns bytes transferred."""
+    """Download (or resume) one object into `dest` and verify it; returns bytes transferred.
+
+    A complete file that fails its checksum (edited after download, or a bad earlier transfer) is
+    downloaded again once; a fresh download that still fails raises ChecksumError.
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    have = dest.stat().st_size if dest.exists() else 0
-    if have > obj.size:
-        dest.unlink()
-        have = 0
     transferred = 0
-    if have < obj.size:
-        kwargs = {"Range": f"bytes={have}-"} if have else {}
-        body = client.get_object(Bucket=bucket, Key=obj.key, **kwargs)["Body"]
-        with open(dest, "ab" if have else "wb") as f:
-            for chunk in iter(lambda: body.read(CHUNK), b""):
-                f.write(chunk)
-                transferred += len(chunk)
-    try:
-        verify_file(dest, obj)
-    except ChecksumError:
-        dest.unlink(missing_ok=True)
-        raise
+    for attempt in range(2):
+        have = dest.stat().st_size if dest.exists() else 0
+        if have > obj.size:
+            dest.unlink()
+            have = 0
+        if have < obj.size:
+            kwargs = {"Range": f"bytes={have}-"} if have else {}
+            body = client.get_object(Bucket=bucket, Key=obj.key, **kwargs)["Body"]
+            with open(dest, "ab" if have else "wb") as f:
+                for chunk in iter(functools.partial(body.read, CHUNK), b""):
+                    f.write(chunk)
+                    transferred += len(chunk)
+        try:
+            verify_file(dest, obj)
+            return transferred
+        except ChecksumError:
+            dest.unlink(missing_ok=True)
+            if attempt == 1 or (have == 0 and transferred == obj.size):
+                raise
     return transferred
 
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
+V20 = "v2.0"
 V21 = "v2.1"
 V30 = "v3.0"
+V2_VERSIONS = (V20, V21)  # one parquet (and one mp4 per camera) per episode; same paths
 
 INFO_PATH = "meta/info.json"
 STATS_PATH = "meta/stats.json"
@@ -76,3 +78,22 @@ def next_chunk_file(chunk_index: int, file_index: int, chunks_size: int) -> tupl
     if file_index == chunks_size - 1:
         return chunk_index + 1, 0
     return chunk_index, file_index + 1
+
+
+LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/v1"
+LFS_POINTER_MAX_BYTES = 1024  # pointers are ~130 bytes: oid, size
+
+
+def is_lfs_pointer_bytes(head: bytes) -> bool:
+    return len(head) <= LFS_POINTER_MAX_BYTES and head.startswith(LFS_POINTER_PREFIX)
+
+
+def is_lfs_pointer(path: Path) -> bool:
+    """A Git LFS pointer file where content should be (a repository cloned without `git lfs`)."""
+    try:
+        if path.stat().st_size > LFS_POINTER_MAX_BYTES:
+            return False
+        with open(path, "rb") as f:
+            return is_lfs_pointer_bytes(f.read(LFS_POINTER_MAX_BYTES + 1))
+    except OSError:
+        return False

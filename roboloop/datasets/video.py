@@ -59,6 +59,23 @@ def duration_s(container: av.container.InputContainer) -> float:
     return float(container.duration / av.time_base)
 
 
+def demux_count(path: str | Path) -> tuple[int, int]:
+    """(packets present, packets flagged corrupt) without decoding: a file cut short after its index
+    (an mp4 written with `faststart`) still probes fine but holds fewer packets than the index lists."""
+    n = corrupt = 0
+    with av.open(str(path)) as container:
+        st = container.streams.video[0]
+        try:
+            for packet in container.demux(st):
+                if packet.dts is None and packet.size == 0:
+                    continue  # the demuxer's end-of-stream flush packet
+                n += 1
+                corrupt += bool(packet.is_corrupt)
+        except av.error.FFmpegError:
+            corrupt += 1
+    return n, corrupt
+
+
 def count_decodable_frames(path: str | Path) -> int:
     """Decode every frame: catches truncated or corrupt payloads that headers hide."""
     with av.open(str(path)) as container:
@@ -70,7 +87,7 @@ def count_decodable_frames(path: str | Path) -> int:
 def encode_frames(
     frames: Iterable[np.ndarray],
     path: str | Path,
-    fps: int,
+    fps: float,
     codec: str = "libx264",
     pix_fmt: str = "yuv420p",
     gop: int | None = None,
@@ -89,7 +106,7 @@ def encode_frames(
     elif codec == "libsvtav1":
         options.update({"preset": "12", "g": str(gop or 2)})
     with av.open(str(tmp), "w") as out:
-        stream = out.add_stream(codec, rate=fps, options=options)
+        stream = out.add_stream(codec, rate=Fraction(str(fps)), options=options)  # 29.97 -> 2997/100 exactly
         stream.pix_fmt = pix_fmt
         first = True
         for arr in frames:
@@ -156,6 +173,26 @@ def concat_videos(inputs: Sequence[str | Path], output: str | Path) -> list[tupl
     finally:
         tmp.unlink(missing_ok=True)
     return spans
+
+
+def check_decodes_at(path: str | Path, timestamps_s: Sequence[float], tolerance_s: float) -> None:
+    """Decode one frame at each timestamp, each from the keyframe just before it (no long pre-roll): the
+    cheap proof that a file's frames exist where its metadata says. Raises ValueError naming the first missing
+    one. `tolerance_s` is also the seek margin (half a frame is right)."""
+    with av.open(str(path)) as container:
+        st = container.streams.video[0]
+        tb = float(st.time_base)
+        for t in timestamps_s:
+            # a margin below t: the demuxer seeks on dts, rounded; landing one frame late would miss t
+            container.seek(max(0, int((t - 3 * tolerance_s) / tb)), stream=st, backward=True)
+            for frame in container.decode(st):
+                ft = float(frame.pts * st.time_base)
+                if ft >= t - tolerance_s:
+                    if abs(ft - t) > tolerance_s:
+                        raise ValueError(f"{path}: no frame at t={t:.6f}s (nearest {ft:.6f}s)")
+                    break
+            else:
+                raise ValueError(f"{path}: no frame at t={t:.6f}s (the video ends earlier)")
 
 
 def decode_frames_at(path: str | Path, timestamps_s: Sequence[float], tolerance_s: float = 1e-4) -> np.ndarray:

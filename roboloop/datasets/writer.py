@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from roboloop import fsutil
 from roboloop.datasets import layout, stats, video
 from roboloop.datasets.generate import _arrow_column, _write_jsonl
 
@@ -29,7 +29,8 @@ class EpisodeWriterV21:
         if self.root.exists():
             raise FileExistsError(f"{self.root} already exists")
         self.root.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.root.name}.recording-", dir=self.root.parent))
+        fsutil.sweep_temps(self.root)
+        self.tmp = fsutil.make_dir(fsutil.temp_sibling(self.root))  # umask permissions; swept if we die
         self.fps, self.cameras, self.robot_type = fps, dict(cameras), robot_type
         self.state_names, self.action_names, self.chunks_size, self.crf = state_names, action_names, chunks_size, crf
         self.tasks: dict[str, int] = {}

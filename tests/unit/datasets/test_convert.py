@@ -173,16 +173,16 @@ def test_killed_conversion_leaves_no_dst_and_rerun_succeeds(large_v21, tmp_path)
             "data_file_size_in_mb=0.05, video_file_size_in_mb=0.05))")
     proc = subprocess.Popen([sys.executable, "-c", code, str(large_v21), str(dst)], start_new_session=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob(".out.converting-*/data/*/*.parquet")):
+    while time.time() < deadline and not list(tmp_path.glob(".out.roboloop-tmp-*/data/*/*.parquet")):
         time.sleep(0.05)
     assert proc.poll() is None, "conversion finished before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not dst.exists()
-    assert list(tmp_path.glob(".out.converting-*"))  # the debris of the killed run
+    assert list(tmp_path.glob(".out.roboloop-tmp-*"))  # the debris of the killed run
     convert(large_v21, dst, ConvertConfig(progress=False))
     assert validate(dst).ok
-    assert not list(tmp_path.glob(".out.converting-*"))  # cleaned by the rerun
+    assert not list(tmp_path.glob(".out.roboloop-tmp-*"))  # cleaned by the rerun
 
 
 def test_av1_dataset_converts_and_loads(tmp_path):
@@ -202,3 +202,24 @@ def test_av1_dataset_converts_and_loads(tmp_path):
                                       [int(item["frame_index"]) / spec.fps])[0]
     got = (item["observation.images.top"].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_non_integer_fps_kept_exactly_end_to_end(tmp_path):
+    """29.97 fps: validated, converted without truncation, valid by our validator and readable by LeRobot."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from roboloop.datasets.generate import GenSpec, generate_v21
+    from roboloop.training.data import V3Dataset
+
+    src = generate_v21(tmp_path / "v21", GenSpec(num_episodes=2, min_length=60, max_length=70, fps=29.97,
+                                                 cameras={"observation.images.top": (32, 32)}, seed=2))
+    assert validate(src).ok
+    out = convert(src, tmp_path / "v3", ConvertConfig(progress=False))
+    info = json.loads((out / "meta/info.json").read_text())
+    assert info["fps"] == 29.97 and info["features"]["action"]["fps"] == 29.97
+    assert validate(out, deep=True).ok
+    ds = V3Dataset(out)
+    last = ds.ep_to[1] - 1
+    frames = ds.decode_window(1, "observation.images.top", int(ds.frame_index[last]), 1, (32, 32))
+    theirs = LeRobotDataset("t/fps", root=out, video_backend="pyav")[last]["observation.images.top"]
+    np.testing.assert_allclose(frames[0].transpose(2, 0, 1) / 255, theirs.numpy(), atol=2 / 255)

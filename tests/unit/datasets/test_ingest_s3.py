@@ -69,10 +69,38 @@ def test_corrupted_partial_is_detected(small_v21, bucket, tmp_path):
     target.parent.mkdir(parents=True)
     good = (small_v21 / "data/chunk-000/episode_000000.parquet").read_bytes()
     target.write_bytes(b"\x00" * 100 + good[100:200])  # a flipped prefix that a resume would keep
+    repaired = ingest(uri, cache_dir=tmp_path / "b")  # the resumed file fails its ETag MD5: fetched again
+    assert repaired.report.ok and _files(repaired.path) == _files(small_v21)
+    assert not partial.exists()
+
+
+def test_cache_entry_edited_after_download_is_not_trusted(small_v21, bucket, tmp_path):
+    uri = f"s3://{bucket}/ds"
+    s3mod.upload_dir(small_v21, uri)
+    first = ingest(uri, cache_dir=tmp_path)
+    assert ingest(uri, cache_dir=tmp_path).cache_hit
+    victim = first.path / "meta/episodes.jsonl"
+    victim.write_text(victim.read_text().replace('"length": ', '"length": 1'))  # same file, edited
+    again = ingest(uri, cache_dir=tmp_path)
+    assert not again.cache_hit and again.report.ok  # re-verified, the edited file fetched again
+    assert _files(again.path) == _files(small_v21)
+
+
+def test_download_that_keeps_failing_its_checksum_raises(small_v21, bucket, tmp_path, monkeypatch):
+    from roboloop.datasets import ingest as ingest_mod
+
+    uri = f"s3://{bucket}/ds"
+    s3mod.upload_dir(small_v21, uri)
+    real = ingest_mod.verify_file
+
+    def always_bad(path, obj):
+        if obj.rel.endswith("episode_000000.parquet"):
+            raise ChecksumError(f"{obj.key}: MD5 x does not match ETag {obj.etag}")
+        return real(path, obj)
+
+    monkeypatch.setattr(ingest_mod, "verify_file", always_bad)
     with pytest.raises(ChecksumError, match="does not match ETag"):
-        ingest(uri, cache_dir=tmp_path / "b")
-    assert not target.exists()  # the bad bytes are gone; the next run downloads cleanly
-    assert ingest(uri, cache_dir=tmp_path / "b").report.ok
+        ingest(uri, cache_dir=tmp_path)
 
 
 def test_corrupted_object_is_refused(small_copy, bucket, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 from roboloop.cli import main
 from roboloop.datasets.convert import ConvertConfig, convert
-from roboloop.datasets.validate import validate
+from roboloop.datasets.validate import DatasetDefectError, validate
 
 EP2_DATA = "data/chunk-000/episode_000002.parquet"
 EP2_TOP = "videos/chunk-000/observation.images.top/episode_000002.mp4"
@@ -42,7 +42,8 @@ def _set_column(table: pa.Table, name: str, values) -> pa.Table:
 
 
 def _find(report, code, file=None, episode=None, field=None):
-    hits = [d for d in report.defects if d.code == code and (file is None or d.file == file)
+    """A defect or warning of this class at this place."""
+    hits = [d for d in [*report.defects, *report.warnings] if d.code == code and (file is None or d.file == file)
             and (episode is None or d.episode == episode) and (field is None or d.field == field)]
     assert hits, f"no {code} defect at {file} ep={episode} field={field}; got:\n{report.human()}"
     return hits[0]
@@ -116,13 +117,20 @@ def test_timestamps_monotonic_and_on_fps_grid(small_copy):
 
 
 def test_feature_dtype_and_shape_against_schema(small_copy):
+    # float64 where float32 is declared: LeRobot casts it on load, so it is a warning, not a defect
     _edit_parquet(small_copy / EP2_DATA, lambda t: t.set_column(
         t.column_names.index("action"), "action", pc.cast(t["action"], pa.list_(pa.float64()))))
+    r = validate(small_copy)
+    assert r.ok and _find(r, "dtype", EP2_DATA, 2, "action").severity == "warning"
+    # strings where numbers are declared, or a vector length that disagrees with the shape: defects
+    _edit_parquet(small_copy / "data/chunk-000/episode_000003.parquet", lambda t: t.set_column(
+        t.column_names.index("action"), "action", pa.array([str(v) for v in t["action"].to_pylist()])))
     _edit_json(small_copy / "meta/info.json",
                lambda d: d["features"]["observation.state"].update(shape=[7]))
     r = validate(small_copy)
-    _find(r, "schema", EP2_DATA, 2, "action")
+    _find(r, "schema", "data/chunk-000/episode_000003.parquet", 3, "action")
     _find(r, "schema", field="observation.state")
+    assert not r.ok
 
 
 def test_video_frames_fps_resolution(small_copy):
@@ -191,3 +199,75 @@ def test_cli_exit_codes_and_json(small_copy, capsys):
     assert main(["validate", str(small_copy), "--json"]) == 1
     doc = json.loads(capsys.readouterr().out.split("\n", 1)[1])
     assert doc["ok"] is False and doc["defects"][0]["file"] == EP2_DATA
+
+
+def test_many_misplaced_videos_are_one_defect_naming_where_they_are(large_v21, tmp_path):
+    """A dataset whose videos sit in video/ while its template says videos/: one line, with the count."""
+    ds = tmp_path / "ds"
+    shutil.copytree(large_v21, ds)
+    shutil.move(ds / "videos", ds / "video")
+    r = validate(ds)
+    misplaced = [d for d in r.defects if d.code == "misplaced_file"]
+    assert len(misplaced) == 1 and misplaced[0].count == 400  # 200 episodes x 2 cameras
+    assert "400 video files are under video/ instead of videos/" in misplaced[0].message
+    assert "missing_file" not in r.codes()
+    with pytest.raises(DatasetDefectError):
+        convert(ds, tmp_path / "out", ConvertConfig(progress=False))
+    assert not (tmp_path / "out").exists()
+
+
+def test_misplaced_data_across_top_level_folders(small_copy):
+    (small_copy / "parquet").mkdir()
+    shutil.move(small_copy / "data/chunk-000", small_copy / "parquet/chunk-000")
+    d = _find(validate(small_copy), "misplaced_file")
+    assert d.count == 6 and "6 data files are under parquet/ instead of data/" in d.message
+
+
+def test_lfs_pointers_reported_once_with_the_fix(small_copy):
+    for p in [*small_copy.rglob("*.mp4"), small_copy / "meta/episodes_stats.jsonl"]:
+        p.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:" + "a" * 64 + "\nsize 12345\n")
+    r = validate(small_copy)
+    lfs = [d for d in r.defects if d.code == "lfs_pointer"]
+    assert len(lfs) == 1 and lfs[0].count == 13 and "git lfs pull" in lfs[0].message
+    assert "corrupt_file" not in r.codes()  # the pointers are not reported again as unreadable videos
+
+
+def test_truncated_parquet_and_mp4_are_named(small_copy):
+    for rel in (EP2_DATA, EP2_TOP):
+        p = small_copy / rel
+        p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    r = validate(small_copy)
+    assert "cut short" in _find(r, "corrupt_file", EP2_DATA, 2).message
+    assert "moov" in _find(r, "corrupt_file", EP2_TOP, 2).message
+
+
+def test_non_finite_values_name_episode_frame_and_column(small_copy):
+    def poison(t):
+        vals = np.asarray(t["action"].to_pylist(), dtype=np.float32)
+        vals[5, 3] = np.inf
+        return t.set_column(t.column_names.index("action"), "action",
+                            pa.FixedSizeListArray.from_arrays(pa.array(vals.ravel()), vals.shape[1]))
+
+    _edit_parquet(small_copy / EP2_DATA, poison)
+    d = _find(validate(small_copy), "non_finite", EP2_DATA, 2, "action")
+    assert "frame 5, dim 3" in d.message
+
+
+def test_a_file_is_not_a_dataset(small_copy):
+    r = validate(small_copy / "meta/info.json")
+    assert not r.ok and "is a file, not a dataset folder" in r.defects[0].message
+
+
+def test_symlinks_that_escape_the_root_are_refused(small_copy, tmp_path):
+    outside = tmp_path / "outside.mp4"
+    shutil.copy(small_copy / EP2_TOP, outside)
+    (small_copy / EP2_TOP).unlink()
+    (small_copy / EP2_TOP).symlink_to(outside)
+    r = validate(small_copy)
+    assert _find(r, "unsafe_path", EP2_TOP).severity == "error"
+    with pytest.raises(DatasetDefectError):
+        convert(small_copy, tmp_path / "out", ConvertConfig(progress=False))
+    inside = small_copy / "videos/chunk-000/observation.images.top/episode_000003.mp4"
+    (small_copy / EP2_TOP).unlink()
+    (small_copy / EP2_TOP).symlink_to(inside)  # a link inside the dataset is fine (checked through the link)
+    assert "unsafe_path" not in validate(small_copy).codes()

@@ -1,0 +1,43 @@
+"""Start-up cost of the CLI: `roboloop --help` and `roboloop validate` on a small dataset (median of 5 runs).
+
+Target: `roboloop --help` <= 0.5 s. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROBOLOOP = [sys.executable, "-m", "roboloop.cli"]
+
+
+def wall(cmd: list[str], runs: int = 5) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=False, capture_output=True, cwd=ROOT)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    from roboloop.datasets.generate import GenSpec, generate_v21
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ds = generate_v21(Path(tmp) / "ds", GenSpec(num_episodes=4, min_length=10, max_length=12,
+                                                    cameras={"observation.images.top": (32, 32)}))
+        out = {"python_s": round(wall([sys.executable, "-c", "pass"]), 3),
+               "help_s": round(wall([*ROBOLOOP, "--help"]), 3),
+               "validate_s": round(wall([*ROBOLOOP, "validate", str(ds)]), 3)}
+    out["help_target_met"] = out["help_s"] <= 0.5
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Content hashes that identify stage outputs: DVC-compatible folder md5s and weight sha256s.
+
+`dir_md5` computes exactly the md5 `dvc add` records for a folder (the md5 of the sorted JSON
+list of {"md5", "relpath"} entries, suffixed `.dir`), without a DVC repository: receipts carry
+the same identity whether or not the output is DVC-tracked, and a DVC cache can restore it.
+Model folders leave out what `.dvcignore` leaves out (resumable state, liveness files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+CHUNK = 8 * 1024 * 1024
+MODEL_IGNORE = ("checkpoints", "heartbeat.json", "heartbeat.tmp")
+
+
+def file_md5(path: Path) -> str:
+    h = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def dir_entries(root: Path, ignore: tuple[str, ...] = ()) -> list[dict[str, str]]:
+    out = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if p.is_file() and not any(part in ignore for part in rel.parts):
+            out.append({"md5": file_md5(p), "relpath": rel.as_posix()})
+    out.sort(key=lambda e: e["relpath"])
+    return out
+
+
+def dir_md5(root: str | Path, ignore: tuple[str, ...] = ()) -> str:
+    """The md5 DVC records for this folder (`dvc add`), e.g. `81a93d8d....dir`."""
+    entries = dir_entries(Path(root), ignore)
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode(), usedforsecurity=False).hexdigest() + ".dir"
