@@ -21,6 +21,24 @@ import time
 from collections.abc import Callable
 
 
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux PR_SET_PDEATHSIG).
+
+    Used as the initializer of worker pools: a `kill -9` of the parent otherwise leaves its workers
+    running forever, re-parented to PID 1. A no-op where prctl is unavailable.
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, int(sig), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)
+
+
 def kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM the child's process group, then SIGKILL what is left after `grace_s`."""
     try:
@@ -53,6 +71,38 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _on_sigterm_kill(proc: subprocess.Popen):
+    """A cancelled flow run / `kill`: take the child's whole group down with us, then let the host react as it
+    would have (Prefect marks the run Cancelled). Returns the previous handler (None off the main thread)."""
+    if not _main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _term(signum, frame):
+        kill_group(proc, grace_s=5.0)
+        if callable(previous):
+            previous(signum, frame)
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _term)
+    return previous
+
+
+def _pump(proc: subprocess.Popen) -> tuple[queue.Queue[str | None], threading.Thread]:
+    """A thread that moves the child's output lines into a queue (None at the end)."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    thread = threading.Thread(target=pump, daemon=True, name="roboloop-child-log")
+    thread.start()
+    return lines, thread
+
+
 def run_streaming(cmd: list[str], on_line: Callable[[str], None] = print, timeout_s: float | None = None,
                   env: dict[str, str] | None = None, what: str = "child process",
                   keep_last: int = 50) -> tuple[int, list[str]]:
@@ -61,26 +111,8 @@ def run_streaming(cmd: list[str], on_line: Callable[[str], None] = print, timeou
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                             start_new_session=True, env=env)
     deadline = time.monotonic() + timeout_s if timeout_s else None
-    previous = signal.getsignal(signal.SIGTERM) if _main_thread() else None
-
-    def _term(signum, frame):  # a cancelled flow run / `kill`: take the children down with us
-        kill_group(proc, grace_s=5.0)
-        if callable(previous):  # then let the host react as it would have (Prefect marks the run Cancelled)
-            previous(signum, frame)
-        raise SystemExit(128 + signum)
-
-    if _main_thread():
-        signal.signal(signal.SIGTERM, _term)
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def _pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line.rstrip("\n"))
-        lines.put(None)
-
-    pump = threading.Thread(target=_pump, daemon=True, name="roboloop-child-log")
-    pump.start()
+    previous = _on_sigterm_kill(proc)
+    lines, pump = _pump(proc)
     atexit.register(kill_group, proc, 2.0)
     tail: collections.deque[str] = collections.deque(maxlen=keep_last)
     try:

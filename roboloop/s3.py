@@ -12,17 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from roboloop.datasets.layout import check_relative
+from roboloop.settings import S3Settings
 
-
-class S3Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ROBOLOOP_S3_")
-
-    endpoint_url: str | None = None
-    region: str = "us-east-1"
-    max_pool_connections: int = 32
+__all__ = ["S3Settings", "S3Uri", "client", "list_objects", "translate_error", "upload_dir"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +52,8 @@ def client(settings: S3Settings | None = None) -> Any:
         "s3",
         endpoint_url=s.endpoint_url,
         region_name=s.region,
-        config=Config(max_pool_connections=s.max_pool_connections, retries={"max_attempts": 5, "mode": "standard"}),
+        config=Config(max_pool_connections=s.max_pool_connections, retries={"max_attempts": 5, "mode": "standard"},
+                      connect_timeout=10, read_timeout=60),
     )
 
 
@@ -99,3 +93,51 @@ def upload_dir(local: str | Path, uri: str, settings: S3Settings | None = None, 
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(put, files))
     return len(files)
+
+
+CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
+                    "AuthorizationHeaderMalformed", "403"}
+
+
+def translate_error(e: BaseException, what: str = "") -> Exception:
+    """A boto3/botocore failure as one roboloop error per cause (credentials, bucket, endpoint, key)."""
+    from botocore import exceptions as bx
+
+    from roboloop import errors
+
+    on = f" ({what})" if what else ""
+    if isinstance(e, bx.NoCredentialsError | bx.PartialCredentialsError):
+        return errors.S3CredentialsError(f"no S3 credentials{on}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                                         "(or AWS_PROFILE)")
+    if isinstance(e, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ConnectionClosedError):
+        endpoint = getattr(e, "kwargs", {}).get("endpoint_url") or S3Settings().endpoint_url or "the S3 endpoint"
+        return errors.S3EndpointError(f"cannot reach {endpoint}{on}: check ROBOLOOP_S3_ENDPOINT_URL / "
+                                      "AWS_ENDPOINT_URL and the network")
+    if isinstance(e, bx.ClientError):
+        err = e.response.get("Error", {})
+        code, msg = str(err.get("Code", "")), err.get("Message", "")
+        bucket = err.get("BucketName", "")
+        if code in CREDENTIAL_CODES:
+            return errors.S3CredentialsError(f"S3 refused the credentials{on}: {code} {msg}".strip())
+        if code == "NoSuchBucket":
+            return errors.S3BucketError(f"bucket {bucket or '?'} does not exist{on}")
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return errors.S3KeyError(f"object not found{on}: it was deleted or never existed ({code})")
+        return errors.S3Error(f"S3 error {code}{on}: {msg}")
+    if isinstance(e, bx.BotoCoreError):
+        return errors.S3Error(f"S3 client error{on}: {e}")
+    return e if isinstance(e, Exception) else RuntimeError(str(e))
+
+
+class translated:
+    """`with s3.translated("listing s3://b/p"):` re-raises boto errors as roboloop's, the original chained."""
+
+    def __init__(self, what: str = ""):
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, typ, exc, tb) -> None:
+        if exc is not None and type(exc).__module__.startswith(("botocore", "boto3", "s3transfer")):
+            raise translate_error(exc, self.what) from exc

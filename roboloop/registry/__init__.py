@@ -26,19 +26,45 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from roboloop.evaluation.stats import non_inferior
+from roboloop import fsutil
+from roboloop.binomial import non_inferior
+from roboloop.datasets import layout
+from roboloop.errors import RoboloopError
 from roboloop.registry.store import PreconditionFailed, open_store
 
 REQUIRED_LINEAGE = ("git_commit", "dataset_md5", "config", "metrics")
 ALIASES = ("champion", "challenger")
 
 
-class RegistryError(ValueError):
+class RegistryError(RoboloopError, ValueError):
     pass
 
 
+class CorruptVersionError(RegistryError):
+    """A version's metadata (lineage.json, COMMITTED.json, its eval report) cannot be trusted."""
+
+
+def _check_eval(name: str, v: int, ev: Any) -> None:
+    ok = isinstance(ev, dict)
+    s, n = (ev.get("successes"), ev.get("episodes")) if ok else (None, None)
+    if not ok or not isinstance(s, int) or not isinstance(n, int) or isinstance(s, bool) or not 0 <= s <= n or n < 1:
+        raise CorruptVersionError(f"{name} v{v}: lineage.json's eval report is inconsistent "
+                                  f"(successes={s!r}, episodes={n!r}); refusing to use it")
+
+
+def _verify(dst: Path, files: dict[str, dict]) -> bool:
+    for rel, meta in files.items():
+        p = dst / rel
+        if not p.is_file() or p.stat().st_size != meta.get("bytes", p.stat().st_size) or \
+                hashlib.sha256(p.read_bytes()).hexdigest() != meta["sha256"]:
+            return False
+    return True
+
+
 def default_uri() -> str:
-    return os.environ.get("ROBOLOOP_REGISTRY", ".roboloop/registry")
+    from roboloop.settings import settings
+
+    return settings().registry
 
 
 def _vname(v: int) -> str:
@@ -83,10 +109,13 @@ class Registry:
         missing = [k for k in REQUIRED_LINEAGE if not lineage.get(k)]
         if missing:
             raise RegistryError(f"refusing to register {name}: lineage lacks {', '.join(missing)}")
+        if lineage.get("eval") is not None:
+            _check_eval(name, 0, lineage["eval"])  # never write what we would refuse to read
         if not name or "/" in name or name.startswith("."):
             raise RegistryError(f"bad model name {name!r}")
         src = Path(model_dir)
-        files = sorted(p for p in src.rglob("*") if p.is_file() and "checkpoints" not in p.relative_to(src).parts)
+        files = sorted(p for p in src.rglob("*") if p.is_file() and "checkpoints" not in p.relative_to(src).parts
+                       and not any(part.startswith(".") for part in p.relative_to(src).parts))
         if not files:
             raise RegistryError(f"{src}: no model files")
         v = (max(self._claimed(name), default=0)) + 1
@@ -118,44 +147,86 @@ class Registry:
             v = self.aliases(name)[0].get(str(ref))
             if v is None:
                 raise RegistryError(f"{name} has no {ref}")
+            if int(v) not in self.versions(name):
+                raise CorruptVersionError(f"{name}@{ref} points at v{v}, which is not a committed version "
+                                          "(its COMMITTED.json is missing)")
             return int(v)
         v = parse_version(ref)
         if v not in self.versions(name):
             raise RegistryError(f"{name} has no committed version {v}")
         return v
 
+    def _json(self, name: str, v: int, file: str) -> dict[str, Any]:
+        """A version's metadata file, parsed and checked to be a JSON object; names the file when it is not."""
+        got = self.store.get_bytes(f"{self._vdir(name, v)}/{file}")
+        if got is None:
+            raise CorruptVersionError(f"{name} v{v}: {file} is missing; the version cannot be used")
+        try:
+            doc = json.loads(got[0])
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptVersionError(f"{name} v{v}: {file} is corrupt ({e}); the version cannot be used") from e
+        if not isinstance(doc, dict):
+            raise CorruptVersionError(f"{name} v{v}: {file} is not a JSON object; the version cannot be used")
+        return doc
+
     def lineage(self, name: str, ref: str | int) -> dict[str, Any]:
         v = self.resolve(name, ref)
-        got = self.store.get_bytes(f"{self._vdir(name, v)}/lineage.json")
-        if got is None:
-            raise RegistryError(f"{name} v{v} has no lineage.json; refusing to use it")
-        return json.loads(got[0])
+        lin = self._json(name, v, "lineage.json")
+        missing = [k for k in REQUIRED_LINEAGE if not lin.get(k)]
+        if missing:
+            raise CorruptVersionError(f"{name} v{v}: lineage.json lacks {', '.join(missing)}; refusing to use it")
+        if lin.get("eval") is not None:
+            _check_eval(name, v, lin["eval"])
+        return lin
+
+    def manifest(self, name: str, v: int) -> dict[str, dict]:
+        committed = self._json(name, v, "COMMITTED.json")
+        files = committed.get("files")
+        if not isinstance(files, dict) or not all(isinstance(m, dict) and "sha256" in m for m in files.values()):
+            raise CorruptVersionError(f"{name} v{v}: COMMITTED.json has no valid file manifest")
+        return files
+
+    def check(self, name: str) -> dict[int, str]:
+        """Corrupt versions of `name` and why (the others are usable)."""
+        bad = {}
+        for v in self.versions(name):
+            try:
+                self.lineage(name, v)
+                self.manifest(name, v)
+            except CorruptVersionError as e:
+                bad[v] = str(e)
+        return bad
 
     def show(self, name: str, ref: str | int) -> dict[str, Any]:
         v = self.resolve(name, ref)
-        committed = json.loads(self.store.get_bytes(f"{self._vdir(name, v)}/COMMITTED.json")[0])  # type: ignore[index]
         al, _ = self.aliases(name)
         return {"name": name, "version": v, "aliases": [a for a in ALIASES if al.get(a) == v],
-                "files": committed["files"], "lineage": self.lineage(name, v)}
+                "files": self.manifest(name, v), "lineage": self.lineage(name, v)}
 
-    def download(self, name: str, ref: str | int, dst: str | Path) -> Path:
-        """Copy a version's files to `dst` (verified against the manifest), atomically."""
+    def download(self, name: str, ref: str | int, dst: str | Path, overwrite: bool = False) -> Path:
+        """Copy a version's files to `dst` (verified against the manifest), atomically.
+
+        `dst` must not exist, except as this same version downloaded earlier (verified, then reused)
+        or, with `overwrite`, as another roboloop download (moved aside). Nothing else is touched.
+        """
         v = self.resolve(name, ref)
-        self.lineage(name, v)  # refuse versions without lineage
-        committed = json.loads(self.store.get_bytes(f"{self._vdir(name, v)}/COMMITTED.json")[0])  # type: ignore[index]
-        dst = Path(dst)
-        tmp = dst.with_name(f".{dst.name}.download-{os.getpid()}")
-        for rel, meta in committed["files"].items():
-            out = tmp / rel
-            self.store.get_file(f"{self._vdir(name, v)}/files/{rel}", out)
-            if hashlib.sha256(out.read_bytes()).hexdigest() != meta["sha256"]:
-                raise RegistryError(f"{name} v{v}: {rel} does not match its manifest checksum")
-        (tmp / "lineage.json").write_text(json.dumps(self.lineage(name, v), indent=2))
-        if dst.exists():
-            import shutil
-
-            shutil.rmtree(dst)
-        tmp.rename(dst)
+        lineage = self.lineage(name, v)  # refuse versions without (valid) lineage
+        files = self.manifest(name, v)
+        dst = Path(dst).absolute()
+        root = getattr(self.store, "root", None)
+        if root is not None and (fsutil.inside(dst, root) or fsutil.inside(root, dst)):
+            raise RegistryError(f"{dst} is inside (or contains) the registry {root}; download somewhere else (--dst)")
+        me = {"registry": self.uri, "name": name, "version": v}
+        marker = fsutil.read_marker(dst)
+        if marker and {k: marker.get(k) for k in me} == me and _verify(dst, files):
+            return dst  # already here, intact
+        with fsutil.atomic_dir(dst, "model", overwrite, meta=me, flag="--dst") as tmp:
+            for rel, meta in files.items():
+                out = tmp / layout.check_relative(rel)
+                self.store.get_file(f"{self._vdir(name, v)}/files/{rel}", out)
+                if hashlib.sha256(out.read_bytes()).hexdigest() != meta["sha256"]:
+                    raise CorruptVersionError(f"{name} v{v}: {rel} does not match its manifest checksum")
+            (tmp / "lineage.json").write_text(json.dumps(lineage, indent=2))
         return dst
 
     # ------------------------------------------------------------------ aliases and promotion
@@ -163,7 +234,13 @@ class Registry:
         got = self.store.get_bytes(f"{name}/aliases.json")
         if got is None:
             return {"champion": None, "challenger": None, "decisions": []}, None
-        return json.loads(got[0]), got[1]
+        try:
+            doc = json.loads(got[0])
+            if not isinstance(doc, dict):
+                raise ValueError("not a JSON object")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RegistryError(f"{name}/aliases.json in {self.uri} is corrupt ({e}); fix or remove it") from e
+        return doc, got[1]
 
     def _cas_aliases(self, name: str, new: dict[str, Any], etag: str | None) -> None:
         data = json.dumps(new, indent=2).encode()
@@ -188,9 +265,13 @@ class Registry:
             elif force:
                 ok, reason = True, "forced"
             else:
-                c = self._eval(name, int(champ))
-                ok, _p, reason = non_inferior(ev["successes"], ev["episodes"], c["successes"], c["episodes"],
-                                              margin, alpha)
+                try:
+                    c = self._eval(name, int(champ))
+                except CorruptVersionError as e:  # a corrupt champion must not block every promotion
+                    ok, reason = True, f"champion v{champ} is unusable ({e})"
+                else:
+                    ok, _p, reason = non_inferior(ev["successes"], ev["episodes"], c["successes"], c["episodes"],
+                                                  margin, alpha)
             d = Decision(v, ok, reason, champ, v if ok else champ, time.time())
             new = {**al, "decisions": [*al.get("decisions", []), asdict(d)]}
             if ok:
@@ -207,21 +288,28 @@ class Registry:
         raise RegistryError(f"could not update {name}/aliases.json: too much contention")
 
     def _eval(self, name: str, v: int) -> dict[str, int]:
-        ev = self.lineage(name, v).get("eval") or {}
+        ev = self.lineage(name, v).get("eval") or {}  # validated by lineage()
         if "successes" not in ev or "episodes" not in ev:
             raise RegistryError(f"{name} v{v}: lineage has no eval report (successes, episodes); evaluate it "
                                 "before promoting")
         return {"successes": int(ev["successes"]), "episodes": int(ev["episodes"])}
 
 
-def resolve_model_ref(ref: str, cache: str | Path = ".roboloop/registry-cache") -> Path:
-    """`registry:NAME@ALIAS|VERSION` (optionally `registry:URI#NAME@REF`) -> a local model folder."""
+def parse_ref(ref: str) -> tuple[str | None, str, str]:
+    """`registry:NAME@ALIAS|VERSION` or `registry:URI#NAME@REF` -> (uri or None, name, ref)."""
     body = ref.removeprefix("registry:")
     uri = None
     if "#" in body:
         uri, body = body.split("#", 1)
     name, _, r = body.partition("@")
+    if not name:
+        raise RegistryError(f"not a registry reference: {ref!r} (use registry:NAME@champion or registry:NAME@3)")
+    return uri, name, r or "champion"
+
+
+def resolve_model_ref(ref: str, cache: str | Path = ".roboloop/registry-cache") -> Path:
+    """`registry:NAME@ALIAS|VERSION` (optionally `registry:URI#NAME@REF`) -> a local model folder."""
+    uri, name, r = parse_ref(ref)
     reg = Registry(uri)
-    v = reg.resolve(name, r or "champion")
-    dst = Path(cache) / name / _vname(v)
-    return dst if (dst / "model.safetensors").exists() else reg.download(name, v, dst)
+    v = reg.resolve(name, r)
+    return reg.download(name, v, Path(cache) / name / _vname(v), overwrite=True)

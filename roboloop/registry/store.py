@@ -12,11 +12,11 @@ import fcntl
 import hashlib
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from roboloop import fsutil
 from roboloop.datasets.layout import check_relative
 
 
@@ -64,25 +64,26 @@ class LocalStore:
                 cur = self.get_bytes(key)
                 if cur is None or cur[1] != if_match:
                     raise PreconditionFailed(key)
-            fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
+            fsutil.atomic_write_bytes(p, data)  # umask permissions (mkstemp would make it 0600)
         return self._etag(data)
 
     def put_file(self, key: str, src: Path) -> None:
         p = self._path(key)
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-        os.close(fd)
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, p)
+        tmp = fsutil.temp_sibling(p)
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, p)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def get_file(self, key: str, dst: Path) -> None:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self._path(key), dst)
+        src = self._path(key)
+        if not src.is_file():
+            raise FileNotFoundError(f"registry file {key} is missing from {self.root}")
+        shutil.copyfile(src, dst)
 
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix) if prefix else self.root

@@ -51,11 +51,15 @@ def save(ckpt_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Pa
     tmp = ckpt_dir / f"{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    with open(tmp / "state.pt", "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    _publish(tmp, final, {"step": step, "time": time.time()}, keep_last)
+    try:
+        with open(tmp / "state.pt", "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _publish(tmp, final, {"step": step, "time": time.time()}, keep_last)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return final
 
 
