@@ -9,6 +9,7 @@ machine, so `data.dvc` does not change).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -19,7 +20,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    from roboloop.loop import PRESETS
+    from roboloop.settings import settings
+
+    parser = argparse.ArgumentParser(prog="make demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=settings().demo_preset,
+                        help="demo (default) or ci (the same loop on a tiny budget; also $ROBOLOOP_DEMO_PRESET)")
+    args = parser.parse_args(argv)
     os.chdir(REPO)
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -33,22 +41,22 @@ def main() -> int:
         print("data/: pulled from the DVC remote" if pulled.returncode == 0 else
               "data/: not in the DVC remote here; the scripted expert will record it")
     from flows import embedded
-    from flows.closed_loop import ClosedLoopParams, closed_loop
+    from flows.closed_loop import closed_loop
 
     with embedded():
-        s = closed_loop(ClosedLoopParams())
-    r = s["registry"]
+        s = closed_loop(PRESETS[args.preset]())
+    r = s.decision
+    rnd = "n/a" if s.random_success_rate is None else f"{s.random_success_rate:.1%}"
     print("\n" + "=" * 72)
     print(f"closed loop finished in {time.time() - t0:.0f} s")
-    print(f"  dataset (v3, DVC md5 {s['dataset_md5']}): {s['dataset_v3']}")
-    print(f"  model ({s['model_md5']}):               {s['model']}")
-    print(f"  evaluation report:   {s['eval_report']}  (videos and eval.png beside it)")
-    print(f"  registry entry:      {r['name']} v{r['version']} in {r['registry']} "
-          f"({'champion' if r.get('promoted') else 'not promoted: ' + str(r.get('reason'))})")
-    print(f"  success rate:        policy {s['success_rate']:.1%} (95% CI {s['ci'][0]:.1%}-{s['ci'][1]:.1%})"
-          f"  vs random {s['random_success_rate']:.1%}")
+    print(f"  dataset (v3, DVC md5 {s.dataset_md5}): {s.dataset_v3}")
+    print(f"  model (weights sha256 {s.weights_sha256[:16]}): {s.model}")
+    print(f"  evaluation run:      {s.eval_run}  (report.json, eval.png, videos/)")
+    print(f"  registry entry:      {r.name} v{r.version} in {r.registry} "
+          f"({'champion' if r.promoted else 'not promoted: ' + r.reason})")
+    print(f"  success rate:        policy {s.success_rate:.1%} (95% CI {s.ci[0]:.1%}-{s.ci[1]:.1%})  vs random {rnd}")
     print("=" * 72)
-    print(json.dumps({k: v for k, v in s.items() if k != "registry"} | {"registry_version": r["version"]}))
+    print(json.dumps(s.model_dump(mode="json", exclude={"decision"}) | {"registry_version": r.version}))
     return 0
 
 

@@ -1,17 +1,26 @@
-"""Evaluate a policy in simulation: a registry alias/version, a model folder, `expert` or `random`.
+"""Evaluate a policy in simulation: a registry alias or version, a model folder, `expert` or `random`.
 
 The `evaluate` deployment exposes this to the UI: pick the model (`registry:reach-vla@champion`,
-`registry:reach-vla@3`), the task and the number of episodes.
+`registry:reach-vla@3`), the task and the number of episodes. Aliases are resolved to a version
+(and that version to its weights) before anything is cached; every evaluation has its own run folder.
 """
 
 from __future__ import annotations
 
 from prefect import flow
+from pydantic import BaseModel, Field
 
-from roboloop.evaluation.run import EvalConfig
+from roboloop.evaluation.config import EvalRecipe
+from roboloop.receipts import EvalSummary
 from tasks.evaluate import evaluate_task
 
 
+class EvaluateParams(BaseModel):
+    policy: str = Field("registry:reach-vla@champion",
+                        description="registry:NAME@champion, registry:NAME@3, a model folder, expert or random")
+    eval: EvalRecipe = Field(default_factory=EvalRecipe, description="task, episodes, execution settings")
+
+
 @flow(name="evaluate", log_prints=True)
-def evaluate_flow(params: EvalConfig = EvalConfig(), policy_md5: str = "") -> dict:
-    return evaluate_task(params, policy_md5 or params.policy)
+def evaluate_flow(params: EvaluateParams = EvaluateParams()) -> EvalSummary:
+    return evaluate_task(params.policy, params.eval)

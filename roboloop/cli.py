@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import signal
 import sys
+import traceback
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
@@ -34,6 +37,20 @@ def _add_model_options(
             parser.add_argument(flag, type=typ, default=None, help=f.description)
 
 
+def jsonline(obj, indent: int | None = None) -> str:
+    """One JSON line that is always valid JSON: NaN/inf become null."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(obj), allow_nan=False, default=str, indent=indent)
+
+
 def _model_from_args(model: type[BaseModel], args: argparse.Namespace, **extra) -> BaseModel:
     given = {k: v for k, v in vars(args).items() if k in model.model_fields and v is not None}
     return model(**given, **extra)
@@ -54,12 +71,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     cfg = _model_from_args(ConvertConfig, args)
     try:
-        out = convert(args.src, args.dst, cfg)  # type: ignore[arg-type]
+        out = convert(args.src, args.dst, cfg, overwrite=args.overwrite)  # type: ignore[arg-type]
     except DatasetDefectError as e:
         print(e.report.to_json() if args.json else e.report.human(), file=sys.stderr)
         print(f"refused: {args.src} has {len(e.report.defects)} defect(s); nothing was written", file=sys.stderr)
         return 1
-    print(json.dumps({"dst": str(out)}))
+    print(jsonline({"dst": str(out)}))
     return 0
 
 
@@ -69,7 +86,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     result = ingest(args.source, cache_dir=args.cache_dir, workers=args.workers, strict=False, deep=args.deep)
     if not result.report.ok:
         print(result.report.human(), file=sys.stderr)
-    print(json.dumps(result.to_dict()))
+    print(jsonline(result.to_dict()))
     return 0 if result.report.ok else 1
 
 
@@ -79,13 +96,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = GenSpec.model_validate(_model_from_args(GenSpec, args).model_dump())
     if args.camera:
         spec.cameras = {k: (h, w) for k, h, w in (_parse_cam(c) for c in args.camera)}
-    out = generate_v21(args.dst, spec)  # type: ignore[arg-type]
-    if args.v3:
+    if not args.v3:
+        out = generate_v21(args.dst, spec)  # type: ignore[arg-type]
+    else:  # v2.1 in a temporary sibling (ours, removed after), converted into DST
+        import shutil
+
+        from roboloop import fsutil
         from roboloop.datasets.convert import ConvertConfig, convert
 
-        v21 = out.rename(out.with_name(out.name + "_v21"))
-        convert(v21, out, ConvertConfig(progress=False))
-    print(json.dumps({"dst": str(out)}))
+        dst = Path(args.dst).absolute()
+        fsutil.check_destination(dst, "dataset_v3")
+        tmp = fsutil.temp_sibling(dst)
+        try:
+            out = convert(generate_v21(tmp, spec), dst, ConvertConfig(progress=False))  # type: ignore[arg-type]
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(jsonline({"dst": str(out)}))
     return 0
 
 
@@ -100,20 +126,20 @@ def _parse_cam(text: str) -> tuple[str, int, int]:
 def cmd_train(args: argparse.Namespace) -> int:
     from roboloop.training.config import TrainConfig
     from roboloop.training.launch import LaunchConfig, run_torchrun
-    from roboloop.training.train import train
 
     cfg = TrainConfig.model_validate_json(Path(args.config).read_text()) if args.config else \
         _model_from_args(TrainConfig, args)
-    launch = _model_from_args(LaunchConfig, args)
-    if launch.nproc_per_node > 1 or launch.nnodes > 1:  # type: ignore[attr-defined]
-        out = run_torchrun(cfg, launch)  # type: ignore[arg-type]
-        rows = (out / "metrics.jsonl").read_text().splitlines()
-        print(json.dumps({"output_dir": str(out), "first_loss": json.loads(rows[0])["loss"],
-                          "final_loss": json.loads(rows[-1])["loss"], "steps": len(rows), "ranks":
-                          launch.nproc_per_node * launch.nnodes}))  # type: ignore[attr-defined]
+    launch = LaunchConfig.from_settings(**{k: getattr(args, k, None) for k in LaunchConfig.model_fields})
+    if launch.nproc_per_node > 1 or launch.nnodes > 1:
+        from roboloop.training.metrics import summary
+
+        out = run_torchrun(cfg, launch, overwrite=args.overwrite)  # type: ignore[arg-type]
+        print(jsonline({"output_dir": str(out), **summary(out), "ranks": launch.nproc_per_node * launch.nnodes}))
         return 0
-    result = train(cfg)  # type: ignore[arg-type]
-    print(json.dumps({"output_dir": str(result.output_dir), "first_loss": result.first_loss,
+    from roboloop.training.train import train
+
+    result = train(cfg, overwrite=args.overwrite)  # type: ignore[arg-type]
+    print(jsonline({"output_dir": str(result.output_dir), "first_loss": result.first_loss,
                       "final_loss": result.final_loss, "steps": result.steps, "resumed_from": result.resumed_from}))
     return 0
 
@@ -130,7 +156,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from roboloop.evaluation.run import CollectConfig, collect
 
     dst, report = collect(_model_from_args(CollectConfig, args))  # type: ignore[arg-type]
-    print(json.dumps({"dst": str(dst), "expert_success_rate": report.success_rate, "episodes": report.episodes}))
+    print(jsonline({"dst": str(dst), "expert_success_rate": report.success_rate, "episodes": report.episodes}))
     return 0
 
 
@@ -144,16 +170,17 @@ def cmd_registry(args: argparse.Namespace) -> int:
         for n in names:
             al, _ = reg.aliases(n)
             out.append({"name": n, "versions": reg.versions(n), "champion": al.get("champion"),
-                        "challenger": al.get("challenger")})
-        print(json.dumps(out, indent=2))
+                        "challenger": al.get("challenger"), "corrupt": reg.check(n)})
+        print(jsonline(out, indent=2))
     elif args.action == "show":
-        print(json.dumps(reg.show(args.name, args.ref or "champion"), indent=2))
+        print(jsonline(reg.show(args.name, args.ref or "champion"), indent=2))
     elif args.action == "promote":
         d = reg.promote(args.name, args.ref, margin=args.margin, alpha=args.alpha, force=args.force)
-        print(json.dumps(vars(d)))
+        print(jsonline(vars(d)))
         return 0 if d.promoted else 3
     elif args.action == "download":
-        print(reg.download(args.name, args.ref or "champion", args.dst or f"{args.name}-{args.ref or 'champion'}"))
+        dst = args.dst or f"{args.name}-{args.ref or 'champion'}"
+        print(reg.download(args.name, args.ref or "champion", dst, overwrite=args.overwrite))
     return 0
 
 
@@ -161,7 +188,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from roboloop.reproduce import reproduce
 
     report = reproduce(args.model, registry=args.registry, on_line=(lambda _line: None) if args.quiet else print)
-    print(json.dumps(report))
+    print(jsonline(report))
     return 0 if report["match"] else 4
 
 
@@ -169,13 +196,15 @@ def cmd_dvc_track(args: argparse.Namespace) -> int:
     from roboloop import dvc
 
     t = dvc.track(args.path, push=not args.no_push)
-    print(json.dumps({"path": str(t.path), "dvc_file": str(t.dvc_file), "md5": t.md5}))
+    print(jsonline({"path": str(t.path), "dvc_file": str(t.dvc_file), "md5": t.md5}))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from roboloop.datasets.convert import ConvertConfig
-    from roboloop.datasets.generate import GenSpec
+    # Config modules only (pydantic): `roboloop --help` must not import torch, pandas or a simulator.
+    from roboloop.datasets.config import ConvertConfig, GenSpec
+    from roboloop.evaluation.config import CollectConfig, EvalConfig
+    from roboloop.training.config import LaunchConfig, TrainConfig
 
     p = argparse.ArgumentParser(prog="roboloop", description="Robot-learning closed loop: data, training, "
                                 "evaluation, registry.")
@@ -194,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("src")
     c.add_argument("dst")
     c.add_argument("--json", action="store_true", help="print a refused source's report as JSON")
+    c.add_argument("--overwrite", action="store_true", help="replace an earlier roboloop conversion at DST (moved "
+                   "aside, never deleted); other folders are never touched")
     _add_model_options(c, ConvertConfig)
     c.set_defaults(fn=cmd_convert)
 
@@ -211,17 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(g, GenSpec, skip=frozenset({"cameras", "image_keys", "tasks"}))
     g.set_defaults(fn=cmd_generate)
 
-    from roboloop.training.config import TrainConfig
-
     t = sub.add_parser("train", help="train the VLA policy on a v3 dataset (resumes from its checkpoints)")
     t.add_argument("--config", help="a TrainConfig JSON file (what flows hand to torchrun ranks)")
+    t.add_argument("--overwrite", action="store_true", help="move an existing run in --output-dir aside (never "
+                   "deleted) and start over; without it, only a matching run is resumed")
     _add_model_options(t, TrainConfig, skip=frozenset({"model_overrides"}))
-    from roboloop.training.launch import LaunchConfig
-
     _add_model_options(t.add_argument_group("torchrun (N > 1 ranks or nodes)"), LaunchConfig)
     t.set_defaults(fn=cmd_train)
-
-    from roboloop.evaluation.run import CollectConfig, EvalConfig
 
     e = sub.add_parser("evaluate", help="run a policy for exactly N episodes in Isaac Lab or gymnasium; "
                        "ends with one JSON line (success_rate, ci_low, ci_high, ...)")
@@ -241,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin on the success rate")
     r.add_argument("--alpha", type=float, default=0.05, help="test level")
     r.add_argument("--force", action="store_true", help="promote without the test")
+    r.add_argument("--overwrite", action="store_true", help="download: replace an earlier roboloop download at "
+                   "--dst (moved aside, never deleted); other folders are never touched")
     r.set_defaults(fn=cmd_registry)
 
     rp = sub.add_parser("reproduce", help="rerun the loop from a registered model's lineage; exit 0 iff "
@@ -257,15 +286,50 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def explain(e: BaseException) -> tuple[str, int]:
+    """(one-line cause, exit code) for an exception reaching the CLI."""
+    from roboloop import errors
+
+    if isinstance(e, errors.RoboloopError):
+        return str(e), e.exit_code
+    if type(e).__module__.startswith(("botocore", "boto3")):
+        from roboloop.s3 import translate_error
+
+        return str(translate_error(e)), 2
+    if isinstance(e, OSError):
+        known = errors.from_os_error(e)
+        if known is not None:
+            return str(known), known.exit_code
+        return f"{e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", 2
+    if isinstance(e, ValueError | ImportError | KeyError | LookupError):
+        return str(e), 2
+    return f"{type(e).__name__}: {e} (unexpected; run with -v for the traceback)", 1
+
+
+def _terminate(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # SIGTERM (a cancelled Prefect run, `kill`) unwinds like Ctrl-C: temporary outputs are removed on the way out.
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.fn(args) or 0)
-    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
-        print(f"roboloop {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"roboloop {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one error, one line (details of a report follow, indented); traceback behind -v
+        if args.verbose:
+            traceback.print_exc()
+        message, code = explain(e)
+        first, *rest = (message or type(e).__name__).splitlines()
+        print(f"roboloop {args.command}: error: {first}", file=sys.stderr)
+        for line in rest:
+            print("  " + line.strip(), file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,3 +97,69 @@ def _quiet():
             yield
     finally:
         dvc_log.setLevel(level)
+
+
+def _object_dirs(root: Path) -> list[Path]:
+    """Where DVC keeps content-addressed objects for this repository: its cache, then a local-folder remote."""
+    import configparser
+
+    dirs = [root / ".dvc" / "cache"]
+    for cfg_file in (root / ".dvc" / "config", root / ".dvc" / "config.local"):
+        if not cfg_file.exists():
+            continue
+        cp = configparser.ConfigParser()
+        cp.read(cfg_file)
+        for section in cp.sections():
+            if section.startswith(("'remote", "remote")) and "url" in cp[section]:
+                url = cp[section]["url"]
+                if "://" not in url:
+                    dirs.append((cfg_file.parent / url).resolve() if not Path(url).is_absolute() else Path(url))
+            if section == "cache" and "dir" in cp[section]:
+                dirs.insert(0, (cfg_file.parent / cp[section]["dir"]).resolve())
+    return dirs
+
+
+def _object(base: Path, md5: str) -> Path:
+    return base / "files" / "md5" / md5[:2] / md5[2:]
+
+
+def restore(path: Path, md5: str, ignore: tuple[str, ...] = ()) -> bool:
+    """Rebuild the folder DVC recorded as `md5` at `path`, from the DVC cache or a local remote.
+
+    Needs no .dvc file (it may have been deleted with the folder): the `.dir` object lists every
+    file's md5. The folder is rebuilt in a temporary sibling and renamed into place; an existing
+    folder at `path` is replaced only if roboloop created it (moved aside). Returns False when the
+    objects are not there (the caller recomputes).
+    """
+    import shutil
+
+    from roboloop import fsutil
+
+    root = find_root(path)
+    if root is None or not md5.endswith(".dir"):
+        return False
+    for base in _object_dirs(root):
+        listing = _object(base, md5)
+        if not listing.is_file():
+            continue
+        entries = json.loads(listing.read_text())
+        sources = [(_object(base, e["md5"]), e["relpath"]) for e in entries]
+        if not all(src.is_file() for src, _ in sources):
+            continue
+        path = Path(path).absolute()
+        kind = (fsutil.read_marker(path) or {}).get("kind", "restored")
+        if path.exists() and not fsutil.is_ours(path):
+            return False  # never replace what we did not create
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = fsutil.make_dir(fsutil.temp_sibling(path))
+        try:
+            for src, rel in sources:
+                dst = tmp / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dst)
+            fsutil.publish(tmp, path, kind, overwrite=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return True
+    return False

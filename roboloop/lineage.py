@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from roboloop.receipts import DatasetRef, EvalSummary, ModelRef
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("roboloop", "torch", "lerobot", "isaaclab", "newton", "warp-lang", "gymnasium", "gym-pusht", "prefect",
             "dvc", "numpy")
@@ -59,10 +61,17 @@ def config_hash(obj: Any) -> str:
 
 
 class Lineage(BaseModel):
-    """What the registry stores with a model version (`lineage.json`)."""
+    """What the registry stores with a model version (`lineage.json`): the receipts of every stage that led
+    to it, and (flat, for quick reading and for versions registered before receipts) their key facts."""
 
     git_commit: str = Field(default_factory=git_commit)
     code_version: str = Field(default_factory=code_version)
+    raw: DatasetRef | None = Field(None, description="the dataset as ingested")
+    dataset: DatasetRef | None = Field(None, description="the dataset trained on (v3)")
+    model: ModelRef | None = Field(None, description="the trained model")
+    evaluation: EvalSummary | None = Field(None, description="the evaluation the promotion gate used")
+    baseline: EvalSummary | None = Field(None, description="a random policy on the same episodes")
+    parents: list[str] = Field(default_factory=list, description="registry versions this one was derived from")
     dataset_md5: str = Field(description="DVC md5 of the training dataset (v3)")
     raw_dataset_md5: str | None = Field(None, description="DVC md5 of the raw dataset it was converted from")
     model_md5: str | None = Field(None, description="DVC md5 of the model folder")
@@ -73,3 +82,17 @@ class Lineage(BaseModel):
     packages: dict[str, str] = Field(default_factory=package_versions)
     created: float = Field(default_factory=time.time)
     flow_run: str | None = None
+
+    @classmethod
+    def of(cls, raw: DatasetRef | None, dataset: DatasetRef, model: ModelRef, evaluation: EvalSummary | None,
+           configs: dict[str, Any], baseline: EvalSummary | None = None, **kw: Any) -> Lineage:
+        """A lineage from the stages' receipts (the flat fields derived from them)."""
+        ev = None
+        if evaluation is not None:
+            ev = {k: getattr(evaluation, k) for k in ("task", "episodes", "successes", "success_rate", "ci_low",
+                                                     "ci_high", "seed")}
+            ev["execute_steps"] = evaluation.execution.execute_steps
+        return cls(raw=raw, dataset=dataset, model=model, evaluation=evaluation, baseline=baseline,
+                   dataset_md5=dataset.md5, raw_dataset_md5=raw.md5 if raw else None, model_md5=model.md5,
+                   config={**configs, "train": model.config}, seed=int(model.config.get("seed", 0)),
+                   metrics={**model.metrics, "weights_sha256": model.weights_sha256}, eval=ev, **kw)

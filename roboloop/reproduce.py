@@ -1,65 +1,70 @@
-"""`roboloop reproduce NAME@VERSION`: rerun the loop from a registered model's lineage.
+"""`roboloop reproduce NAME@VERSION`: rerun the stages from a registered version's lineage and compare.
 
-Reads lineage.json (raw and v3 dataset md5s, convert/train/eval configs, seed), checks that
-the raw dataset here still has the recorded md5, converts, trains and evaluates again into
-`artifacts/reproduce/NAME-vN/`, and reports, stage by stage, whether the new outputs match the
-recorded ones (dataset md5s, model weights hash, final loss, success rate).
+The lineage holds the receipts of every stage (raw dataset, v3 dataset, model, evaluation) and
+their configs. Reproducing is the same stages again, into `artifacts/reproduce/NAME-vN/`, from
+the raw dataset here (which must have the recorded md5), and a stage-by-stage comparison: v3
+dataset md5, weights sha256, final loss, success rate. The model folder's md5 is reported, not
+compared: it also covers timings (metrics.jsonl).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import shutil
 from pathlib import Path
+from typing import Any
 
-from roboloop import dvc
-from roboloop.datasets.convert import ConvertConfig, convert
-from roboloop.evaluation.run import EvalConfig, evaluate_in_subprocess
+from roboloop import fsutil, stages
+from roboloop.datasets.config import ConvertConfig
+from roboloop.evaluation.config import EvalRecipe
+from roboloop.lineage import Lineage
 from roboloop.registry import Registry
-from roboloop.training.config import TrainConfig
-from roboloop.training.launch import LaunchConfig, run_torchrun
+from roboloop.training.config import LaunchConfig, TrainRecipe
 
 
-def reproduce(ref: str, registry: str | None = None, out_root: str | Path = "artifacts/reproduce",
-              loss_tol: float = 1e-6, on_line=print) -> dict:
+def _fresh_dir(out: Path) -> Path:
+    """Our own folder for this reproduction; an earlier one is moved aside, anything else refused."""
+    if out.exists():
+        fsutil.check_destination(out, "reproduction", overwrite=True, flag="--out")
+        fsutil.publish(fsutil.make_dir(fsutil.temp_sibling(out)), out, "reproduction", overwrite=True)
+    out.mkdir(parents=True, exist_ok=True)
+    fsutil.atomic_write_json(out / fsutil.MARKER, {"created_by": "roboloop", "kind": "reproduction"})
+    return out
+
+
+def reproduce(ref: str, registry: str | None = None, out_root: str | Path | None = None,
+              loss_tol: float = 1e-6, on_line=print) -> dict[str, Any]:
     name, _, r = ref.partition("@")
     reg = Registry(registry)
     v = reg.resolve(name, r or "champion")
-    lin = reg.lineage(name, v)
-    cfg = lin["config"]
-    out = Path(out_root).resolve() / f"{name}-v{v}"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    source = Path(cfg.get("source", "data")).resolve()
-    checks: dict[str, dict] = {}
-    raw_md5 = dvc.track(source, push=False).md5
-    checks["raw_dataset_md5"] = {"recorded": lin.get("raw_dataset_md5"), "now": raw_md5}
-    if lin.get("raw_dataset_md5") and raw_md5 != lin["raw_dataset_md5"]:
-        raise ValueError(f"{source} has md5 {raw_md5}, lineage recorded {lin['raw_dataset_md5']}: "
-                         "check out the recorded data first (git checkout <commit> data.dvc && dvc pull)")
-    v3 = convert(source, out / "dataset_v3", ConvertConfig(**{**cfg["convert"], "progress": False}))
-    checks["dataset_md5"] = {"recorded": lin["dataset_md5"], "now": dvc.track(v3, push=False).md5}
-    train_cfg = TrainConfig(**{**cfg["train"], "dataset": str(v3), "output_dir": str(out / "model"),
-                               "resume": False})
-    model = run_torchrun(train_cfg, LaunchConfig(), on_line=on_line)
-    rows = [json.loads(x) for x in (model / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    checks["final_loss"] = {"recorded": lin["metrics"].get("final_loss"), "now": rows[-1]["loss"]}
-    checks["weights_sha256"] = {"recorded": lin["metrics"].get("weights_sha256"),
-                                "now": hashlib.sha256((model / "model.safetensors").read_bytes()).hexdigest()}
-    # The folder's DVC md5 also covers paths and timings (config.json, metrics.jsonl): reported, not compared.
-    model_md5 = {"recorded": lin.get("model_md5"), "now": dvc.track(model, push=False).md5}
-    if lin.get("eval"):
-        ev = EvalConfig(**{**cfg["eval"], "policy": str(model), "output_dir": str(out / "eval"), "videos": 0})
-        rep = evaluate_in_subprocess(ev, on_line=on_line)
-        checks["success_rate"] = {"recorded": lin["eval"]["success_rate"], "now": rep["success_rate"]}
+    lin = Lineage.model_validate(reg.lineage(name, v))
+    if lin.model is None or lin.dataset is None:
+        raise ValueError(f"{name} v{v} was registered before lineages carried receipts; it cannot be reproduced")
+    out = _fresh_dir(Path(out_root or stages.artifacts_root() / "reproduce").absolute() / f"{name}-v{v}")
+    source = lin.raw.source if lin.raw and lin.raw.source else lin.config.get("source", "data")
+    raw = stages.dataset_ref(source, source=source)
+    checks: dict[str, dict[str, Any]] = {"raw_dataset_md5": {"recorded": lin.raw_dataset_md5, "now": raw.md5}}
+    if lin.raw_dataset_md5 and raw.md5 != lin.raw_dataset_md5:
+        raise ValueError(f"{source} has md5 {raw.md5}, lineage recorded {lin.raw_dataset_md5}: check out the "
+                         "recorded data first (git checkout <commit> data.dvc && dvc pull)")
+    data = stages.convert(raw, ConvertConfig(**{**lin.config["convert"], "progress": False}), dst=out / "dataset_v3")
+    checks["dataset_md5"] = {"recorded": lin.dataset.md5, "now": data.md5}
+    recipe = TrainRecipe(**{k: val for k, val in lin.model.config.items() if k in TrainRecipe.model_fields})
+    model = stages.train(data, recipe, LaunchConfig(), output_dir=out / "model", execution=lin.model.execution,
+                         on_line=on_line)
+    checks["final_loss"] = {"recorded": lin.model.metrics.get("final_loss"), "now": model.metrics.get("final_loss")}
+    checks["weights_sha256"] = {"recorded": lin.model.weights_sha256, "now": model.weights_sha256}
+    if lin.evaluation is not None:
+        ev = stages.evaluate(model, EvalRecipe(**{**lin.config["eval"], "videos": 0}), runs_root=out / "evals",
+                             on_line=on_line)
+        checks["success_rate"] = {"recorded": lin.evaluation.success_rate, "now": ev.success_rate}
     for key, c in checks.items():
         if key == "final_loss":
-            c["match"] = c["recorded"] is not None and math.isclose(c["recorded"], c["now"], abs_tol=loss_tol)
+            c["match"] = c["recorded"] is not None and c["now"] is not None and \
+                math.isclose(c["recorded"], c["now"], abs_tol=loss_tol)
         else:
             c["match"] = c["recorded"] is None or c["recorded"] == c["now"]
-    report = {"model": f"{name}@v{v}", "git_commit_recorded": lin.get("git_commit"), "output": str(out),
-              "checks": checks, "model_folder_md5": model_md5, "match": all(c["match"] for c in checks.values())}
-    (out / "reproduce.json").write_text(json.dumps(report, indent=2))
+    report = {"model": f"{name}@v{v}", "git_commit_recorded": lin.git_commit, "output": str(out), "checks": checks,
+              "model_folder_md5": {"recorded": lin.model.md5, "now": model.md5},
+              "match": all(c["match"] for c in checks.values())}
+    fsutil.atomic_write_json(out / "reproduce.json", report)
     return report

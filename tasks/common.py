@@ -1,26 +1,35 @@
-"""What every roboloop task shares: content cache keys, transient-failure retries, log bridging."""
+"""What every roboloop task shares: receipt caches, artifact keys, transient-failure retries, log bridging.
+
+Caching is the library's (`roboloop.cache`), not Prefect's result cache: a cached receipt is used
+only after its output is checked against it (or restored from DVC), which Prefect's cache cannot
+do. A task's body therefore always runs, and re-publishes its artifacts from the receipt, so a
+rerun shows the same results in the UI as the run that computed them.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import base64
 import re
-from typing import Any
+from pathlib import Path
 
 from prefect import get_run_logger
-from prefect.cache_policies import NO_CACHE  # noqa: F401  (re-exported for tasks that must not cache)
+from prefect.cache_policies import NO_CACHE  # noqa: F401  (re-exported: tasks cache through roboloop.cache)
 
-from roboloop.lineage import code_version
-
-
-def content_key(stage: str, *parts: Any) -> str:
-    """Cache key = stage + input content (DVC md5s) + config + library code version."""
-    blob = json.dumps([stage, code_version(), *parts], sort_keys=True, default=str)
-    return f"{stage}-{hashlib.sha256(blob.encode()).hexdigest()[:24]}"
-
+from roboloop.cache import ReceiptCache
+from roboloop.stages import slug
 
 TRANSIENT = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionError",
-             "ConnectionResetError", "ChecksumError", "IncompleteReadError", "SlowDown", "ServiceUnavailable")
+             "ConnectionResetError", "ChecksumError", "IncompleteReadError", "SlowDown", "ServiceUnavailable",
+             "S3EndpointError")
+
+
+def receipts() -> ReceiptCache:
+    return ReceiptCache()
+
+
+def artifact_key(*parts: object) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only (`@`, `:`, `.` are rejected)."""
+    return slug("-".join(str(p) for p in parts if p is not None and str(p)), 96)
 
 
 def retry_if_transient(task, task_run, state) -> bool:
@@ -34,6 +43,14 @@ def retry_if_transient(task, task_run, state) -> bool:
             cur = cur.__cause__ or cur.__context__  # type: ignore[assignment]
         return any(name in " ".join(chain) for name in TRANSIENT)
     return False
+
+
+def png_markdown(path: str | Path | None, alt: str, max_bytes: int = 400_000) -> str:
+    """An image inlined as a data: URI, which the Prefect UI renders (a file:// link would be a broken image)."""
+    if not path or not Path(path).is_file() or Path(path).stat().st_size > max_bytes:
+        return ""
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return f"![{alt}](data:image/png;base64,{data})"
 
 
 _NOISE = re.compile(r"^\s*$")

@@ -2,31 +2,25 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prefect import task
-from prefect.artifacts import create_image_artifact, create_link_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from roboloop.evaluation.run import EvalConfig, evaluate_in_subprocess
-from tasks.common import content_key, relay
-
-KEEP = ("policy", "task", "episodes", "successes", "success_rate", "ci_low", "ci_high", "mean_length",
-        "env_steps_per_s", "backend")
-
-
-def _eval_key(ctx, params) -> str:
-    return content_key("evaluate", params["policy_md5"], params["cfg"].model_dump())
+from roboloop import stages
+from roboloop.evaluation.config import EvalRecipe
+from roboloop.receipts import EvalSummary, ModelRef
+from tasks.common import NO_CACHE, artifact_key, png_markdown, receipts, relay
 
 
-@task(name="evaluate", cache_key_fn=_eval_key, persist_result=True)
-def evaluate_task(cfg: EvalConfig, policy_md5: str = "") -> dict:
-    """Run exactly `cfg.episodes` episodes; cached on the policy's md5 (or name) + config + code."""
-    report = evaluate_in_subprocess(cfg, on_line=relay("[eval] "))
-    create_table_artifact([{k: report[k] for k in KEEP}], key="eval-" + cfg.policy.split("/")[-1].replace("_", "-")
-                          .replace(":", "-").replace(".", "-").lower()[:40],
-                          description=f"{cfg.policy} on {cfg.task}")
-    if report.get("plot"):
-        create_image_artifact(Path(report["plot"]).resolve().as_uri(), description=f"success rate of {cfg.policy}")
-    for v in report.get("videos", []):
-        create_link_artifact(Path(v).resolve().as_uri(), link_text=Path(v).name, description="rollout video")
-    return {k: v for k, v in report.items() if k != "per_episode"}
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate_task(policy: str | ModelRef, recipe: EvalRecipe) -> EvalSummary:
+    """Exactly `recipe.episodes` episodes; keyed on the policy's weights (aliases resolved first) + recipe + code."""
+    s = stages.evaluate(policy, recipe, cache=receipts(), on_line=relay("[eval] "))
+    key = artifact_key("eval", s.policy, s.task)
+    create_table_artifact([{"policy": s.policy, "task": s.task, "episodes": s.episodes, "successes": s.successes,
+                            "success_rate": round(s.success_rate, 3), "ci_low": round(s.ci_low, 3),
+                            "ci_high": round(s.ci_high, 3), "execute_steps": s.execution.execute_steps,
+                            "run": s.run_dir}], key=key, description=f"{s.policy} on {s.task}")
+    plot = png_markdown(s.plot and f"{s.run_dir}/eval.png", f"success of {s.policy}")
+    if plot:
+        create_markdown_artifact(f"### {s.policy} on {s.task}\n\n{plot}", key=key + "-plot")
+    return s

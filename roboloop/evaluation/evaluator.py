@@ -20,8 +20,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from roboloop.binomial import wilson
 from roboloop.evaluation.protocol import BatchedEnv, Obs
-from roboloop.evaluation.stats import wilson
 from roboloop.lineage import package_versions
 
 
@@ -96,84 +96,121 @@ class Recorder:
 
 def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int = 8, videos: int = 2,
              output_dir: str | Path | None = None, record_rollouts: bool = False, seed: int = 0,
-             max_env_steps: int = 10_000_000) -> tuple[EvalReport, list[dict]]:
-    """Returns the report and (if `record_rollouts`) the counted episodes' trajectories."""
+             max_env_steps: int = 10_000_000, labeler: Policy | None = None) -> tuple[EvalReport, list[dict]]:
+    """Returns the report and (if `record_rollouts`) the counted episodes' trajectories.
+
+    With a `labeler` (the scripted expert), recorded trajectories carry the labeler's action at each
+    visited state instead of the executed one: DART-style noisy demonstrations and DAgger relabelling."""
     if episodes < 1:
         raise ValueError("episodes must be >= 1")
-    n = env.num_envs
-    out = Path(output_dir) if output_dir else None
+    run = _Run(env, policy, episodes, execute_steps, videos, output_dir is not None, record_rollouts)
+    run.labeler = labeler
     obs = env.reset(seed=seed)
-    counted = torch.arange(n) < episodes
-    started = int(counted.sum())
-    chunk: torch.Tensor | None = None
-    idx = torch.full((n,), execute_steps, dtype=torch.long)  # >= execute_steps: needs a plan
-    ret, length = torch.zeros(n), torch.zeros(n, dtype=torch.long)
-    results: list[Episode] = []
-    trajectories: list[dict] = []
-    want_frames = record_rollouts or (videos > 0 and out is not None)
-    rec = Recorder(n, keep_frames=want_frames) if (record_rollouts or videos) else None
-    video_eps: list[dict] = []
-    t0, env_steps, policy_rows, policy_s = time.perf_counter(), 0, 0, 0.0
-    while len(results) < episodes:
-        need = idx >= execute_steps
-        if need.any():
-            tp = time.perf_counter()
-            new = policy.act(obs.select(need)).detach().float().cpu()
-            policy_s += time.perf_counter() - tp
-            policy_rows += int(need.sum())
-            if new.ndim == 2:
-                new = new[:, None]
-            if chunk is None or chunk.shape[1] != new.shape[1]:
-                chunk = torch.zeros(n, new.shape[1], new.shape[2])
-            chunk[need] = new
-            idx[need] = 0
-        assert chunk is not None
-        steps_avail = min(execute_steps, chunk.shape[1])
-        action = chunk[torch.arange(n), idx.clamp(max=chunk.shape[1] - 1)]
-        action = torch.maximum(torch.minimum(action, env.action_high), env.action_low)
-        if rec is not None:
-            for i in counted.nonzero().flatten().tolist():
-                rec.record(i, obs, action)
-        res = env.step(action)
-        env_steps += n
-        idx += 1
-        idx[idx >= steps_avail] = execute_steps
-        ret += res.reward.float().cpu()
-        length += 1
-        for i in res.done.nonzero().flatten().tolist():
-            if counted[i]:
-                results.append(Episode(i, bool(res.success[i]), float(ret[i]), int(length[i])))
-                if rec is not None:
-                    traj = rec.pop(i)
-                    traj["success"] = bool(res.success[i])
-                    if record_rollouts:
-                        trajectories.append(traj)
-                    if len(video_eps) < videos and traj["images"]:
-                        video_eps.append(traj)
-            elif rec is not None:
-                rec.pop(i)
-            counted[i] = started < episodes
-            started += int(counted[i])
-            ret[i], length[i] = 0.0, 0
-            idx[i] = execute_steps  # re-plan from the new episode's first observation
-        obs = res.obs
-        if env_steps > max_env_steps:
-            raise RuntimeError(f"{len(results)}/{episodes} episodes after {env_steps} env steps: an env never ends")
-    wall = time.perf_counter() - t0
-    succ = sum(e.success for e in results)
-    lo, hi = wilson(succ, episodes)
-    report = EvalReport(
-        task=env.task, policy=policy.name, backend=env.backend, episodes=episodes, successes=succ,
-        success_rate=succ / episodes, ci_low=lo, ci_high=hi,
-        mean_return=float(np.mean([e.ret for e in results])), mean_length=float(np.mean([e.length for e in results])),
-        env_steps_per_s=env_steps / wall, policy_steps_per_s=policy_rows / policy_s if policy_s > 0 else 0.0,
-        wall_s=wall, num_envs=n, versions=package_versions(), per_episode=[asdict(e) for e in results])
-    if out is not None:
+    while len(run.results) < episodes:
+        obs = run.step(obs)
+        if run.env_steps > max_env_steps:
+            raise RuntimeError(f"{len(run.results)}/{episodes} episodes after {run.env_steps} env steps: an env "
+                               "never ends")
+    report = run.report()
+    if output_dir is not None:
+        out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        report.videos = write_videos(video_eps, out, env.fps)
+        report.videos = write_videos(run.video_eps, out, env.fps)
         report.plot = str(plot_report(report, out / "eval.png"))
         (out / "report.json").write_text(report.to_json(full=True))
-    return report, trajectories
+    return report, run.trajectories
+
+
+class _Run:
+    """One evaluation in named steps: re-plan the envs whose chunk is used up, act, count finished episodes.
+
+    Exactly the first `episodes` episodes to *start* are counted (short episodes are not favoured);
+    each env executes `execute_steps` actions of its predicted chunk before it re-plans.
+    """
+
+    def __init__(self, env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int, videos: int,
+                 to_disk: bool, record_rollouts: bool):
+        self.env, self.policy, self.episodes = env, policy, episodes
+        self.execute_steps, self.videos, self.record_rollouts = execute_steps, videos, record_rollouts
+        n = self.n = env.num_envs
+        self.counted = torch.arange(n) < episodes
+        self.started = int(self.counted.sum())
+        self.chunk: torch.Tensor | None = None
+        self.idx = torch.full((n,), execute_steps, dtype=torch.long)  # >= execute_steps: needs a plan
+        self.ret, self.length = torch.zeros(n), torch.zeros(n, dtype=torch.long)
+        self.results: list[Episode] = []
+        self.trajectories: list[dict] = []
+        want_frames = record_rollouts or (videos > 0 and to_disk)
+        self.rec = Recorder(n, keep_frames=want_frames) if (record_rollouts or videos) else None
+        self.video_eps: list[dict] = []
+        self.t0, self.env_steps, self.policy_rows, self.policy_s = time.perf_counter(), 0, 0, 0.0
+        self.labeler: Policy | None = None
+
+    def plan(self, obs: Obs) -> None:
+        need = self.idx >= self.execute_steps
+        if not need.any():
+            return
+        tp = time.perf_counter()
+        new = self.policy.act(obs.select(need)).detach().float().cpu()
+        self.policy_s += time.perf_counter() - tp
+        self.policy_rows += int(need.sum())
+        if new.ndim == 2:
+            new = new[:, None]
+        if self.chunk is None or self.chunk.shape[1] != new.shape[1]:
+            self.chunk = torch.zeros(self.n, new.shape[1], new.shape[2])
+        self.chunk[need] = new
+        self.idx[need] = 0
+
+    def step(self, obs: Obs) -> Obs:
+        self.plan(obs)
+        assert self.chunk is not None
+        env = self.env
+        steps_avail = min(self.execute_steps, self.chunk.shape[1])
+        action = self.chunk[torch.arange(self.n), self.idx.clamp(max=self.chunk.shape[1] - 1)]
+        action = torch.maximum(torch.minimum(action, env.action_high), env.action_low)
+        if self.rec is not None:
+            label = action if self.labeler is None else self.labeler.act(obs).detach().float().cpu()
+            for i in self.counted.nonzero().flatten().tolist():
+                self.rec.record(i, obs, label)
+        res = env.step(action)
+        self.env_steps += self.n
+        self.idx += 1
+        self.idx[self.idx >= steps_avail] = self.execute_steps
+        self.ret += res.reward.float().cpu()
+        self.length += 1
+        for i in res.done.nonzero().flatten().tolist():
+            self.finish(i, bool(res.success[i]))
+        return res.obs
+
+    def finish(self, i: int, success: bool) -> None:
+        """Env `i` ended an episode: count it if it was one of the first N to start, then start the next."""
+        if self.counted[i]:
+            self.results.append(Episode(i, success, float(self.ret[i]), int(self.length[i])))
+            if self.rec is not None:
+                traj = self.rec.pop(i)
+                traj["success"] = success
+                if self.record_rollouts:
+                    self.trajectories.append(traj)
+                if len(self.video_eps) < self.videos and traj["images"]:
+                    self.video_eps.append(traj)
+        elif self.rec is not None:
+            self.rec.pop(i)
+        self.counted[i] = self.started < self.episodes
+        self.started += int(self.counted[i])
+        self.ret[i], self.length[i] = 0.0, 0
+        self.idx[i] = self.execute_steps  # re-plan from the new episode's first observation
+
+    def report(self) -> EvalReport:
+        wall = time.perf_counter() - self.t0
+        results, episodes = self.results, self.episodes
+        succ = sum(e.success for e in results)
+        lo, hi = wilson(succ, episodes)
+        return EvalReport(
+            task=self.env.task, policy=self.policy.name, backend=self.env.backend, episodes=episodes, successes=succ,
+            success_rate=succ / episodes, ci_low=lo, ci_high=hi, mean_return=float(np.mean([e.ret for e in results])),
+            mean_length=float(np.mean([e.length for e in results])), env_steps_per_s=self.env_steps / wall,
+            policy_steps_per_s=self.policy_rows / self.policy_s if self.policy_s > 0 else 0.0, wall_s=wall,
+            num_envs=self.n, versions=package_versions(), per_episode=[asdict(e) for e in results])
 
 
 def write_videos(episodes: list[dict], out: Path, fps: int) -> list[str]:

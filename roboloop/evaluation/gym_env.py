@@ -93,9 +93,22 @@ class GymVectorEnv:
 
 
 def make_env(task: str, num_envs: int, device: str = "cpu", seed: int = 0, camera: bool = True):
-    """Isaac Lab for `Isaac-*` and `Roboloop-*` tasks, gymnasium for everything else."""
-    if task.startswith(("Isaac-", "Roboloop-")):
-        from roboloop.evaluation.isaac import IsaacLabEnv
+    """Isaac Lab for `Isaac-*` and `Roboloop-*` tasks, gymnasium for everything else.
 
-        return IsaacLabEnv(task, num_envs=num_envs, device=device, seed=seed, camera=camera)
-    return GymVectorEnv(task, num_envs=num_envs, seed=seed)
+    An unknown task is an `UnknownTaskError` listing the known ones (not gymnasium's NameNotFound)."""
+    from roboloop.errors import UnknownTaskError
+    from roboloop.evaluation.config import ROBOLOOP_TASKS, unknown_task_message
+
+    if task.startswith("Roboloop-") and task not in ROBOLOOP_TASKS:
+        raise UnknownTaskError(unknown_task_message(task))
+    try:
+        if task.startswith(("Isaac-", "Roboloop-")):
+            from roboloop.evaluation.isaac import IsaacLabEnv
+
+            return IsaacLabEnv(task, num_envs=num_envs, device=device, seed=seed, camera=camera)
+        return GymVectorEnv(task, num_envs=num_envs, seed=seed)
+    except Exception as e:
+        if type(e).__module__.startswith("gymnasium") and "NotFound" in type(e).__name__ \
+                or isinstance(e, ValueError) and "not found" in str(e).lower() and task in str(e):
+            raise UnknownTaskError(unknown_task_message(task)) from e
+        raise

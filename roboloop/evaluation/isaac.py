@@ -20,9 +20,8 @@ from typing import Any
 import torch
 
 from roboloop.evaluation.assets import use_shipped_assets
+from roboloop.evaluation.config import ROBOLOOP_TASKS  # noqa: E402,F401
 from roboloop.evaluation.protocol import Obs, StepResult
-
-ROBOLOOP_TASKS = {"Roboloop-Reach-Color-v0"}
 
 
 def _import_isaaclab():

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from roboloop.errors import CorruptFileError, ModelMismatchError
 from roboloop.evaluation.protocol import BatchedEnv, Obs
 
 
@@ -37,6 +38,25 @@ class ExpertPolicy:
         return a
 
 
+class NoisyPolicy:
+    """DART-style perturbations: the wrapped policy's action plus Gaussian noise, held for a few steps, so the
+    recorded states include the drift a learned policy will produce (labels come from the clean expert)."""
+
+    def __init__(self, inner, sigma: float, seed: int = 0, hold: int = 4):
+        self.inner, self.sigma, self.hold = inner, sigma, hold
+        self.name = f"{inner.name}+noise{sigma:g}"
+        self.g = torch.Generator().manual_seed(seed)
+        self.noise: torch.Tensor | None = None
+        self.calls = 0
+
+    def act(self, obs: Obs) -> torch.Tensor:
+        a = self.inner.act(obs).float()
+        if self.noise is None or self.noise.shape[0] != a.shape[0] or self.calls % self.hold == 0:
+            self.noise = torch.randn(a.shape, generator=self.g) * self.sigma
+        self.calls += 1
+        return (a + self.noise.to(a.device)).clamp(-1.0, 1.0)
+
+
 class ModelPolicy:
     """A model folder written by `roboloop train` (model.safetensors, config.json, stats.json)."""
 
@@ -51,13 +71,25 @@ class ModelPolicy:
         for f in ("model.safetensors", "config.json", "stats.json"):
             if not (self.dir / f).exists():
                 raise FileNotFoundError(f"{self.dir}: missing {f}; not a roboloop model folder")
-        cfg = json.loads((self.dir / "config.json").read_text())
+        try:
+            cfg = json.loads((self.dir / "config.json").read_text())
+        except ValueError as e:
+            raise CorruptFileError(f"{self.dir / 'config.json'} is not valid JSON ({e})") from e
         self.cfg = ModelConfig(**cfg["model"])
         self.data = cfg.get("data", {"state_key": "observation.state", "action_key": "action", "video_keys": [],
                                      "with_video": True})
         self.device = torch.device(device)
         self.model = VLAPolicy(self.cfg)
-        self.model.load_state_dict(load_file(self.dir / "model.safetensors"))
+        try:
+            weights = load_file(self.dir / "model.safetensors")
+        except Exception as e:  # safetensors raises its own error types for truncated/garbled headers
+            raise CorruptFileError(f"{self.dir / 'model.safetensors'} cannot be read ({e}); download the model "
+                                   "again or retrain it") from e
+        try:
+            self.model.load_state_dict(weights)
+        except RuntimeError as e:
+            raise ModelMismatchError(f"{self.dir / 'model.safetensors'} does not match its config.json "
+                                     f"({str(e).splitlines()[0]})") from e
         self.model.to(self.device).eval()
         st = json.loads((self.dir / "stats.json").read_text())
         self.stats = {k: {s: np.asarray(v, dtype=np.float32) for s, v in d.items()} for k, d in st.items()}
@@ -102,8 +134,8 @@ class ModelPolicy:
 
         sk, ak = self.data["state_key"], self.data["action_key"]
         if obs.state.shape[1] != self.cfg.state_dim:
-            raise ValueError(f"{self.dir}: the model takes a {self.cfg.state_dim}-dim state, the environment gives "
-                             f"{obs.state.shape[1]}: it was trained on another task's data")
+            raise ModelMismatchError(f"{self.dir}: the model takes a {self.cfg.state_dim}-dim state, the environment "
+                                     f"gives {obs.state.shape[1]}: it was trained on another task's data")
         state = self._norm(sk, obs.state.cpu().numpy().astype(np.float32))
         imgs = self._images(obs)
         h, a = self.cfg.horizon, self.cfg.action_dim
@@ -125,5 +157,10 @@ def make_policy(spec: str, env: BatchedEnv, device: str = "cpu", seed: int = 0):
     if spec.startswith("registry:"):
         from roboloop.registry import resolve_model_ref
 
-        return ModelPolicy(resolve_model_ref(spec), device, seed=seed)
-    return ModelPolicy(spec, device, seed=seed)
+        policy = ModelPolicy(resolve_model_ref(spec), device, seed=seed)
+    else:
+        policy = ModelPolicy(spec, device, seed=seed)
+    if policy.cfg.action_dim != env.action_dim:
+        raise ModelMismatchError(f"{spec}: the model outputs {policy.cfg.action_dim}-dim actions, {env.task} takes "
+                                 f"{env.action_dim}: it was trained for another robot or task")
+    return policy

@@ -3,31 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
-from roboloop.evaluation.evaluator import EvalReport, evaluate
+from roboloop.errors import RoboloopError
+from roboloop.evaluation.config import CollectConfig, EvalConfig
 
+if TYPE_CHECKING:
+    from roboloop.evaluation.evaluator import EvalReport
 
-class EvalConfig(BaseModel):
-    """What to evaluate, where, and how many episodes."""
-
-    policy: str = Field("expert", description="expert, random, a model folder, or registry:NAME@champion|vN")
-    task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task id (Isaac-*/Roboloop-*) or a "
-                      "gymnasium id (gym_pusht/PushT-v0)")
-    episodes: int = Field(50, ge=1, description="exactly this many episodes are counted")
-    num_envs: int = Field(16, ge=1, description="vectorised envs")
-    device: Literal["cpu", "cuda"] = Field("cpu", description="simulation and policy device")
-    seed: int = 0
-    execute_steps: int = Field(8, ge=1, description="actions of each predicted chunk executed before re-planning")
-    videos: int = Field(2, ge=0, description="rollout mp4s to write")
-    output_dir: str = Field("artifacts/eval", description="report.json, eval.png, videos/")
-    save_rollouts: str | None = Field(None, description="also write the rollouts as a LeRobot v3 dataset here")
+__all__ = ["CollectConfig", "EvalConfig", "collect", "collect_in_subprocess", "evaluate_in_subprocess",
+           "run_evaluation"]
 
 
 def run_evaluation(cfg: EvalConfig) -> EvalReport:
     from roboloop.evaluation.assets import hashes
+    from roboloop.evaluation.evaluator import evaluate
     from roboloop.evaluation.gym_env import make_env
     from roboloop.evaluation.policies import make_policy
 
@@ -48,27 +40,18 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
         env.close()
 
 
-class CollectConfig(BaseModel):
-    """Scripted-expert demonstrations, written as a LeRobot v2.1 dataset."""
-
-    dst: str = Field("data", description="destination folder (must not exist)")
-    task: str = Field("Roboloop-Reach-Color-v0")
-    episodes: int = Field(60, ge=1)
-    num_envs: int = Field(16, ge=1)
-    device: Literal["cpu", "cuda"] = "cpu"
-    seed: int = 0
-    only_success: bool = Field(True, description="keep only the expert's successful episodes")
-
-
 def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
+    from roboloop.evaluation.evaluator import evaluate
     from roboloop.evaluation.gym_env import make_env
-    from roboloop.evaluation.policies import ExpertPolicy
+    from roboloop.evaluation.policies import ExpertPolicy, NoisyPolicy
     from roboloop.evaluation.rollouts import write_v21
 
     env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed)
     try:
-        report, trajs = evaluate(env, ExpertPolicy(env), cfg.episodes, execute_steps=1, videos=0,
-                                 record_rollouts=True, seed=cfg.seed)
+        expert = ExpertPolicy(env)
+        actor = NoisyPolicy(expert, cfg.noise, seed=cfg.seed) if cfg.noise > 0 else expert
+        report, trajs = evaluate(env, actor, cfg.episodes, execute_steps=1, videos=0, record_rollouts=True,
+                                 seed=cfg.seed, labeler=expert if cfg.noise > 0 else None)
         keep = [t for t in trajs if t["success"] or not cfg.only_success]
         names = None
         if cfg.task == "Roboloop-Reach-Color-v0":
@@ -81,47 +64,42 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
         env.close()
 
 
-def cli_args(cfg: BaseModel) -> list[str]:
-    """A pydantic config as `roboloop` CLI options (the inverse of cli._add_model_options)."""
-    out: list[str] = []
-    for name, value in cfg.model_dump().items():
-        flag = "--" + name.replace("_", "-")
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + flag[2:])
-        else:
-            out += [flag, str(value)]
-    return out
-
-
-def _run_cli(argv: list[str], on_line, timeout_s: float | None, what: str) -> list[str]:
-    """`roboloop ARGV` in a child process group (Isaac Lab keeps one simulation per process; a
-    cancelled caller kills the simulator too). Returns the last output lines; raises on failure."""
+def _run_entry(stage: str, cfg: BaseModel, work: Path, on_line, timeout_s: float | None, what: str) -> dict:
+    """`python -m roboloop.entry STAGE CONFIG.json` in a child process group (Isaac Lab keeps one simulation per
+    process; a cancelled caller kills the simulator too). Returns the stage's JSON result; raises on failure."""
+    import json
     import os
     import sys
 
+    from roboloop import fsutil
     from roboloop.procs import run_streaming
 
-    cmd = [sys.executable, "-m", "roboloop.cli", *argv]
+    work.mkdir(parents=True, exist_ok=True)
+    cfg_file = fsutil.atomic_write_text(work / f"{stage}_config.json", cfg.model_dump_json(indent=2))
+    cmd = [sys.executable, "-m", "roboloop.entry", stage, str(cfg_file)]
     code, tail = run_streaming(cmd, on_line, timeout_s, {**os.environ, "PYTHONUNBUFFERED": "1"}, what=what)
     if code != 0:
-        raise RuntimeError(f"{what} failed (exit {code}): " + " | ".join(tail[-5:]))
-    return tail
+        cause = next((ln for ln in reversed(tail) if ": " in ln and ln.split(":")[0].endswith("Error")), tail[-1:])
+        raise ChildFailed(f"{what} failed (exit {code}): {cause if isinstance(cause, str) else ' | '.join(cause)}")
+    return json.loads(tail[-1])
+
+
+class ChildFailed(RoboloopError):
+    """A simulator or recording child process failed; the message carries its error line."""
 
 
 def evaluate_in_subprocess(cfg: EvalConfig, on_line=print, timeout_s: float | None = None) -> dict:
-    """`roboloop evaluate` in a child process group; returns the report dict."""
-    import json
-
-    _run_cli(["evaluate", *cli_args(cfg)], on_line, timeout_s, f"evaluation of {cfg.policy} on {cfg.task}")
-    return json.loads(Path(cfg.output_dir, "report.json").read_text())
+    """Evaluate in a child process group; returns the report dict (also in `cfg.output_dir`/report.json)."""
+    return _run_entry("evaluate", cfg, Path(cfg.output_dir), on_line, timeout_s,
+                      f"evaluation of {cfg.policy} on {cfg.task}")
 
 
 def collect_in_subprocess(cfg: CollectConfig, on_line=print, timeout_s: float | None = None) -> dict:
-    """`roboloop collect` in a child process group; returns its JSON summary."""
-    import json
+    """Record demonstrations in a child process group; returns its JSON summary."""
+    work = Path(cfg.dst).parent / f".{Path(cfg.dst).name}.collect"
+    try:
+        return _run_entry("collect", cfg, work, on_line, timeout_s, f"collecting {cfg.task} demos")
+    finally:
+        import shutil
 
-    tail = _run_cli(["collect", cfg.dst, *cli_args(cfg.model_copy(update={"dst": None}))], on_line, timeout_s,
-                    f"collecting {cfg.task} demos")
-    return json.loads(tail[-1])
+        shutil.rmtree(work, ignore_errors=True)

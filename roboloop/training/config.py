@@ -68,33 +68,32 @@ def n15(**kw) -> ModelConfig:
 PRESETS = {"tiny": tiny, "small": small, "base": base, "n15": n15}
 
 
-class TrainConfig(BaseModel):
-    """Everything a training run needs; the CLI, the Prefect flow and every torchrun rank read this."""
+class TrainRecipe(BaseModel):
+    """How to train: model, optimisation, data pipeline, checkpoints. The closed loop's parameter (the
+    dataset and the output folder are the loop's to choose); `TrainConfig` adds them."""
 
-    dataset: str = Field(description="LeRobot v3.0 dataset folder")
-    output_dir: str = Field("artifacts/train", description="checkpoints, final model, metrics")
     preset: Literal["tiny", "small", "base", "n15"] = Field("tiny", description="model size preset")
     model_overrides: dict[str, int | float | str | list[int]] = Field(
         default_factory=dict, description="fields of ModelConfig to change from the preset")
     steps: int = Field(300, ge=1, description="optimizer steps")
     max_tokens: int = Field(2048, gt=0, description="backbone token budget of one packed batch (per rank)")
     max_samples: int = Field(64, gt=0, description="at most this many samples per pack")
-    lr: float = Field(1e-3, gt=0)
-    warmup_steps: int = Field(20, ge=0)
-    weight_decay: float = Field(0.01, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
+    lr: float = Field(1e-3, gt=0, description="peak learning rate (AdamW)")
+    warmup_steps: int = Field(20, ge=0, description="linear warm-up steps before the cosine decay")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
     precision: Literal["auto", "fp8", "bf16", "fp32"] = Field("auto", description="fp8 needs CC>=8.9 + TE/torchao")
     fp8_backend: Literal["te", "torchao"] = Field("te", description="FP8 implementation when precision=fp8")
-    seed: int = 0
+    seed: int = Field(0, description="seeds weights, data order and flow-matching noise")
     window: int = Field(32, gt=0, description="frames decoded per sequential video read")
-    shuffle_buffer: int = Field(256, gt=0)
+    shuffle_buffer: int = Field(256, gt=0, description="frames mixed across windows and episodes")
     num_workers: int = Field(2, ge=1, description="video decode threads")
     with_video: bool = Field(True, description="feed camera frames (False: state + language only)")
     checkpoint_every_steps: int = Field(100, ge=0, description="0 disables step-based checkpoints")
     checkpoint_every_minutes: float = Field(0.0, ge=0, description="0 disables time-based checkpoints")
     keep_last: int = Field(2, ge=1, description="checkpoints kept")
     resume: bool = Field(True, description="resume from the latest checkpoint in output_dir")
-    log_every: int = Field(10, ge=1)
+    log_every: int = Field(10, ge=1, description="steps between progress lines")
     device: str = Field("auto", description="auto, cpu or cuda")
     strategy: Literal["ddp", "fsdp"] = Field("ddp", description="data parallelism across ranks: replicate "
                                              "(DDP) or shard parameters/optimizer (FSDP2)")
@@ -121,3 +120,42 @@ class TrainConfig(BaseModel):
         """Fields whose value differs from `saved` (another run's config) and that resuming cannot change."""
         now = self.model_dump(mode="json")
         return sorted(k for k in now if k not in self.RESUMABLE_CHANGES and k in saved and saved[k] != now[k])
+
+
+class TrainConfig(TrainRecipe):
+    """Everything a training run needs; the CLI and every torchrun rank (through `roboloop.entry`) read this."""
+
+    dataset: str = Field(description="LeRobot v3.0 dataset folder")
+    output_dir: str = Field("artifacts/train", description="checkpoints, final model, metrics")
+
+    @classmethod
+    def of(cls, recipe: TrainRecipe, dataset: str, output_dir: str) -> TrainConfig:
+        return cls(**recipe.model_dump(), dataset=dataset, output_dir=output_dir)
+
+    def recipe(self) -> TrainRecipe:
+        return TrainRecipe(**self.model_dump(exclude={"dataset", "output_dir"}))
+
+
+class LaunchConfig(BaseModel):
+    """How many processes, on how many nodes (torchrun's c10d rendezvous).
+
+    Read by the process that launches torchrun, never by the ranks. `from_settings()` takes what a
+    cluster job template sets (ROBOLOOP_NPROC_PER_NODE, ROBOLOOP_NNODES, ...; see `roboloop.settings`)."""
+
+    nproc_per_node: int = Field(1, ge=1, description="ranks on this node (GPUs, or CPU processes)")
+    nnodes: int = Field(1, ge=1, description="nodes in the job")
+    node_rank: int = Field(0, ge=0, description="this node's index (the flow's node is 0)")
+    rdzv_endpoint: str | None = Field(
+        None, description="host:port of the rendezvous on node 0 (multi-node: required; one node: a free local port)")
+    max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed ranks (they auto-resume)")
+    run_id: str = Field("roboloop", description="rendezvous id shared by all nodes of one job")
+    timeout_s: float | None = Field(None, gt=0, description="kill the job after this many seconds")
+
+    @classmethod
+    def from_settings(cls, **given) -> LaunchConfig:
+        from roboloop.settings import settings
+
+        st = settings()
+        env = {"nproc_per_node": st.nproc_per_node, "nnodes": st.nnodes, "node_rank": st.node_rank,
+               "rdzv_endpoint": st.rdzv_endpoint, "max_restarts": st.max_restarts}
+        return cls(**{**env, **{k: v for k, v in given.items() if v is not None}})

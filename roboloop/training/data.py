@@ -21,11 +21,12 @@ from pathlib import Path
 import av
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
 from roboloop.datasets import layout
+from roboloop.datasets.arrowutil import np_col, read_table, to_2d
 from roboloop.datasets.meta import DatasetMeta, load_meta
+from roboloop.errors import CorruptFileError
 from roboloop.training.packing import Sample
 
 BOS, EOS = 256, 257
@@ -37,10 +38,7 @@ def byte_tokens(text: str, max_len: int) -> torch.Tensor:
 
 
 def _column_2d(table: pa.Table, name: str) -> np.ndarray:
-    col = table[name].combine_chunks()
-    if pa.types.is_list(col.type) or pa.types.is_fixed_size_list(col.type) or pa.types.is_large_list(col.type):
-        return col.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(col), -1)
-    return col.to_numpy(zero_copy_only=False).astype(np.float32)[:, None]
+    return to_2d(table[name], np.float32)
 
 
 @dataclass
@@ -52,10 +50,12 @@ class Normalizer:
 
     @classmethod
     def from_meta(cls, meta: DatasetMeta, keys: list[str]) -> Normalizer:
-        if meta.stats is None:
-            raise ValueError(f"{meta.root}: no meta/stats.json; cannot normalise {keys}")
-        return cls({k: meta.stats[k]["mean"].astype(np.float32) for k in keys},
-                   {k: np.maximum(meta.stats[k]["std"], 1e-6).astype(np.float32) for k in keys})
+        st = meta.dataset_stats()
+        missing = [k for k in keys if k not in st]
+        if missing:
+            raise ValueError(f"{meta.root}: no stats for {missing}; cannot normalise them")
+        return cls({k: st[k]["mean"].astype(np.float32) for k in keys},
+                   {k: np.maximum(st[k]["std"], 1e-6).astype(np.float32) for k in keys})
 
     def __call__(self, key: str, x: np.ndarray) -> np.ndarray:
         return (x - self.mean[key]) / self.std[key]
@@ -79,15 +79,15 @@ class V3Dataset:
         tables = []
         for chunk, file in files:
             path = self.root / self.meta.info.data_path.format(chunk_index=chunk, file_index=file)
-            tables.append(pq.read_table(path, columns=[state_key, action_key, "index", "episode_index",
+            tables.append(read_table(path, columns=[state_key, action_key, "index", "episode_index",
                                                        "frame_index", "task_index"], memory_map=True))
         table = pa.concat_tables(tables)
-        order = np.argsort(table["index"].to_numpy())
+        order = np.argsort(np_col(table["index"]))
         self.state = _column_2d(table, state_key)[order]
         self.action = _column_2d(table, action_key)[order]
-        self.episode_index = table["episode_index"].to_numpy()[order]
-        self.frame_index = table["frame_index"].to_numpy()[order]
-        self.task_index = table["task_index"].to_numpy()[order]
+        self.episode_index = np_col(table["episode_index"])[order]
+        self.frame_index = np_col(table["frame_index"])[order]
+        self.task_index = np_col(table["task_index"])[order]
         self.ep_from: dict[int, int] = {ep.episode_index: int(ep.dataset_from_index or 0) for ep in self.meta.episodes}
         self.ep_to: dict[int, int] = {ep.episode_index: int(ep.dataset_to_index or 0) for ep in self.meta.episodes}
         self.video_keys = self.meta.info.video_keys
@@ -120,21 +120,26 @@ class V3Dataset:
         t0 = offset + first / fps
         out = np.empty((count, size[0], size[1], 3), dtype=np.uint8)
         got = 0
-        with av.open(str(path)) as container:
-            st = container.streams.video[0]
-            st.thread_type = "AUTO"
-            tb = float(st.time_base)  # type: ignore[arg-type]
-            container.seek(int(t0 / tb), stream=st, backward=True)
-            for frame in container.decode(st):
-                t = frame.pts * tb
-                if t < t0 - 0.5 / fps:
-                    continue
-                out[got] = frame.to_ndarray(format="rgb24", width=size[1], height=size[0])
-                got += 1
-                if got == count:
-                    break
+        try:
+            with av.open(str(path)) as container:
+                st = container.streams.video[0]
+                st.thread_type = "AUTO"
+                tb = float(st.time_base)  # type: ignore[arg-type]
+                container.seek(int(t0 / tb), stream=st, backward=True)
+                for frame in container.decode(st):
+                    t = frame.pts * tb
+                    if t < t0 - 0.5 / fps:
+                        continue
+                    out[got] = frame.to_ndarray(format="rgb24", width=size[1], height=size[0])
+                    got += 1
+                    if got == count:
+                        break
+        except (av.error.FFmpegError, OSError) as e:
+            raise CorruptFileError(f"{path}: episode {episode}, camera {key}: cannot decode frames from {first} "
+                                   f"({e}); the video is damaged (check it with roboloop validate --deep)") from e
         if got != count:
-            raise ValueError(f"{path}: episode {episode} has only {got} of {count} frames from frame {first}")
+            raise CorruptFileError(f"{path}: episode {episode}, camera {key} has only {got} of {count} frames from "
+                                   f"frame {first}; the video is cut short (check it with roboloop validate --deep)")
         return out
 
 

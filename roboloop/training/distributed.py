@@ -103,4 +103,4 @@ def torchrun_command(config_json: str, nproc_per_node: int, nnodes: int = 1, nod
     return [*torchrun.split(), f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
             f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
             f"--rdzv-id={run_id}", f"--max-restarts={max_restarts}",
-            "-m", "roboloop.cli", "train", "--config", config_json]
+            "-m", "roboloop.entry", "train", config_json]  # ranks never re-read launch settings

@@ -12,46 +12,35 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
+from roboloop import fsutil
+from roboloop.errors import RoboloopError
 from roboloop.procs import run_streaming
-from roboloop.training.config import TrainConfig
+from roboloop.training import outdir
+from roboloop.training.config import LaunchConfig, TrainConfig
 from roboloop.training.distributed import torchrun_command
 
 
-def _env_int(name: str, default: int) -> int:
-    """Cluster job templates (infra/k8s-gpu-pool.json) describe the job through the environment."""
-    return int(os.environ.get(name, default))
-
-
-class LaunchConfig(BaseModel):
-    """How many processes, on how many nodes (torchrun's c10d rendezvous)."""
-
-    nproc_per_node: int = Field(default_factory=lambda: _env_int("ROBOLOOP_NPROC_PER_NODE", 1), ge=1,
-                                description="ranks on this node (GPUs, or CPU processes)")
-    nnodes: int = Field(default_factory=lambda: _env_int("ROBOLOOP_NNODES", 1), ge=1, description="nodes in the job")
-    node_rank: int = Field(0, ge=0, description="this node's index (the flow's node is 0)")
-    rdzv_endpoint: str | None = Field(
-        default_factory=lambda: os.environ.get("ROBOLOOP_RDZV_ENDPOINT"),
-        description="host:port of the rendezvous on node 0 (multi-node: required; one node: a free local port)")
-    max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed ranks (they auto-resume)")
-    run_id: str = Field("roboloop", description="rendezvous id shared by all nodes of one job")
-    timeout_s: float | None = Field(None, gt=0, description="kill the job after this many seconds")
-
-
-class TrainingFailed(RuntimeError):
+class TrainingFailed(RoboloopError):
     pass
 
 
 def run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str], None] = print,
-                 env: dict[str, str] | None = None) -> Path:
-    """Train `cfg` with torchrun on this node; returns the output folder. Raises on failure."""
+                 env: dict[str, str] | None = None, overwrite: bool = False) -> Path:
+    """Train `cfg` with torchrun on this node; returns the output folder. Raises on failure.
+
+    The output folder is planned and claimed here, once (see `outdir`): a finished run of the same
+    config returns at once, another run's folder is refused before any rank starts."""
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    fingerprint = outdir.dataset_fingerprint(cfg.dataset)
+    plan = outdir.plan(cfg, fingerprint, overwrite=overwrite)
+    if plan.moved_aside:
+        on_line(f"moved the previous run aside to {plan.moved_aside}")
+    if plan.action == "finished":
+        on_line(f"{out} already holds this run's finished model ({plan.step} steps); nothing to train")
+        return out
+    outdir.claim(out, cfg, fingerprint)
     cfg_file = out / "train_config.json"
-    tmp = cfg_file.with_suffix(".tmp")
-    tmp.write_text(cfg.model_dump_json(indent=2))
-    tmp.replace(cfg_file)
+    fsutil.atomic_write_text(cfg_file, cfg.model_dump_json(indent=2))
     endpoint = launch.rdzv_endpoint
     if endpoint is None:
         if launch.nnodes > 1:
@@ -62,10 +51,17 @@ def run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str]
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     if launch.nproc_per_node > 1 and "OMP_NUM_THREADS" not in child_env:
         child_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // launch.nproc_per_node))
-    code, _ = run_streaming(cmd, on_line, launch.timeout_s, child_env, what="training (torchrun and its ranks)")
+    code, tail = run_streaming(cmd, on_line, launch.timeout_s, child_env, what="training (torchrun and its ranks)")
     if code != 0:
-        raise TrainingFailed(f"torchrun exited with code {code}; see the log above (output in {out})")
+        cause = next((line.strip() for line in reversed(tail) if _looks_like_error(line)), "see the log above")
+        raise TrainingFailed(f"torchrun exited with code {code}: {cause} (output in {out})")
     return out
+
+
+def _looks_like_error(line: str) -> bool:
+    """The exception line of a Python traceback ("roboloop.errors.CorruptFileError: ...")."""
+    head = line.strip().split(":", 1)[0]
+    return ":" in line and (head.endswith(("Error", "Exception")) or head.endswith("Failed")) and " " not in head
 
 
 def _free_port() -> int:

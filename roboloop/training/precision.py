@@ -108,10 +108,11 @@ PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "B200": 2250.0,
 
 def peak_flops(device: torch.device, mode: str) -> float | None:
     """Peak FLOP/s of `device` for MFU, or None where unknown (CPU: set ROBOLOOP_PEAK_TFLOPS)."""
-    import os
 
-    if os.environ.get("ROBOLOOP_PEAK_TFLOPS"):
-        return float(os.environ["ROBOLOOP_PEAK_TFLOPS"]) * 1e12
+    from roboloop.settings import settings
+
+    if settings().peak_tflops:
+        return float(settings().peak_tflops) * 1e12  # type: ignore[arg-type]
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from roboloop.training import checkpoint, distributed, precision
+from roboloop import fsutil
+from roboloop.errors import DiskFullError
+from roboloop.training import checkpoint, distributed, metrics, outdir, precision
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import Normalizer, SampleStream, V3Dataset
 from roboloop.training.model import VLAPolicy, num_parameters, train_flops
@@ -58,138 +61,184 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def train(cfg: TrainConfig) -> TrainResult:
+def train(cfg: TrainConfig, overwrite: bool = False) -> TrainResult:
+    """Train (or resume) into `cfg.output_dir`, which must be free or this run's (see `outdir`).
+
+    Under torchrun the parent (`run_torchrun`) has already planned and claimed the folder: ranks
+    only check it, they never move anything aside."""
+    fingerprint = outdir.dataset_fingerprint(cfg.dataset)
+    ranked = "LOCAL_RANK" in os.environ
+    plan = outdir.plan(cfg, fingerprint, overwrite=overwrite and not ranked)
+    if plan.action == "finished":
+        return finished_result(Path(cfg.output_dir), cfg.steps)
     env = distributed.init(cfg.device)
     try:
+        if env.is_main:
+            outdir.claim(Path(cfg.output_dir), cfg, fingerprint)
         return _train(cfg, env)
     finally:
         distributed.shutdown()
 
 
+def finished_result(out: Path, steps: int) -> TrainResult:
+    """The result of a run that already finished in `out` (nothing is retrained or rewritten)."""
+    rows = metrics.read_rows(out)
+    if not rows:
+        raise outdir.OutputOwnershipError(f"{out} has a model but no metrics.jsonl; choose another --output-dir")
+    return TrainResult(out, rows[-1]["loss"], rows[0]["loss"], steps, steps)
+
+
 def _train(cfg: TrainConfig, env: distributed.DistEnv) -> TrainResult:
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    device = env.device
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True)
-    torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    ds = V3Dataset(cfg.dataset)
-    mcfg = cfg.model_config_resolved(ds.state.shape[1], ds.action.shape[1])
-    ds.horizon = mcfg.horizon
-    norm = Normalizer.from_meta(ds.meta, [ds.state_key, ds.action_key])
-    prec = precision.plan(cfg.precision, device.type, cfg.fp8_backend)
-    model = VLAPolicy(mcfg).to(device)
-    precision.apply_fp8(model, prec)
-    sharded = cfg.strategy == "fsdp" and env.world_size > 1
-    ddp_model = distributed.wrap(model, env, cfg.strategy)  # FSDP shards before the optimizer sees params
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, cfg))
-    stream = SampleStream(ds, mcfg.image_size, mcfg.max_text_len, window=cfg.window,
-                          shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.num_workers, seed=cfg.seed,
-                          normalizer=norm, with_video=cfg.with_video, tokenizer=mcfg.tokenizer)
-    start, ckpt_dir = 0, out / "checkpoints"
-    found = checkpoint.latest(ckpt_dir) if cfg.resume else None
-    if found is not None:
+    return Trainer(cfg, env).run()
+
+
+class Trainer:
+    """Named steps, torchtitan style: build, resume, then for each step forward/backward, log, checkpoint."""
+
+    def __init__(self, cfg: TrainConfig, env: distributed.DistEnv):
+        self.cfg, self.env = cfg, env
+        self.out = Path(cfg.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.device = env.device
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+        torch.manual_seed(cfg.seed)  # same initial weights on every rank
+        self.ds = ds = V3Dataset(cfg.dataset)
+        self.mcfg = mcfg = cfg.model_config_resolved(ds.state.shape[1], ds.action.shape[1])
+        ds.horizon = mcfg.horizon
+        norm = Normalizer.from_meta(ds.meta, [ds.state_key, ds.action_key])
+        self.prec = precision.plan(cfg.precision, self.device.type, cfg.fp8_backend)
+        self.model = VLAPolicy(mcfg).to(self.device)
+        precision.apply_fp8(self.model, self.prec)
+        self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
+        self.ddp_model = distributed.wrap(self.model, env, cfg.strategy)  # FSDP shards before the optimizer
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_at(s, cfg))
+        self.stream = SampleStream(ds, mcfg.image_size, mcfg.max_text_len, window=cfg.window,
+                                   shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.num_workers, seed=cfg.seed,
+                                   normalizer=norm, with_video=cfg.with_video, tokenizer=mcfg.tokenizer)
+        self.ckpt_dir = self.out / "checkpoints"
+        self.start = self.resume()
+        packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, mcfg.tokens_per_image, env.world_size)
+        self.pipe = BatchPipeline(packer, self.stream, env.rank, env.world_size, mcfg.tokens_per_image, self.device,
+                                  prefetch=cfg.prefetch)
+        self.peak = precision.peak_flops(self.device, self.prec.name)
+        self.metrics_path = self.out / "metrics.jsonl"
+        self.last_ckpt_time = time.time()
+        log.info("model %s: %.2fM parameters, precision %s (%s), %s, device %s, rank %d/%d", cfg.preset,
+                 num_parameters(self.model) / 1e6, self.prec.name, self.prec.reason,
+                 cfg.strategy if env.world_size > 1 else "1 rank", self.device, env.rank, env.world_size)
+
+    def resume(self) -> int:
+        """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""
+        found = checkpoint.latest(self.ckpt_dir) if self.cfg.resume else None
+        if found is None:
+            return 0
         if checkpoint.is_sharded(found):
-            if not sharded:
+            if not self.sharded:
                 raise ValueError(f"{found} is an FSDP (DCP) checkpoint; resume it with strategy=fsdp on >1 rank")
-            st = checkpoint.load_sharded(found, model, opt)
+            st = checkpoint.load_sharded(found, self.model, self.opt)
         else:
             st = checkpoint.load(found)
-            if sharded:
+            if self.sharded:
                 raise ValueError(f"{found} is a DDP checkpoint; resume it with strategy=ddp")
-            model.load_state_dict(st["model"])
-            opt.load_state_dict(st["optimizer"])
-        _check_same_run(st.get("config", {}), cfg, found)
-        sched.load_state_dict(st["scheduler"])
+            self.model.load_state_dict(st["model"])
+            self.opt.load_state_dict(st["optimizer"])
+        _check_same_run(st.get("config", {}), self.cfg, found)
+        self.sched.load_state_dict(st["scheduler"])
         checkpoint.set_rng_state(st["rng"])
-        stream.load_state_dict(st["data"])
-        start = int(st["step"])
-        log.info("resumed from %s (step %d)", found, start)
-    if env.is_main:  # which run owns the checkpoints here (read by orchestration without torch)
-        (out / "run_config.json").write_text(cfg.model_dump_json(indent=2))
-    packer = Packer(stream, cfg.max_tokens, cfg.max_samples, mcfg.tokens_per_image, env.world_size)
-    pipe = BatchPipeline(packer, stream, env.rank, env.world_size, mcfg.tokens_per_image, device,
-                         prefetch=cfg.prefetch)
-    peak = precision.peak_flops(device, prec.name)
-    log.info("model %s: %.2fM parameters, precision %s (%s), %s, device %s, rank %d/%d", cfg.preset,
-             num_parameters(model) / 1e6, prec.name, prec.reason, cfg.strategy if env.world_size > 1 else "1 rank",
-             device, env.rank, env.world_size)
-    metrics_path = out / "metrics.jsonl"
-    if env.is_main and metrics_path.exists():  # drop rows a killed run wrote after its last checkpoint
-        keep = [r for r in metrics_path.read_text().splitlines() if r.strip() and json.loads(r)["step"] <= start]
-        metrics_path.write_text("".join(r + "\n" for r in keep))
-    first_loss = last_loss = float("nan")
-    last_ckpt_time = time.time()
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="train",
-               disable=None if env.is_main else True)
-    try:
-        for step in bar:
-            t0 = time.perf_counter()
-            ready = pipe.next()
-            wait = pipe.wait_s
-            batch = ready.batch
-            noise, u = flow_noise(ready.mine, step, cfg.seed, mcfg.horizon, mcfg.action_dim)
-            with prec.autocast(device.type), precision.fp8_context(prec):
-                # Each rank divides by the global count; DDP/FSDP average, so scale back by W.
-                loss = model.loss(batch, noise=noise, u=u, denominator=ready.denominator) \
-                    if env.world_size == 1 else _ddp_loss(ddp_model, batch, noise, u, ready.denominator, env)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            t_prep = time.perf_counter()
-            pipe.prepare_next()  # decode + copy the next batch while the device works
-            if device.type != "cuda":  # on CPU that work is not overlapped: it is data wait
-                wait += time.perf_counter() - t_prep
-            global_loss = distributed.all_reduce_sum(loss.detach() / env.world_size, env)
-            if not torch.isfinite(global_loss):
-                raise NonFiniteLossError(f"loss became {global_loss.item()} at step {step}; "
-                                         "stopping without a final model")
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
-            sched.step()
-            last_loss = global_loss.item()
-            dt = time.perf_counter() - t0
-            if step == start:
-                first_loss = last_loss
-            if env.is_main:
-                tokens = int(batch.seq_lens.sum())
-                flops = train_flops(mcfg, batch.seq_lens.tolist(), int(batch.images.shape[0])) * env.world_size
-                row = {"step": step + 1, "loss": last_loss, "lr": sched.get_last_lr()[0],
-                       "samples_per_s": len(ready.keys) / dt, "tokens_per_s": tokens * env.world_size / dt,
-                       "nonpad_fraction": tokens / cfg.max_tokens, "data_wait_fraction": min(1.0, wait / dt),
-                       "mfu": flops / dt / (peak * env.world_size) if peak else None}
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-            if (step + 1) % cfg.log_every == 0:
-                bar.set_postfix(loss=f"{last_loss:.4f}")
-            if env.is_main and bar.disable and (step + 1) % max(cfg.log_every, cfg.steps // 20) == 0:
-                # no terminal (torchrun under Prefect): a plain line the parent can re-log
-                print(f"step {step + 1}/{cfg.steps} loss {last_loss:.4f} {len(ready.keys) / dt:.0f} samples/s",
-                      flush=True)
-            minutes = (time.time() - last_ckpt_time) / 60
-            due = bool(cfg.checkpoint_every_steps and (step + 1) % cfg.checkpoint_every_steps == 0)
-            due = due or bool(cfg.checkpoint_every_minutes and minutes > cfg.checkpoint_every_minutes)
-            # ranks' clocks differ: checkpoint when any rank says it is due
-            due = bool(distributed.all_reduce_sum(torch.tensor(float(due), device=device), env) > 0)
-            if due and step + 1 < cfg.steps:
-                extra = {"step": step + 1, "scheduler": sched.state_dict(), "rng": checkpoint.rng_state(),
-                         "data": pipe.state_dict(), "config": cfg.model_dump(mode="json")}
-                if sharded:
-                    checkpoint.save_sharded(ckpt_dir, step + 1, model, opt, extra, cfg.keep_last, env.rank,
-                                            lambda: distributed.barrier(env))
-                elif env.is_main:  # DDP replicas are identical: rank 0 writes, everyone waits
-                    checkpoint.save(ckpt_dir, step + 1, {**extra, "model": model.state_dict(),
-                                                         "optimizer": opt.state_dict()}, cfg.keep_last)
-                distributed.barrier(env)
-                last_ckpt_time = time.time()
-            if env.is_main:
-                checkpoint.heartbeat(out / "heartbeat.json", step + 1, loss=last_loss)
-    finally:
-        stream.close()
-    weights = distributed.full_state_dict(model, sharded)
-    if env.is_main:
-        save_final(out, weights, mcfg.model_dump(), cfg, ds)
-    return TrainResult(out, last_loss, first_loss, cfg.steps, start)
+        self.stream.load_state_dict(st["data"])
+        log.info("resumed from %s (step %d)", found, int(st["step"]))
+        return int(st["step"])
+
+    def run(self) -> TrainResult:
+        cfg, env = self.cfg, self.env
+        if env.is_main and self.metrics_path.exists():  # drop rows a killed run wrote after its last checkpoint
+            keep = [r for r in metrics.read_rows(self.out) if r["step"] <= self.start]
+            fsutil.atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in keep))
+        first_loss = last_loss = float("nan")
+        bar = tqdm(range(self.start, cfg.steps), initial=self.start, total=cfg.steps, desc="train",
+                   disable=None if env.is_main else True)
+        try:
+            for step in bar:
+                last_loss, row = self.train_step(step)
+                if step == self.start:
+                    first_loss = last_loss
+                self.log(step, last_loss, row, bar)
+                self.maybe_checkpoint(step)
+                if env.is_main:
+                    checkpoint.heartbeat(self.out / "heartbeat.json", step + 1, loss=last_loss)
+        finally:
+            self.stream.close()
+        weights = distributed.full_state_dict(self.model, self.sharded)
+        if env.is_main:
+            save_final(self.out, weights, self.mcfg.model_dump(), cfg, self.ds)
+        return TrainResult(self.out, last_loss, first_loss, cfg.steps, self.start)
+
+    def train_step(self, step: int) -> tuple[float, dict]:
+        """One optimizer step on the next packed batch; the batch after it is prepared meanwhile."""
+        cfg, env, device = self.cfg, self.env, self.device
+        t0 = time.perf_counter()
+        ready = self.pipe.next()
+        wait = self.pipe.wait_s
+        batch = ready.batch
+        noise, u = flow_noise(ready.mine, step, cfg.seed, self.mcfg.horizon, self.mcfg.action_dim)
+        with self.prec.autocast(device.type), precision.fp8_context(self.prec):
+            # Each rank divides by the global count; DDP/FSDP average, so scale back by W.
+            loss = self.model.loss(batch, noise=noise, u=u, denominator=ready.denominator) \
+                if env.world_size == 1 else _ddp_loss(self.ddp_model, batch, noise, u, ready.denominator, env)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        t_prep = time.perf_counter()
+        self.pipe.prepare_next()  # decode + copy the next batch while the device works
+        if device.type != "cuda":  # on CPU that work is not overlapped: it is data wait
+            wait += time.perf_counter() - t_prep
+        global_loss = distributed.all_reduce_sum(loss.detach() / env.world_size, env)
+        if not torch.isfinite(global_loss):
+            raise NonFiniteLossError(f"loss became {global_loss.item()} at step {step}; stopping without a final model")
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        value = global_loss.item()
+        dt = time.perf_counter() - t0
+        tokens = int(batch.seq_lens.sum())
+        flops = train_flops(self.mcfg, batch.seq_lens.tolist(), int(batch.images.shape[0])) * env.world_size
+        row = {"step": step + 1, "loss": value, "lr": self.sched.get_last_lr()[0],
+               "samples_per_s": len(ready.keys) / dt, "tokens_per_s": tokens * env.world_size / dt,
+               "nonpad_fraction": tokens / cfg.max_tokens, "data_wait_fraction": min(1.0, wait / dt),
+               "mfu": flops / dt / (self.peak * env.world_size) if self.peak else None}
+        return value, row
+
+    def log(self, step: int, loss: float, row: dict, bar: tqdm) -> None:
+        cfg = self.cfg
+        if self.env.is_main:
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+        if (step + 1) % cfg.log_every == 0:
+            bar.set_postfix(loss=f"{loss:.4f}")
+        if self.env.is_main and bar.disable and (step + 1) % max(cfg.log_every, cfg.steps // 20) == 0:
+            # no terminal (torchrun under Prefect): a plain line the parent can re-log
+            print(f"step {step + 1}/{cfg.steps} loss {loss:.4f} {row['samples_per_s']:.0f} samples/s", flush=True)
+
+    def maybe_checkpoint(self, step: int) -> None:
+        cfg, env = self.cfg, self.env
+        minutes = (time.time() - self.last_ckpt_time) / 60
+        due = bool(cfg.checkpoint_every_steps and (step + 1) % cfg.checkpoint_every_steps == 0)
+        due = due or bool(cfg.checkpoint_every_minutes and minutes > cfg.checkpoint_every_minutes)
+        # ranks' clocks differ: checkpoint when any rank says it is due
+        due = bool(distributed.all_reduce_sum(torch.tensor(float(due), device=self.device), env) > 0)
+        if not due or step + 1 >= cfg.steps:
+            return
+        extra = {"step": step + 1, "scheduler": self.sched.state_dict(), "rng": checkpoint.rng_state(),
+                 "data": self.pipe.state_dict(), "config": cfg.model_dump(mode="json")}
+        if self.sharded:
+            checkpoint.save_sharded(self.ckpt_dir, step + 1, self.model, self.opt, extra, cfg.keep_last, env.rank,
+                                    lambda: distributed.barrier(env))
+        elif env.is_main:  # DDP replicas are identical: rank 0 writes, everyone waits
+            checkpoint.save(self.ckpt_dir, step + 1, {**extra, "model": self.model.state_dict(),
+                                                      "optimizer": self.opt.state_dict()}, cfg.keep_last)
+        distributed.barrier(env)
+        self.last_ckpt_time = time.time()
 
 
 def _check_same_run(saved: dict, cfg: TrainConfig, found: Path) -> None:
@@ -207,28 +256,35 @@ def _ddp_loss(ddp_model: torch.nn.Module, batch: PackedBatch, noise: torch.Tenso
 
 def save_final(out: Path, weights: dict[str, torch.Tensor], model_cfg: dict, cfg: TrainConfig,
                ds: V3Dataset) -> None:
+    """config, stats and plot first, the weights last: `model.safetensors` existing means the run finished."""
     from safetensors.torch import save_file
 
-    tmp = out / "model.safetensors.tmp"
-    save_file(weights, str(tmp))
-    tmp.replace(out / "model.safetensors")
     data = {"state_key": ds.state_key, "action_key": ds.action_key, "video_keys": list(ds.video_keys),
             "fps": ds.meta.info.fps, "with_video": cfg.with_video}
-    (out / "config.json").write_text(json.dumps({"model": model_cfg, "train": cfg.model_dump(), "data": data},
-                                                indent=2))
-    st = ds.meta.stats or {}
-    (out / "stats.json").write_text(json.dumps({k: {s: v.tolist() for s, v in st[k].items()}
-                                                for k in (ds.state_key, ds.action_key) if k in st}, indent=2))
+    fsutil.atomic_write_json(out / "config.json", {"model": model_cfg, "train": cfg.model_dump(), "data": data})
+    st = ds.meta.dataset_stats()
+    fsutil.atomic_write_json(out / "stats.json", {k: {s: v.tolist() for s, v in st[k].items()}
+                                                  for k in (ds.state_key, ds.action_key) if k in st})
     plot_loss(out / "metrics.jsonl", out / "loss.png")
+    tmp = fsutil.temp_sibling(out / "model.safetensors")
+    try:
+        save_file(weights, str(tmp))
+        os.replace(tmp, out / "model.safetensors")
+    except Exception as e:
+        tmp.unlink(missing_ok=True)
+        if "code: 28" in str(e) or "No space left" in str(e):  # safetensors wraps the OS error in its own type
+            raise DiskFullError(f"no space left on the device while writing {out / 'model.safetensors'}; the run's "
+                                "checkpoints are kept: free space and rerun to finish") from e
+        raise
 
 
-def plot_loss(metrics: Path, png: Path) -> None:
+def plot_loss(metrics_file: Path, png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = metrics.read_rows(metrics_file.parent)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])
     ax.set_yscale("log")

@@ -39,6 +39,7 @@ def stack(tmp_path_factory):
     env = {**os.environ, "PREFECT_HOME": str(tmp / "home"), "PREFECT_API_URL": api, "ROBOLOOP_HOME": str(REPO),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "INFO",
            "ROBOLOOP_REGISTRY": str(tmp / "registry"), "PREFECT_WORKER_QUERY_SECONDS": "2",
+           "ROBOLOOP_ARTIFACTS": str(tmp / "artifacts"), "ROBOLOOP_CACHE_DIR": str(tmp / "cache"),
            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp}/prefect.db"}
     procs = [_spawn([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, tmp / "server.log")]
     try:
@@ -123,13 +124,71 @@ def test_deployments_registered_with_pools_and_cron(stack):
     assert all(run["expected_start_time"].endswith(("02:00:00Z", "02:00:00+00:00")) for run in scheduled)
 
 
+def _summaries(tmp: Path, policy: str) -> list[dict]:
+    found = [json.loads(p.read_text()) for p in sorted((tmp / "artifacts" / "evals").glob("*/summary.json"),
+                                                      key=lambda p: p.stat().st_mtime)]
+    return [s for s in found if s["policy"] == policy]
+
+
+def _completed(stack, name: str, parameters: dict, pool: str = "cpu", timeout: float = 600) -> None:
+    run = _run(stack["api"], name, parameters)
+    assert _wait(stack["api"], run, {"COMPLETED", "FAILED", "CRASHED"}, timeout) == "COMPLETED", \
+        (stack["tmp"] / f"worker-{pool}.log").read_text()[-4000:]
+
+
 def test_ui_triggered_evaluation_completes(stack):
-    out = stack["tmp"] / "eval"
-    run = _run(stack["api"], "evaluate/evaluate", {"params": {"policy": "expert", "episodes": 4, "num_envs": 4,
-                                                              "videos": 0, "output_dir": str(out)}})
-    assert _wait(stack["api"], run, {"COMPLETED", "FAILED", "CRASHED"}, 600) == "COMPLETED", \
-        (stack["tmp"] / "worker-cpu.log").read_text()[-4000:]
-    assert json.loads((out / "report.json").read_text())["episodes"] == 4
+    _completed(stack, "evaluate/evaluate", {"params": {"policy": "expert", "eval": {"episodes": 4, "num_envs": 4,
+                                                                                   "videos": 0}}})
+    assert _summaries(stack["tmp"], "expert")[-1]["episodes"] == 4
+
+
+def _reach_models(tmp: Path, registry: Path) -> list[str]:
+    """Two tiny reach-task models registered as reach-vla v1 (champion) and v2; returns their weights sha256."""
+    from roboloop import stages
+    from roboloop.datasets.config import ConvertConfig
+    from roboloop.evaluation.config import CollectConfig
+    from roboloop.evaluation.run import collect_in_subprocess
+    from roboloop.lineage import Lineage
+    from roboloop.registry import Registry
+    from roboloop.training.config import LaunchConfig, TrainRecipe
+
+    collect_in_subprocess(CollectConfig(dst=str(tmp / "reach"), episodes=8, num_envs=8), on_line=lambda _: None)
+    raw = stages.dataset_ref(tmp / "reach")
+    data = stages.convert(raw, ConvertConfig(progress=False), dst=tmp / "reach_v3")
+    reg, shas = Registry(registry), []
+    for seed in (0, 1):
+        model = stages.train(data, TrainRecipe(steps=5, seed=seed, max_tokens=512, checkpoint_every_steps=0),
+                             LaunchConfig(), output_dir=tmp / f"reach_model_{seed}", on_line=lambda _: None)
+        lin = Lineage(dataset_md5=data.md5, config={"train": model.config}, model=model,
+                      metrics={**model.metrics, "weights_sha256": model.weights_sha256},
+                      eval={"successes": 1, "episodes": 10})
+        v = reg.register("reach-vla", model.path, lin.model_dump(mode="json"))
+        if seed == 0:
+            reg.promote("reach-vla", v)
+        shas.append(model.weights_sha256)
+    return shas
+
+
+def test_evaluate_deployment_defaults_with_champion_and_version_then_a_new_champion(stack):
+    from roboloop.registry import Registry
+
+    tmp = stack["tmp"]
+    v1, v2 = _reach_models(tmp, tmp / "registry")
+    _completed(stack, "evaluate/evaluate", {})  # the deployment's own defaults: registry:reach-vla@champion
+    champion = _summaries(tmp, "registry:reach-vla@champion")
+    assert champion and champion[-1]["policy_id"] == v1 and champion[-1]["episodes"] == 50
+    _completed(stack, "evaluate/evaluate", {"params": {"policy": "registry:reach-vla@2",
+                                                       "eval": {"episodes": 4, "num_envs": 4, "videos": 0}}})
+    assert _summaries(tmp, "registry:reach-vla@2")[-1]["policy_id"] == v2
+    Registry(tmp / "registry").promote("reach-vla", 2, force=True)  # a new champion: not the cached old one
+    _completed(stack, "evaluate/evaluate", {"params": {"policy": "registry:reach-vla@champion",
+                                                       "eval": {"episodes": 5, "num_envs": 5, "videos": 0}}})
+    assert _summaries(tmp, "registry:reach-vla@champion")[-1]["policy_id"] == v2
+    # @champion now means v2's weights: the same recipe as the @2 run above is a (verified) cache hit, no new run
+    before = len(list((tmp / "artifacts" / "evals").glob("*/summary.json")))
+    _completed(stack, "evaluate/evaluate", {"params": {"policy": "registry:reach-vla@champion",
+                                                       "eval": {"episodes": 4, "num_envs": 4, "videos": 0}}})
+    assert len(list((tmp / "artifacts" / "evals").glob("*/summary.json"))) == before
 
 
 def test_cancelling_training_leaves_no_rank_behind(stack):
@@ -140,10 +199,10 @@ def test_cancelling_training_leaves_no_rank_behind(stack):
     src = generate_v21(tmp / "v21", GenSpec(num_episodes=3, min_length=16, max_length=20,
                                             cameras={"observation.images.top": (32, 32)}, seed=3))
     v3 = convert(src, tmp / "v3", ConvertConfig(progress=False))
-    out = tmp / "train-out"
-    params = {"params": {"train": {"dataset": str(v3), "output_dir": str(out), "steps": 1_000_000, "device": "cpu",
-                                   "checkpoint_every_steps": 0, "model_overrides": {"image_size": [32, 32]}},
-                         "launch": {"nproc_per_node": 2}, "dataset_md5": "test", "track": False}}
+    out = tmp / "artifacts" / "models"
+    params = {"params": {"dataset": str(v3), "train": {"steps": 1_000_000, "device": "cpu", "checkpoint_every_steps": 0,
+                                                       "model_overrides": {"image_size": [32, 32]}},
+                         "launch": {"nproc_per_node": 2}, "track": False}}
     run = _run(stack["api"], "train/train", params)
     _wait(stack["api"], run, {"RUNNING"}, 300)
     deadline = time.time() + 300
@@ -168,7 +227,7 @@ def test_cancelling_training_leaves_no_rank_behind(stack):
 
 
 def _ranks(out: Path) -> list[str]:
-    marker = str(out / "train_config.json")
+    marker = str(out)
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():

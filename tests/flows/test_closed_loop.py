@@ -1,78 +1,90 @@
-"""The closed loop under `prefect_test_harness`: end to end on tiny data, cached rerun, bad data stopped."""
+"""The closed loop under `prefect_test_harness`: end to end on tiny data, verified cache hits, DVC restore,
+reproduction, bad data stopped at validation."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
 import pytest
 from prefect.artifacts import Artifact
 
-from flows.closed_loop import ClosedLoopParams, closed_loop
-from roboloop.datasets.convert import ConvertConfig
-from roboloop.evaluation.run import CollectConfig, EvalConfig
+from flows.closed_loop import closed_loop
+from roboloop.evaluation.config import CollectConfig, EvalRecipe
+from roboloop.loop import LoopConfig
 from roboloop.registry import Registry
-from roboloop.training.config import TrainConfig
+from roboloop.training.config import TrainRecipe
 
 # The harness's server and client leave sockets for the GC to close (ResourceWarning, reported as unraisable).
 pytestmark = [pytest.mark.isaac, pytest.mark.slow, pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
 
 
-def _params(root) -> ClosedLoopParams:
-    return ClosedLoopParams(
-        source=str(root / "data"),
-        collect_if_missing=CollectConfig(episodes=12, num_envs=12),
-        dataset_v3=str(root / "artifacts" / "dataset_v3"),
-        convert=ConvertConfig(progress=False),
-        train=TrainConfig(dataset="-", output_dir=str(root / "artifacts" / "model"), steps=30,
-                          checkpoint_every_steps=10, max_tokens=1024),
-        eval=EvalConfig(episodes=6, num_envs=6, videos=1, output_dir=str(root / "artifacts" / "eval")),
-        registry=str(root / "registry"),
-    )
+@pytest.fixture
+def loop_env(dvc_repo, monkeypatch):
+    monkeypatch.setenv("ROBOLOOP_REGISTRY", str(dvc_repo / "registry"))
+    monkeypatch.setenv("ROBOLOOP_ARTIFACTS", str(dvc_repo / "artifacts"))
+    monkeypatch.setenv("ROBOLOOP_CACHE_DIR", str(dvc_repo / ".roboloop" / "cache"))
+    return dvc_repo
 
 
-def test_closed_loop_end_to_end_then_every_stage_cached(dvc_repo):
-    params = _params(dvc_repo)
-    first = closed_loop(params)
-    assert first["registry"]["version"] == 1 and first["registry"]["promoted"]  # first model: champion
-    assert 0.0 <= first["success_rate"] <= 1.0 and first["random_success_rate"] is not None
-    reg = Registry(params.registry)
+def _cfg(root) -> LoopConfig:
+    return LoopConfig(source=str(root / "data"), collect_if_missing=CollectConfig(episodes=12, num_envs=12),
+                      train=TrainRecipe(steps=30, checkpoint_every_steps=10, max_tokens=1024),
+                      eval=EvalRecipe(episodes=6, num_envs=6, videos=1, execute_steps=4))
+
+
+def test_closed_loop_end_to_end_cached_restored_and_reproduced(loop_env):
+    root, cfg = loop_env, _cfg(loop_env)
+    first = closed_loop(cfg)
+    assert first.decision.version == 1 and first.decision.promoted  # first model: champion
+    assert 0.0 <= first.success_rate <= 1.0 and first.random_success_rate is not None
+    reg = Registry(root / "registry")
     lineage = reg.lineage("reach-vla", "champion")
-    assert lineage["dataset_md5"] == first["dataset_md5"] and lineage["model_md5"] == first["model_md5"]
-    assert lineage["eval"]["episodes"] == 6 and lineage["git_commit"]
-    assert (dvc_repo / "artifacts" / "dataset_v3.dvc").exists() and (dvc_repo / "data.dvc").exists()
+    assert lineage["dataset_md5"] == first.dataset_md5 and lineage["model"]["weights_sha256"] == first.weights_sha256
+    assert lineage["eval"]["episodes"] == 6 and lineage["git_commit"] and lineage["raw"]["format"] == "v2.1"
+    assert list((root / "artifacts" / "datasets").glob("v3-*.dvc")) and (root / "data.dvc").exists()
     report = Artifact.get("closed-loop-report")
     assert report is not None and "policy success" in str(report.data)
 
     t0 = time.perf_counter()
-    second = closed_loop(params)
+    second = closed_loop(cfg)  # every stage: a verified cache hit
     rerun_s = time.perf_counter() - t0
-    assert second["model_md5"] == first["model_md5"] and second["success_rate"] == first["success_rate"]
-    assert second["registry"]["reused"] and reg.versions("reach-vla") == [1]  # nothing re-registered
+    assert second.weights_sha256 == first.weights_sha256 and second.success_rate == first.success_rate
+    assert second.eval_run == first.eval_run  # the same evaluation, not a new one
+    assert second.decision.reused and reg.versions("reach-vla") == [1]
     assert rerun_s < 60, f"cached rerun took {rerun_s:.1f} s"
+
+    shutil.rmtree(root / "artifacts")  # a cache hit must not point at outputs that no longer exist
+    third = closed_loop(cfg)
+    assert (third.dataset_md5, third.weights_sha256) == (first.dataset_md5, first.weights_sha256)  # from DVC
+    assert third.success_rate == first.success_rate and third.decision.reused
+    assert json.loads((root / "artifacts" / "models").joinpath(first.model.split("/")[-1], "config.json")
+                      .read_text())["train"]["steps"] == 30
 
     from roboloop.reproduce import reproduce
 
-    rep = reproduce("reach-vla@1", registry=params.registry, on_line=lambda _line: None)
+    rep = reproduce("reach-vla@1", registry=str(root / "registry"), on_line=lambda _line: None)
     # same data md5s, bit-identical weights, same loss and success rate
     assert rep["match"], {k: c for k, c in rep["checks"].items() if not c["match"]}
     assert rep["checks"]["weights_sha256"]["recorded"] is not None
 
 
-def test_corrupt_dataset_stops_at_validation(dvc_repo, tmp_path_factory):
+def test_corrupt_dataset_stops_at_validation(loop_env):
     from roboloop.datasets.generate import GenSpec, generate_v21
     from roboloop.datasets.validate import DatasetDefectError
 
-    params = _params(dvc_repo).model_copy(update={"collect_if_missing": None})
-    src = generate_v21(dvc_repo / "data", GenSpec(num_episodes=3, min_length=10, max_length=12,
-                                                 cameras={"observation.images.top": (32, 32)}, seed=1))
+    root = loop_env
+    cfg = _cfg(root).model_copy(update={"collect_if_missing": None})
+    src = generate_v21(root / "data", GenSpec(num_episodes=3, min_length=10, max_length=12,
+                                              cameras={"observation.images.top": (32, 32)}, seed=1))
     victim = next((src / "videos").rglob("episode_000001.mp4"))
     victim.unlink()
     with pytest.raises(DatasetDefectError, match="episode_000001"):
-        closed_loop(params)
+        closed_loop(cfg)
     art = Artifact.get("validation-report")
     assert art is not None and "episode 1" in str(art.data)
-    assert not (dvc_repo / "artifacts" / "dataset_v3").exists()
-    assert Registry(params.registry).models() == []
+    assert not (root / "artifacts" / "datasets").exists()
+    assert Registry(root / "registry").models() == []
     shutil.rmtree(src)

@@ -25,3 +25,48 @@ def test_track_returns_md5_and_pushes(small_v21, tmp_path):
     assert dvc.track(repo / "data").md5 == tracked.md5
     (repo / "data/meta/tasks.jsonl").write_text('{"task_index": 0, "task": "x"}\n')
     assert dvc.track(repo / "data", push=False).md5 != tracked.md5
+
+
+def test_stage_outputs_can_be_tracked_under_the_repos_ignore_rules(tmp_path):
+    """The committed .gitignore must let DVC write the .dvc files of the loop's outputs (make demo, reproduce)."""
+    from pathlib import Path
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text((Path(__file__).resolve().parents[2] / ".gitignore").read_text())
+    dvc.init_repo(repo)
+    for rel in ("artifacts/dataset_v3", "artifacts/reproduce/reach-vla-v1/dataset_v3"):
+        (repo / rel).mkdir(parents=True)
+        (repo / rel / "f.bin").write_bytes(b"x")
+        tracked = dvc.track(repo / rel, push=False)
+        assert tracked.dvc_file == repo / (rel + ".dvc")
+    # outputs stay out of git, their .dvc files do not
+    ignored = subprocess.run(["git", "check-ignore", "artifacts/dataset_v3/f.bin", "artifacts/dataset_v3.dvc"],
+                             cwd=repo, capture_output=True, text=True).stdout.split()
+    assert ignored == ["artifacts/dataset_v3/f.bin"]
+
+
+def test_dir_md5_equals_what_dvc_records(small_v21, tmp_path):
+    """Receipts carry DVC's identity even when nothing is tracked."""
+    import shutil
+
+    from roboloop.hashing import dir_md5
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    dvc.init_repo(repo)
+    shutil.copytree(small_v21, repo / "data")
+    (repo / "data" / ".hidden").write_text("dvc hashes hidden files too")
+    assert dir_md5(repo / "data") == dvc.track(repo / "data", push=False).md5
+
+
+def test_cache_keys_do_not_depend_on_how_a_config_was_read_back():
+    from roboloop.cache import cache_key
+    from roboloop.datasets.config import ConvertConfig
+
+    fresh = ConvertConfig(progress=False)
+    read_back = ConvertConfig.model_validate_json(fresh.model_dump_json())  # 100 -> 100.0
+    assert cache_key("convert", "md5", fresh.model_dump()) == cache_key("convert", "md5", read_back.model_dump())
+    assert cache_key("convert", "md5", fresh.model_dump()) != cache_key("convert", "md5", {"x": 1})

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
+from roboloop.binomial import non_inferior, wilson
 from roboloop.evaluation.evaluator import evaluate
 from roboloop.evaluation.policies import RandomPolicy
 from roboloop.evaluation.protocol import ScriptedEnv
-from roboloop.evaluation.stats import non_inferior, wilson
 
 
 class CountingPolicy:

@@ -119,9 +119,54 @@ def test_mfu_reported_when_peak_known(tiny_v3, tmp_path, monkeypatch):
     assert all(0.0 < r["mfu"] < 1.0 for r in rows)
 
 
-def test_resume_refuses_checkpoints_of_another_run(tiny_v3, tmp_path):
-    train(_cfg(tiny_v3, tmp_path, steps=12, checkpoint_every_steps=5))
+def test_output_folder_has_an_owner(tiny_v3, tmp_path):
+    from roboloop.errors import OutputOwnershipError
+
+    done = train(_cfg(tiny_v3, tmp_path, steps=12, checkpoint_every_steps=5))
     assert json.loads((tmp_path / "run_config.json").read_text())["lr"] == 2e-3
-    train(_cfg(tiny_v3, tmp_path, steps=14, checkpoint_every_steps=5))  # longer: the same run, resumes
-    with pytest.raises(ValueError, match="different lr"):
-        train(_cfg(tiny_v3, tmp_path, steps=14, checkpoint_every_steps=5, lr=1e-4))
+    model = (tmp_path / "model.safetensors").read_bytes()
+    metrics = (tmp_path / "metrics.jsonl").read_text()
+    again = train(_cfg(tiny_v3, tmp_path, steps=12, checkpoint_every_steps=5))  # the same run: already done
+    assert again.final_loss == done.final_loss
+    with pytest.raises(OutputOwnershipError, match="finished model of 12 steps"):
+        train(_cfg(tiny_v3, tmp_path, steps=8, checkpoint_every_steps=5))  # fewer steps: would replace it
+    with pytest.raises(OutputOwnershipError, match="finished model of 12 steps"):
+        train(_cfg(tiny_v3, tmp_path, steps=14, checkpoint_every_steps=5))
+    with pytest.raises(OutputOwnershipError, match="different lr"):
+        train(_cfg(tiny_v3, tmp_path, steps=12, checkpoint_every_steps=5, lr=1e-4))
+    assert (tmp_path / "model.safetensors").read_bytes() == model
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics
+
+
+def test_output_folder_refuses_another_dataset_and_foreign_folders(tiny_v3, tmp_path):
+    from roboloop.errors import OutputOwnershipError
+
+    other = convert(generate_v21(tmp_path / "v21b", GenSpec(num_episodes=2, min_length=16, max_length=20,
+                                                            cameras={"observation.images.top": (32, 32)}, seed=9)),
+                    tmp_path / "v3b", ConvertConfig(progress=False))
+    out = tmp_path / "run"
+    train(_cfg(tiny_v3, out, steps=6))
+    with pytest.raises(OutputOwnershipError, match="different dataset"):
+        train(_cfg(other, out, steps=6))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    with pytest.raises(OutputOwnershipError, match="left untouched"):
+        train(_cfg(tiny_v3, mine, steps=6))
+    assert (mine / "notes.txt").read_text() == "my notes" and len(list(mine.iterdir())) == 1
+    replaced = train(_cfg(other, out, steps=6), overwrite=True)  # the old run is moved aside, not deleted
+    assert replaced.steps == 6 and len(list(tmp_path.glob("run.replaced-*"))) == 1
+
+
+def test_resume_needs_steps_beyond_the_latest_checkpoint(tiny_v3, tmp_path):
+    from roboloop.errors import OutputOwnershipError
+    from roboloop.training import outdir
+
+    cfg = _cfg(tiny_v3, tmp_path, steps=20, checkpoint_every_steps=5)
+    outdir.claim(tmp_path, cfg, outdir.dataset_fingerprint(tiny_v3))
+    ck = tmp_path / "checkpoints" / "step-00000010"
+    ck.mkdir(parents=True)
+    (ck / "meta.json").write_text("{}")
+    with pytest.raises(OutputOwnershipError, match="latest checkpoint is already at step 10"):
+        outdir.plan(cfg.model_copy(update={"steps": 10}), outdir.dataset_fingerprint(tiny_v3))
+    assert outdir.plan(cfg, outdir.dataset_fingerprint(tiny_v3)).action == "resume"

@@ -1,0 +1,65 @@
+"""`python -m roboloop.entry STAGE CONFIG.json`: the one entry of roboloop's child processes.
+
+torchrun ranks (`train`), simulator runs (`evaluate`) and demonstration recording (`collect`)
+start here with a config file. Unlike the user-facing CLI, nothing is parsed from flags and no
+launch setting is read from the environment: a rank can never start another torchrun, whatever
+the pod's environment says. The last stdout line is the stage's JSON result; failures exit 2
+with one line naming the cause.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _train(path: Path) -> dict:
+    from roboloop.training.config import TrainConfig
+    from roboloop.training.train import train
+
+    r = train(TrainConfig.model_validate_json(path.read_text()))
+    return {"output_dir": str(r.output_dir), "first_loss": r.first_loss, "final_loss": r.final_loss,
+            "steps": r.steps, "resumed_from": r.resumed_from}
+
+
+def _evaluate(path: Path) -> dict:
+    from roboloop.evaluation.config import EvalConfig
+    from roboloop.evaluation.run import run_evaluation
+
+    return json.loads(run_evaluation(EvalConfig.model_validate_json(path.read_text())).to_json())
+
+
+def _collect(path: Path) -> dict:
+    from roboloop.evaluation.config import CollectConfig
+    from roboloop.evaluation.run import collect
+
+    dst, report = collect(CollectConfig.model_validate_json(path.read_text()))
+    return {"dst": str(dst), "expert_success_rate": report.success_rate, "episodes": report.episodes}
+
+
+STAGES = {"train": _train, "evaluate": _evaluate, "collect": _collect}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] not in STAGES:
+        print(f"usage: python -m roboloop.entry {{{'|'.join(STAGES)}}} CONFIG.json", file=sys.stderr)
+        return 2
+    from roboloop.cli import explain, jsonline
+
+    try:
+        result = STAGES[args[0]](Path(args[1]))
+    except Exception as e:  # one line naming the cause; the parent re-logs it
+        import traceback
+
+        traceback.print_exc()
+        message, code = explain(e)
+        print(f"{type(e).__name__}: {message.splitlines()[0] if message else ''}", file=sys.stderr, flush=True)
+        return code
+    print(jsonline(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

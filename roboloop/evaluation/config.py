@@ -1,0 +1,56 @@
+"""Configuration of evaluation and collection, importable without torch or a simulator."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+# Tasks roboloop ships (Isaac Lab, kit-less) and gymnasium tasks it knows how to drive; any `Isaac-*` task that
+# isaaclab_tasks registers works too.
+ROBOLOOP_TASKS = ("Roboloop-Reach-Color-v0",)
+GYM_TASKS = ("gym_pusht/PushT-v0",)
+
+
+def unknown_task_message(task: str) -> str:
+    return (f"unknown task {task!r}: known tasks are {', '.join((*ROBOLOOP_TASKS, *GYM_TASKS))}, and any Isaac-* "
+            "task that isaaclab_tasks registers (e.g. Isaac-Cartpole-Direct-v0)")
+
+
+class EvalRecipe(BaseModel):
+    """How to evaluate (the task, how many episodes, how the policy runs); `EvalConfig` adds what and where."""
+
+    task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task id (Isaac-*/Roboloop-*) or a "
+                      "gymnasium id (gym_pusht/PushT-v0)")
+    episodes: int = Field(50, ge=1, description="exactly this many episodes are counted")
+    num_envs: int = Field(16, ge=1, description="vectorised envs")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="simulation and policy device")
+    seed: int = Field(0, description="seeds the initial states and the policy's noise")
+    execute_steps: int = Field(8, ge=1, description="actions of each predicted chunk executed before re-planning")
+    videos: int = Field(2, ge=0, description="rollout mp4s to write")
+
+
+class EvalConfig(EvalRecipe):
+    """What to evaluate, where, and how many episodes."""
+
+    policy: str = Field("expert", description="expert, random, a model folder, or registry:NAME@champion|vN")
+    output_dir: str = Field("artifacts/eval", description="report.json, eval.png, videos/")
+    save_rollouts: str | None = Field(None, description="also write the rollouts as a LeRobot v3 dataset here")
+
+    @classmethod
+    def of(cls, recipe: EvalRecipe, policy: str, output_dir: str, save_rollouts: str | None = None) -> EvalConfig:
+        return cls(**recipe.model_dump(), policy=policy, output_dir=output_dir, save_rollouts=save_rollouts)
+
+
+class CollectConfig(BaseModel):
+    """Scripted-expert demonstrations, written as a LeRobot v2.1 dataset."""
+
+    dst: str = Field("data", description="destination folder (must not exist)")
+    task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task the scripted expert solves")
+    episodes: int = Field(60, ge=1, description="episodes recorded")
+    num_envs: int = Field(16, ge=1, description="vectorised envs")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="simulation device")
+    seed: int = Field(0, description="seeds the initial states (the recording is bit-identical per seed)")
+    only_success: bool = Field(True, description="keep only the expert's successful episodes")
+    noise: float = Field(0.0, ge=0, description="DART: std of Gaussian noise added to the executed expert actions "
+                         "(the recorded labels stay the expert's); 0 records the clean expert")

@@ -1,0 +1,56 @@
+"""The closed loop's configuration: one model, with named presets as functions.
+
+`LoopConfig` is the `closed-loop` flow's parameter (the Prefect UI renders it as a form), what
+`make demo` runs (`demo()`, or `ci()` for CI's fresh-clone check) and what the nightly
+deployment runs (`nightly_gpu()`; `deployments/prefect.yaml` is kept equal to it by a test).
+Fields the loop decides itself (where each stage writes, which dataset a model trains on, which
+policy an evaluation runs) are not parameters.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from roboloop.datasets.config import ConvertConfig
+from roboloop.evaluation.config import CollectConfig, EvalRecipe
+from roboloop.training.config import LaunchConfig, TrainRecipe
+
+
+class LoopConfig(BaseModel):
+    source: str = Field("data", description="raw dataset: a folder or s3://bucket/prefix (LeRobot v2.0/v2.1/v3.0)")
+    collect_if_missing: CollectConfig | None = Field(
+        None, description="record scripted-expert demonstrations into `source` when that folder does not exist")
+    convert: ConvertConfig = Field(default_factory=lambda: ConvertConfig(progress=False),
+                                   description="v3 file size / episode caps")
+    train: TrainRecipe = Field(default_factory=TrainRecipe, description="model preset, steps, precision, ...")
+    launch: LaunchConfig | None = Field(None, description="ranks and nodes; empty: what the work pool's job sets")
+    eval: EvalRecipe = Field(default_factory=EvalRecipe, description="task, episodes, execution settings")
+    baseline: bool = Field(True, description="also evaluate a random policy on the same episodes")
+    model_name: str = Field("reach-vla", description="registry model name")
+    margin: float = Field(0.05, ge=0, le=1, description="promotion non-inferiority margin on the success rate")
+    track: bool = Field(True, description="DVC-track (and push) datasets and models")
+
+
+def demo() -> LoopConfig:
+    """`make demo`: the reach task on CPU, recorded by the scripted expert when `data/` is missing."""
+    return LoopConfig(collect_if_missing=CollectConfig(episodes=128, num_envs=32),
+                      train=TrainRecipe(steps=1200, checkpoint_every_steps=200),
+                      eval=EvalRecipe(episodes=48, num_envs=16, execute_steps=4))
+
+
+def ci() -> LoopConfig:
+    """`make demo` on a tiny budget, for CI's fresh-clone check: every stage runs."""
+    return LoopConfig(collect_if_missing=CollectConfig(episodes=12, num_envs=12),
+                      train=TrainRecipe(steps=40, checkpoint_every_steps=20, max_tokens=1024),
+                      eval=EvalRecipe(episodes=6, num_envs=6, execute_steps=4, videos=1))
+
+
+def nightly_gpu() -> LoopConfig:
+    """The nightly retraining on the GPU pool: the `small` model in bf16/FP8 (auto), ranks from the job."""
+    return LoopConfig(train=TrainRecipe(preset="small", steps=20000, max_tokens=16384, max_samples=256, lr=3e-4,
+                                        warmup_steps=500, precision="auto", device="auto", num_workers=8,
+                                        checkpoint_every_steps=1000, checkpoint_every_minutes=30.0),
+                      eval=EvalRecipe(episodes=200, num_envs=64, device="cuda", execute_steps=4))
+
+
+PRESETS = {"demo": demo, "ci": ci, "nightly_gpu": nightly_gpu}

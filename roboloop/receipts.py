@@ -1,0 +1,104 @@
+"""Receipts: small, typed, immutable records of what a stage produced and how to recognise it.
+
+Stages hand each other receipts, never bare dicts. A receipt names its output (path) and its
+content identity (a DVC-compatible md5 for folders, the sha256 of model weights, the sha256 of
+an evaluation report): caches key on these identities, never on paths or alias strings, and a
+cache hit is trusted only after the output is checked against them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Receipt(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    def identity(self) -> str:  # pragma: no cover - every receipt overrides it
+        raise NotImplementedError
+
+
+class DatasetRef(Receipt):
+    """A LeRobot dataset on local disk."""
+
+    path: str = Field(description="local dataset folder")
+    md5: str = Field(description="DVC md5 of the folder (what `dvc add` records)")
+    format: Literal["v2.0", "v2.1", "v3.0"] = Field(description="LeRobot codebase version")
+    num_episodes: int = Field(ge=0, description="episodes")
+    num_frames: int = Field(ge=0, description="frames")
+    fps: float = Field(gt=0, description="frames per second")
+    source: str | None = Field(None, description="where it came from: a folder, an s3:// URI, or the md5 it was "
+                               "converted from")
+    tracked: bool = Field(False, description="DVC-tracked (and pushed) at `path`.dvc")
+
+    def identity(self) -> str:
+        return self.md5
+
+
+class ExecutionSettings(BaseModel):
+    """How a policy is run: stored with the model so evaluation and the registry use what it was validated with."""
+
+    model_config = ConfigDict(frozen=True)
+
+    execute_steps: int = Field(8, ge=1, description="actions of each predicted chunk executed before re-planning")
+    inference_steps: int | None = Field(None, ge=1, description="denoising steps at inference (None: the model's)")
+
+
+class ModelRef(Receipt):
+    """A trained model folder (model.safetensors, config.json, stats.json, metrics.jsonl)."""
+
+    path: str = Field(description="model folder")
+    weights_sha256: str = Field(description="sha256 of model.safetensors: the model's identity")
+    md5: str = Field(description="DVC md5 of the folder (checkpoints and liveness files excluded)")
+    dataset_md5: str = Field(description="md5 of the dataset it was trained on")
+    config: dict[str, Any] = Field(description="the training config it was trained with")
+    metrics: dict[str, Any] = Field(default_factory=dict, description="first/final loss, steps, throughput")
+    execution: ExecutionSettings = Field(default_factory=ExecutionSettings, description="how it runs")
+    registry: str | None = Field(None, description="registry URI when it came from one")
+    name: str | None = Field(None, description="registry model name")
+    version: int | None = Field(None, description="registry version")
+    tracked: bool = False
+
+    def identity(self) -> str:
+        return self.weights_sha256
+
+
+class EvalSummary(Receipt):
+    """One evaluation run: its own folder, the counts the promotion gate uses, the settings it ran with."""
+
+    run_dir: str = Field(description="this evaluation's own folder (report.json, eval.png, videos/)")
+    report_sha256: str = Field(description="sha256 of report.json")
+    policy: str = Field(description="what was evaluated, as given (expert, random, a folder, registry:NAME@v3)")
+    policy_id: str = Field(description="its identity: weights sha256, or expert/random")
+    task: str
+    episodes: int = Field(ge=1)
+    successes: int = Field(ge=0)
+    success_rate: float
+    ci_low: float
+    ci_high: float
+    mean_length: float | None = None
+    env_steps_per_s: float | None = None
+    seed: int = 0
+    execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
+    plot: str | None = None
+    videos: list[str] = Field(default_factory=list)
+
+    def identity(self) -> str:
+        return self.report_sha256
+
+
+class Decision(Receipt):
+    """What the registry did with a model: its version, and whether the promotion gate made it champion."""
+
+    registry: str
+    name: str
+    version: int
+    reused: bool = Field(False, description="the same weights were already registered under this version")
+    promoted: bool | None = None
+    reason: str = ""
+    champion: int | None = None
+
+    def identity(self) -> str:
+        return f"{self.registry}#{self.name}@{self.version}"

@@ -1,0 +1,45 @@
+"""Every `ROBOLOOP_*` setting, in one place (pydantic-settings: read from the environment).
+
+Settings are about *where* things run and live (endpoints, the registry, the cluster shape),
+never about what a run computes: those are config fields, which land in lineage. Secrets and
+endpoints come from here, never from flow parameters, so they never reach a log line or the UI.
+Only the user-facing CLI and orchestration read them; torchrun ranks and simulator children get
+a config file from `roboloop.entry` and read nothing from here.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class S3Settings(BaseSettings):
+    """`ROBOLOOP_S3_*`: the S3-compatible store (credentials come from boto3's usual AWS_* variables)."""
+
+    model_config = SettingsConfigDict(env_prefix="ROBOLOOP_S3_")
+
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint (default: AWS, or AWS_ENDPOINT_URL)")
+    region: str = Field("us-east-1", description="region for the S3 client")
+    max_pool_connections: int = Field(32, description="parallel S3 connections")
+
+
+class Settings(BaseSettings):
+    """`ROBOLOOP_*`: where roboloop keeps things and how the cluster is shaped."""
+
+    model_config = SettingsConfigDict(env_prefix="ROBOLOOP_")
+
+    registry: str = Field(".roboloop/registry", description="model registry URI: a folder or s3://bucket/prefix")
+    cache_dir: str = Field(".roboloop/cache", description="downloaded datasets and stage receipts")
+    artifacts: str = Field("artifacts", description="root of stage outputs (datasets, models, evaluations)")
+    nproc_per_node: int = Field(1, ge=1, description="training ranks on this node (Kubernetes job template)")
+    nnodes: int = Field(1, ge=1, description="nodes in a training job (Kubernetes job template)")
+    node_rank: int = Field(0, ge=0, description="this node's index in a training job")
+    rdzv_endpoint: str | None = Field(None, description="host:port of the c10d rendezvous on node 0")
+    max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed ranks")
+    shared_output: str | None = Field(None, description="training output folder on shared storage (multi-node)")
+    peak_tflops: float | None = Field(None, gt=0, description="peak TFLOP/s for MFU where the device is unknown")
+    demo_preset: str = Field("demo", description="the loop preset `make demo` runs (demo or ci)")
+
+
+def settings() -> Settings:
+    return Settings()

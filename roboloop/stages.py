@@ -1,0 +1,216 @@
+"""The loop's stages, written once: each takes receipts and configs and returns a receipt.
+
+    ingest(source)                    -> DatasetRef   validated (any LeRobot version), DVC md5
+    convert(raw, convert_config)      -> DatasetRef   v3.0, in artifacts/datasets/<key>
+    train(dataset, recipe, launch)    -> ModelRef     under torchrun, in artifacts/models/<key>
+    evaluate(policy, eval_recipe)     -> EvalSummary  in its own run folder, artifacts/evals/<run>
+    register(model, lineage, ...)     -> Decision     a registry version, promoted only if not worse
+
+The CLI, the Prefect tasks and `reproduce` call these. With a `ReceiptCache`, a stage whose
+inputs (their content identities), config and code are unchanged returns its earlier receipt,
+once its output has been checked (or restored from DVC); output folders are named by that key,
+so a different input never lands on an earlier output.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from roboloop import fsutil
+from roboloop.cache import ReceiptCache, cache_key
+from roboloop.datasets.config import ConvertConfig
+from roboloop.evaluation.config import CollectConfig, EvalConfig, EvalRecipe
+from roboloop.hashing import MODEL_IGNORE, dir_md5, file_sha256
+from roboloop.lineage import Lineage
+from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef
+from roboloop.training.config import LaunchConfig, TrainConfig, TrainRecipe
+
+OnLine = Callable[[str], None]
+# Fields that change how fast or how often, not what is computed: not part of a cache key.
+TRAIN_NOT_KEYED = {"num_workers", "prefetch", "log_every", "checkpoint_every_steps", "checkpoint_every_minutes",
+                   "keep_last", "resume"}
+
+
+def artifacts_root() -> Path:
+    from roboloop.settings import settings
+
+    return Path(settings().artifacts)
+
+
+def slug(text: str, limit: int = 48) -> str:
+    """Lowercase letters, digits and dashes: safe for folder names and Prefect artifact keys."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", text.lower())).strip("-")[:limit] or "x"
+
+
+# ---------------------------------------------------------------- data
+def dataset_ref(path: str | Path, source: str | None = None, track: bool = False) -> DatasetRef:
+    from roboloop import dvc
+    from roboloop.datasets.meta import load_meta
+
+    path = Path(path).absolute()
+    meta = load_meta(path)
+    md5 = dvc.track(path).md5 if track else dir_md5(path)
+    return DatasetRef(path=str(path), md5=md5, format=meta.version, num_episodes=len(meta.episodes),  # type: ignore[arg-type]
+                      num_frames=sum(ep.length for ep in meta.episodes), fps=meta.info.fps, source=source,
+                      tracked=track)
+
+
+def ingest(source: str, cache_dir: str | Path | None = None, deep: bool = False, workers: int = 8,
+           collect: CollectConfig | None = None, track: bool = False, on_line: OnLine = print) -> DatasetRef:
+    """A validated dataset from a folder or S3; a defective one raises DatasetDefectError with its report.
+    With `collect`, a missing local folder is first recorded by the scripted expert."""
+    from roboloop.datasets.ingest import ingest as ingest_dataset
+    from roboloop.s3 import is_s3
+
+    if collect is not None and not is_s3(source) and not (Path(source) / "meta" / "info.json").exists():
+        from roboloop.evaluation.run import collect_in_subprocess
+
+        collect_in_subprocess(collect.model_copy(update={"dst": source}), on_line=on_line)
+    if cache_dir is None:
+        from roboloop.settings import settings
+
+        cache_dir = settings().cache_dir
+    result = ingest_dataset(source, cache_dir=cache_dir, strict=True, deep=deep, workers=workers)
+    return dataset_ref(result.path, source=str(source), track=track and not is_s3(source))
+
+
+def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = None, dst: str | Path | None = None,
+            track: bool = False) -> DatasetRef:
+    """v2.x -> v3.0 (a v3.0 dataset is returned as is)."""
+    from roboloop.datasets.convert import convert as convert_dataset
+
+    if raw.format == "v3.0":
+        return raw
+    key = cache_key("convert", raw.md5, cfg.model_dump(exclude={"workers", "progress"}))
+    if cache and (hit := cache.get(key, DatasetRef)):
+        return hit
+    out = Path(dst) if dst else artifacts_root() / "datasets" / f"v3-{key.split('-')[-1][:16]}"
+    marker = {"key": key}
+    if fsutil.read_marker(out) and fsutil.read_marker(out).get("key") == key:  # type: ignore[union-attr]
+        ref = dataset_ref(out, source=raw.md5, track=track)  # this very conversion, receipt lost: reuse
+    else:
+        convert_dataset(raw.path, out, cfg.model_copy(update={"progress": False}), overwrite=False, marker=marker)
+        ref = dataset_ref(out, source=raw.md5, track=track)
+    if cache:
+        cache.put(key, ref)
+    return ref
+
+
+# ---------------------------------------------------------------- training
+def model_ref(path: str | Path, dataset_md5: str, execution: ExecutionSettings | None = None, track: bool = False,
+              **registry: object) -> ModelRef:
+    import json
+
+    from roboloop import dvc
+    from roboloop.training.metrics import summary
+
+    path = Path(path).absolute()
+    if not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{path}: no model.safetensors; not a finished roboloop model")
+    cfg = json.loads((path / "config.json").read_text())
+    md5 = dvc.track(path).md5 if track else dir_md5(path, MODEL_IGNORE)
+    return ModelRef(path=str(path), weights_sha256=file_sha256(path / "model.safetensors"), md5=md5,
+                    dataset_md5=dataset_md5, config=cfg.get("train", {}), metrics=summary(path),
+                    execution=execution or ExecutionSettings(), tracked=track, **registry)  # type: ignore[arg-type]
+
+
+def train(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | None = None,
+          cache: ReceiptCache | None = None, output_dir: str | Path | None = None, track: bool = False,
+          execution: ExecutionSettings | None = None, on_line: OnLine = print) -> ModelRef:
+    """Train on `data` under torchrun (resuming this run's checkpoints; another run's folder is refused)."""
+    from roboloop.training.launch import run_torchrun
+
+    launch = launch or LaunchConfig.from_settings()
+    world = launch.nproc_per_node * launch.nnodes
+    key = cache_key("train", data.md5, recipe.model_dump(exclude=TRAIN_NOT_KEYED), world)
+    if cache and (hit := cache.get(key, ModelRef)):
+        return hit
+    out = Path(output_dir) if output_dir else artifacts_root() / "models" / f"{recipe.preset}-{key.split('-')[-1][:16]}"
+    run_torchrun(TrainConfig.of(recipe, data.path, str(out)), launch, on_line=on_line)
+    ref = model_ref(out, data.md5, execution, track)
+    if cache:
+        cache.put(key, ref)
+    return ref
+
+
+# ---------------------------------------------------------------- evaluation
+def resolve_policy(policy: str | ModelRef) -> ModelRef | None:
+    """A ModelRef for a model folder or registry reference (aliases resolved to a version, downloaded and
+    verified); None for the built-in `expert` and `random`."""
+    if isinstance(policy, ModelRef):
+        return policy
+    if policy in ("expert", "random"):
+        return None
+    if policy.startswith("registry:"):
+        from roboloop.registry import Registry, parse_ref
+
+        uri, name, ref = parse_ref(policy)
+        reg = Registry(uri)
+        v = reg.resolve(name, ref)
+        from roboloop.settings import settings
+
+        cache = Path(settings().cache_dir) / "registry" / slug(reg.uri, 64) / name / f"v{v:06d}"
+        path = reg.download(name, v, cache, overwrite=True)
+        lin = reg.lineage(name, v)
+        execution = ExecutionSettings(**lin["model"]["execution"]) if lin.get("model") else None
+        return model_ref(path, lin.get("dataset_md5", ""), execution, registry=reg.uri, name=name, version=v)
+    return model_ref(policy, dataset_md5="")
+
+
+def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | None = None,
+             runs_root: str | Path | None = None, save_rollouts: str | None = None,
+             on_line: OnLine = print) -> EvalSummary:
+    """Exactly `recipe.episodes` episodes in a child process, into a run folder of its own."""
+    from roboloop.evaluation.run import evaluate_in_subprocess
+
+    model = resolve_policy(policy)
+    label = policy if isinstance(policy, str) else f"{model.name or Path(model.path).name}"  # type: ignore[union-attr]
+    policy_id = model.weights_sha256 if model else str(policy)
+    key = cache_key("evaluate", policy_id, recipe.model_dump(), save_rollouts is not None)
+    if cache and save_rollouts is None and (hit := cache.get(key, EvalSummary)):
+        return hit
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    run_dir = Path(runs_root or artifacts_root() / "evals") / f"{slug(label, 32)}-{slug(recipe.task, 32)}-{stamp}-" \
+                                                              f"{secrets.token_hex(2)}"
+    cfg = EvalConfig.of(recipe, policy=model.path if model else str(policy), output_dir=str(run_dir),
+                        save_rollouts=save_rollouts)
+    report = evaluate_in_subprocess(cfg, on_line=on_line)
+    summary = EvalSummary(run_dir=str(run_dir.absolute()), report_sha256=file_sha256(run_dir / "report.json"),
+                          policy=label, policy_id=policy_id, task=recipe.task, episodes=report["episodes"],
+                          successes=report["successes"], success_rate=report["success_rate"],
+                          ci_low=report["ci_low"], ci_high=report["ci_high"], mean_length=report.get("mean_length"),
+                          env_steps_per_s=report.get("env_steps_per_s"), seed=recipe.seed,
+                          execution=ExecutionSettings(execute_steps=recipe.execute_steps), plot=report.get("plot"),
+                          videos=list(report.get("videos") or []))
+    fsutil.atomic_write_text(run_dir / "summary.json", summary.model_dump_json(indent=1))
+    if cache and save_rollouts is None:
+        cache.put(key, summary)
+    return summary
+
+
+# ---------------------------------------------------------------- registry
+def register(model: ModelRef, lineage: Lineage, name: str, registry: str | None = None, margin: float = 0.05,
+             promote: bool = True) -> Decision:
+    """A registry version for `model` (the same weights are never registered twice), then the promotion gate."""
+    from roboloop.registry import CorruptVersionError, Registry
+
+    reg = Registry(registry)
+    version = None
+    for v in reg.versions(name):
+        try:
+            if reg.lineage(name, v).get("metrics", {}).get("weights_sha256") == model.weights_sha256:
+                version = v
+        except CorruptVersionError:
+            continue
+    reused = version is not None
+    if version is None:
+        version = reg.register(name, model.path, lineage.model_dump(mode="json"))
+    if not promote:
+        return Decision(registry=reg.uri, name=name, version=version, reused=reused)
+    d = reg.promote(name, version, margin=margin)
+    return Decision(registry=reg.uri, name=name, version=version, reused=reused, promoted=d.promoted,
+                    reason=d.reason, champion=d.champion_after)

@@ -1,0 +1,38 @@
+"""metrics.jsonl, read in one place: the per-step rows a training run writes, and their summary."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def read_rows(out: str | Path) -> list[dict[str, Any]]:
+    path = Path(out) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by a kill: the rows before it stand
+    return rows
+
+
+def summary(out: str | Path) -> dict[str, Any]:
+    """first/final loss, steps, throughput and efficiency of the run in `out` (NaN-free, JSON-safe)."""
+    rows = read_rows(out)
+    if not rows:
+        return {}
+    last = rows[-1]
+    tail = rows[-20:]
+
+    def finite(x: Any) -> Any:
+        return x if not isinstance(x, float) or math.isfinite(x) else None
+
+    return {"steps": last["step"], "first_loss": finite(rows[0]["loss"]), "final_loss": finite(last["loss"]),
+            "samples_per_s": round(sum(r["samples_per_s"] for r in tail) / len(tail), 1),
+            "data_wait_fraction": round(last.get("data_wait_fraction", 0.0), 3), "mfu": last.get("mfu")}

@@ -1,0 +1,45 @@
+"""The loop's presets: one source for make demo, CI and the nightly deployment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from roboloop.loop import PRESETS, LoopConfig, nightly_gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _deployment(name: str) -> dict:
+    doc = yaml.safe_load((ROOT / "deployments/prefect.yaml").read_text())
+    return next(d for d in doc["deployments"] if d["name"] == name)
+
+
+def test_nightly_deployment_runs_the_nightly_preset():
+    assert _deployment("closed-loop")["parameters"]["cfg"] == nightly_gpu().model_dump(mode="json")
+    assert LoopConfig.model_validate(_deployment("closed-loop")["parameters"]["cfg"]) == nightly_gpu()
+
+
+def test_evaluate_deployment_defaults_are_the_flows():
+    from flows.evaluate import EvaluateParams
+
+    assert _deployment("evaluate")["parameters"]["params"] == EvaluateParams().model_dump(mode="json")
+
+
+def test_presets_are_machine_independent_and_every_field_is_described():
+    for name, preset in PRESETS.items():
+        assert preset().model_dump() == preset().model_dump(), name
+
+    def undocumented(model, prefix=""):
+        out = []
+        for field, info in model.model_fields.items():
+            if not info.description:
+                out.append(prefix + field)
+            ann = info.annotation
+            for sub in getattr(ann, "__args__", (ann,)):
+                if isinstance(sub, type) and hasattr(sub, "model_fields") and sub is not model:
+                    out += undocumented(sub, f"{prefix}{field}.")
+        return out
+
+    assert undocumented(LoopConfig) == []
