@@ -52,5 +52,8 @@ class CollectConfig(BaseModel):
     device: Literal["cpu", "cuda"] = Field("cpu", description="simulation device")
     seed: int = Field(0, description="seeds the initial states (the recording is bit-identical per seed)")
     only_success: bool = Field(True, description="keep only the expert's successful episodes")
+    instructions_per_layout: int = Field(
+        1, ge=1, le=3, description="episodes recorded on each scene layout, each with another instruction (3: every "
+        "colour), so the layout alone never predicts the target (Roboloop tasks; 1: a new layout every episode)")
     noise: float = Field(0.0, ge=0, description="DART: std of Gaussian noise added to the executed expert actions "
                          "(the recorded labels stay the expert's); 0 records the clean expert")

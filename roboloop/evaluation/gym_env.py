@@ -92,7 +92,8 @@ class GymVectorEnv:
         self.close()
 
 
-def make_env(task: str, num_envs: int, device: str = "cpu", seed: int = 0, camera: bool = True):
+def make_env(task: str, num_envs: int, device: str = "cpu", seed: int = 0, camera: bool = True,
+             overrides: dict | None = None):
     """Isaac Lab for `Isaac-*` and `Roboloop-*` tasks, gymnasium for everything else.
 
     An unknown task is an `UnknownTaskError` listing the known ones (not gymnasium's NameNotFound)."""
@@ -105,7 +106,7 @@ def make_env(task: str, num_envs: int, device: str = "cpu", seed: int = 0, camer
         if task.startswith(("Isaac-", "Roboloop-")):
             from roboloop.evaluation.isaac import IsaacLabEnv
 
-            return IsaacLabEnv(task, num_envs=num_envs, device=device, seed=seed, camera=camera)
+            return IsaacLabEnv(task, num_envs=num_envs, device=device, seed=seed, camera=camera, overrides=overrides)
         return GymVectorEnv(task, num_envs=num_envs, seed=seed)
     except Exception as e:
         if type(e).__module__.startswith("gymnasium") and "NotFound" in type(e).__name__ \

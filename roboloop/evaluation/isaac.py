@@ -84,7 +84,9 @@ class IsaacLabEnv:
                 if img.dtype != torch.uint8:
                     img = (img.float().clamp(0, 1) * 255).to(torch.uint8) if img.is_floating_point() else \
                         img.to(torch.uint8)
-                images["observation.images." + ("top" if k == "rgb" else k)] = img.cpu()
+                # The sensor's output buffer is rewritten in place every step: keep a copy, or every frame
+                # recorded for videos, rollouts and demonstrations would be the latest one.
+                images["observation.images." + ("top" if k == "rgb" else k)] = img.to("cpu", copy=True)
         if isinstance(state, dict):  # manager-based groups with concatenation off
             state = torch.cat([t.flatten(1) for t in state.values()], dim=-1)
         instr = self.u.instructions() if hasattr(self.u, "instructions") else [""] * self.num_envs

@@ -142,7 +142,7 @@ class ModelPolicy:
         samples = [Sample(imgs[i], self._tokens(obs.instructions[i] if obs.instructions else ""),
                           torch.from_numpy(state[i]), torch.zeros(h, a), torch.ones(h, dtype=torch.bool))
                    for i in range(state.shape[0])]
-        batch = collate(samples, self.cfg.tokens_per_image).to(self.device)
+        batch = collate(samples, self.cfg.tokens_per_image, self.cfg.num_state_tokens).to(self.device)
         chunk = self.model.sample_actions(batch, steps=self.steps, generator=self.g).cpu().numpy()
         s = self.stats[ak]
         return torch.from_numpy(chunk * np.maximum(s["std"], 1e-6) + s["mean"]).float()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from roboloop.errors import RoboloopError
-from roboloop.evaluation.config import CollectConfig, EvalConfig
+from roboloop.evaluation.config import ROBOLOOP_TASKS, CollectConfig, EvalConfig
 
 if TYPE_CHECKING:
     from roboloop.evaluation.evaluator import EvalReport
@@ -46,7 +46,8 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
     from roboloop.evaluation.policies import ExpertPolicy, NoisyPolicy
     from roboloop.evaluation.rollouts import write_v21
 
-    env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed)
+    overrides = {"instructions_per_layout": cfg.instructions_per_layout} if cfg.task in ROBOLOOP_TASKS else None
+    env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, overrides=overrides)
     try:
         expert = ExpertPolicy(env)
         actor = NoisyPolicy(expert, cfg.noise, seed=cfg.seed) if cfg.noise > 0 else expert

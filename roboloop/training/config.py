@@ -29,11 +29,19 @@ class ModelConfig(BaseModel):
     head_heads: int = Field(4, ge=1)
     head_head_dim: int | None = Field(None, description="per-head dim of the DiT (GR00T: 48)")
     inference_steps: int = Field(4, ge=1, description="Euler steps K at inference")
+    state_encoder: Literal["mlp", "per_dim"] = Field(
+        "mlp", description="proprioceptive state as one token (an MLP of the whole vector) or one token per "
+        "dimension (value x learned direction + learned dimension embedding), which lets attention pick out "
+        "the dimensions an instruction refers to")
     attention: Literal["auto", "flash", "torch_varlen", "sdpa"] = "auto"
     vision_encoder: str | None = Field(None, description="local folder of a Hugging Face vision model "
                                        "(ViT/SigLIP/DINOv2); default: a patch encoder trained from scratch")
     tokenizer: str | None = Field(None, description="local folder of a Hugging Face tokenizer; "
                                   "default: byte-level tokens")
+
+    @property
+    def num_state_tokens(self) -> int:
+        return self.state_dim if self.state_encoder == "per_dim" else 1
 
     @property
     def tokens_per_image(self) -> int:

@@ -158,8 +158,9 @@ class SampleStream:
     def __init__(self, ds: V3Dataset, image_size: tuple[int, int], max_text_len: int, window: int = 32,
                  shuffle_buffer: int = 512, num_workers: int = 2, seed: int = 0,
                  normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256,
-                 tokenizer: str | None = None):
+                 tokenizer: str | None = None, state_tokens: int = 1):
         self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len
+        self.state_tokens = state_tokens  # backbone tokens the model gives the state (see ModelConfig)
         self.window, self.shuffle_buffer, self.num_workers = window, shuffle_buffer, max(1, num_workers)
         self.seed, self.norm = seed, normalizer
         self.with_video = with_video and bool(ds.video_keys)
@@ -210,7 +211,7 @@ class SampleStream:
     def num_tokens(self, key: int, tokens_per_image: int) -> int:
         """Backbone tokens of a key's sample, known without decoding anything."""
         cams = len(self.ds.video_keys) if self.with_video else 0
-        return cams * tokens_per_image + len(self._tokens[int(self.ds.task_index[key])]) + 1
+        return cams * tokens_per_image + len(self._tokens[int(self.ds.task_index[key])]) + self.state_tokens
 
     def num_valid_steps(self, key: int) -> int:
         return int((~self.ds.action_chunk(key)[1]).sum())

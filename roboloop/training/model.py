@@ -114,7 +114,12 @@ class VLAPolicy(nn.Module):
         self.camera_emb = nn.Embedding(cfg.max_cameras, d)
         self.tok_emb = nn.Embedding(cfg.vocab_size, d)
         self.tok_pos = nn.Embedding(cfg.max_text_len, d)
-        self.state_proj = nn.Sequential(nn.Linear(cfg.state_dim, d), nn.GELU(), nn.Linear(d, d))
+        if cfg.state_encoder == "per_dim":  # token j = s_j * w_j + e_j, then a shared MLP
+            self.state_dir = nn.Parameter(torch.randn(cfg.state_dim, d) * 0.02)
+            self.state_emb = nn.Parameter(torch.randn(cfg.state_dim, d) * 0.02)
+            self.state_proj = nn.Sequential(nn.GELU(), nn.Linear(d, d))
+        else:
+            self.state_proj = nn.Sequential(nn.Linear(cfg.state_dim, d), nn.GELU(), nn.Linear(d, d))
         self.blocks = nn.ModuleList([BackboneBlock(d, cfg.heads) for _ in range(cfg.layers)])
         self.ln_out = nn.LayerNorm(d)
         self.action_in = nn.Linear(cfg.action_dim, dd)
@@ -148,11 +153,22 @@ class VLAPolicy(nn.Module):
             txt = self.tok_emb(b.tokens) + self.tok_pos(b.token_pos)
             dest = cu[b.token_sample].long() + num_images[b.token_sample] * p + b.token_pos
             x = x.index_put((dest,), txt)
-        x = x.index_put(((cu[1:] - 1).long(),), self.state_proj(b.states.to(x.dtype)))
+        x = x.index_put((self._state_positions(cu),), self._state_tokens(b.states.to(x.dtype)))
         max_len = int(b.seq_lens.max())
         for blk in self.blocks:
             x = blk(x, cu, max_len, cfg.attention)
         return self.ln_out(x), cu, max_len
+
+    def _state_tokens(self, s_NS: torch.Tensor) -> torch.Tensor:
+        """(N * state tokens, D): the last tokens of each sample."""
+        if self.cfg.state_encoder == "per_dim":
+            tok = s_NS[:, :, None] * self.state_dir + self.state_emb  # (N, S, D)
+            return self.state_proj(tok).reshape(-1, self.cfg.dim)
+        return self.state_proj(s_NS)
+
+    def _state_positions(self, cu: torch.Tensor) -> torch.Tensor:
+        k = self.cfg.num_state_tokens
+        return ((cu[1:, None] - k) + torch.arange(k, device=cu.device)).reshape(-1).long()
 
     # ------------------------------------------------------------------ action head
     def velocity(self, ctx: torch.Tensor, cu_ctx: torch.Tensor, max_ctx: int, x_t: torch.Tensor,
@@ -238,7 +254,10 @@ def train_flops(cfg: ModelConfig, seq_lens: list[int], num_images: int) -> float
     fwd = 2 * t * bb_block * cfg.layers
     fwd += 2 * 2 * inner_b * sum(s * s for s in seq_lens) * cfg.layers  # QK^T and PV
     fwd += 2 * num_images * cfg.tokens_per_image * 3 * cfg.patch_size ** 2 * d
-    fwd += 2 * n * (cfg.state_dim * d + d * d)  # state MLP
+    if cfg.state_encoder == "per_dim":
+        fwd += 2 * n * cfg.state_dim * (d + d * d)  # per-dimension tokens, shared MLP
+    else:
+        fwd += 2 * n * (cfg.state_dim * d + d * d)  # state MLP
     per_action = 4 * dd * inner_h + inner_h * dd + inner_h * dd + 2 * 4 * dd * dd + 6 * dd * dd
     # self q/kv/out (4*dd*inner), cross q + out, mlp, adaLN
     fwd += 2 * n * h * per_action * cfg.head_layers

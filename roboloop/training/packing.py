@@ -1,7 +1,7 @@
 """Packing variable-length samples into a fixed token budget.
 
 A sample's backbone sequence is [vision tokens of each camera | instruction tokens | state
-token]; cameras and instruction lengths vary, so padding a batch to its longest sample
+token(s)]; cameras and instruction lengths vary, so padding a batch to its longest sample
 wastes compute. Packing concatenates samples along the token axis up to `max_tokens` and
 records `cu_seqlens` (where each sample starts) and per-token position ids; attention
 never crosses a sample boundary (see `attention.varlen_attention`). The loss is computed
@@ -26,8 +26,8 @@ class Sample:
     actions: torch.Tensor  # (H, A) float, the chunk to predict
     action_mask: torch.Tensor  # (H,) bool, False past the episode end
 
-    def num_tokens(self, tokens_per_image: int) -> int:
-        return len(self.images) * tokens_per_image + int(self.instruction.numel()) + 1
+    def num_tokens(self, tokens_per_image: int, state_tokens: int = 1) -> int:
+        return len(self.images) * tokens_per_image + int(self.instruction.numel()) + state_tokens
 
 
 @dataclass
@@ -56,7 +56,7 @@ class PackedBatch:
         return PackedBatch(**{k: v.pin_memory() for k, v in vars(self).items()})
 
 
-def collate(samples: Sequence[Sample], tokens_per_image: int) -> PackedBatch:
+def collate(samples: Sequence[Sample], tokens_per_image: int, state_tokens: int = 1) -> PackedBatch:
     images, img_sample, img_cam, toks, tok_sample, tok_pos = [], [], [], [], [], []
     for i, s in enumerate(samples):
         for c, img in enumerate(s.images):
@@ -76,18 +76,18 @@ def collate(samples: Sequence[Sample], tokens_per_image: int) -> PackedBatch:
         states=torch.stack([s.state for s in samples]),
         actions=torch.stack([s.actions for s in samples]),
         action_mask=torch.stack([s.action_mask for s in samples]),
-        seq_lens=torch.tensor([s.num_tokens(tokens_per_image) for s in samples], dtype=torch.int32),
+        seq_lens=torch.tensor([s.num_tokens(tokens_per_image, state_tokens) for s in samples], dtype=torch.int32),
     )
 
 
 def pack(samples: Iterable[Sample], max_tokens: int, tokens_per_image: int,
-         max_samples: int | None = None, open_bins: int = 4) -> Iterator[PackedBatch]:
+         max_samples: int | None = None, open_bins: int = 4, state_tokens: int = 1) -> Iterator[PackedBatch]:
     """First-fit over a few open packs: a sample goes into the first open pack it fits in; when
     none has room and `open_bins` are open, the fullest pack is emitted. More open packs fill
     packs tighter at the cost of reordering samples a little (bounded by `open_bins`)."""
     bins: list[tuple[list[Sample], int]] = []
     for s in samples:
-        n = s.num_tokens(tokens_per_image)
+        n = s.num_tokens(tokens_per_image, state_tokens)
         if n > max_tokens:
             raise ValueError(f"a sample needs {n} tokens, more than the pack budget max_tokens={max_tokens}")
         for i, (members, used) in enumerate(bins):
@@ -98,10 +98,10 @@ def pack(samples: Iterable[Sample], max_tokens: int, tokens_per_image: int,
         else:
             if len(bins) >= open_bins:
                 fullest = max(range(len(bins)), key=lambda i: bins[i][1])
-                yield collate(bins.pop(fullest)[0], tokens_per_image)
+                yield collate(bins.pop(fullest)[0], tokens_per_image, state_tokens)
             bins.append(([s], n))
     for members, _ in sorted(bins, key=lambda b: -b[1]):
-        yield collate(members, tokens_per_image)
+        yield collate(members, tokens_per_image, state_tokens)
 
 
 def nonpad_fraction(batches: Sequence[PackedBatch], max_tokens: int) -> float:

@@ -88,7 +88,7 @@ class BatchPipeline:
 
     def _build(self, plan: tuple[list[int], list[int], float, dict]) -> Ready:
         keys, mine, denom, position = plan
-        batch = collate(self.stream.materialize(mine), self.tpi)
+        batch = collate(self.stream.materialize(mine), self.tpi, self.stream.state_tokens)
         if not self.cuda:
             return Ready(keys, mine, denom, batch, position)
         assert self.copy_stream is not None

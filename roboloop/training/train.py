@@ -116,7 +116,8 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_at(s, cfg))
         self.stream = SampleStream(ds, mcfg.image_size, mcfg.max_text_len, window=cfg.window,
                                    shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.num_workers, seed=cfg.seed,
-                                   normalizer=norm, with_video=cfg.with_video, tokenizer=mcfg.tokenizer)
+                                   normalizer=norm, with_video=cfg.with_video, tokenizer=mcfg.tokenizer,
+                                   state_tokens=mcfg.num_state_tokens)
         self.ckpt_dir = self.out / "checkpoints"
         self.start = self.resume()
         packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, mcfg.tokens_per_image, env.world_size)

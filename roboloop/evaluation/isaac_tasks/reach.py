@@ -95,6 +95,10 @@ class ReachColorEnvCfg(DirectRLEnvCfg):
     success_hold = 5  # policy steps
     reach_min, reach_max = 0.22, 0.50  # ball distance from the shoulder (m)
     min_separation = 0.14  # between balls (m)
+    # Episodes an env plays on one ball layout and start pose, each naming another colour (1: a new layout every
+    # episode). Demonstrations recorded with 3 show every layout with every instruction, so the layout alone
+    # never tells which ball to reach and a policy must read the instruction (see `roboloop collect`).
+    instructions_per_layout = 1
     sim: SimulationCfg = SimulationCfg(
         dt=1 / 60, render_interval=decimation,
         physics=NewtonCfg(solver_cfg=MJWarpSolverCfg(njmax=8, nconmax=4, integrator="implicitfast", cone="pyramidal"),
@@ -115,6 +119,9 @@ class ReachColorEnv(DirectRLEnv):
         self.hold = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         self.success = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         self.q_target = torch.zeros(self.num_envs, 2, device=self.device)
+        self.layout_episode = torch.zeros(self.num_envs, dtype=torch.long)  # episodes played on the layout
+        self.colour_order = torch.zeros(self.num_envs, 3, dtype=torch.long)
+        self.start_q = torch.zeros(self.num_envs, 2)
         self._gen = torch.Generator(device="cpu").manual_seed(int(cfg.seed or 0))
 
     # ----------------------------------------------------------------- language
@@ -169,13 +176,8 @@ class ReachColorEnv(DirectRLEnv):
         super()._reset_idx(env_ids)
         ids = torch.as_tensor(env_ids, device=self.device, dtype=torch.long)
         n = len(ids)
-        g = self._gen
-        self.target[ids] = torch.randint(0, 3, (n,), generator=g).to(self.device)
         self.hold[ids] = 0
-        self.ball_xy[ids] = self._sample_balls(n).to(self.device)
-        q = torch.empty(n, 2).uniform_(-0.6, 0.6, generator=g)
-        q[:, 1] = q[:, 1] + torch.sign(q[:, 1] + 1e-3) * 0.6  # start bent, away from the singularity
-        q = q.to(self.device)
+        q = self._next_layout(ids.cpu()).to(self.device)
         self.arm.write_joint_position_to_sim_index(position=q, joint_ids=self.joint_ids, env_ids=ids)
         self.arm.write_joint_velocity_to_sim_index(velocity=torch.zeros_like(q), joint_ids=self.joint_ids,
                                                    env_ids=ids)
@@ -187,6 +189,24 @@ class ReachColorEnv(DirectRLEnv):
             pose[:, 2] = TABLE_TOP + BALL_RADIUS
             pose[:, 6] = 1.0  # quaternion (x, y, z, w)
             ball.write_root_pose_to_sim_index(root_pose=pose, env_ids=ids)
+
+    def _next_layout(self, ids: torch.Tensor) -> torch.Tensor:
+        """Targets, ball positions and start joints of the envs `ids`: a new layout (and colour order) every
+        `instructions_per_layout` episodes, otherwise the same layout with the next colour of the order."""
+        g, k = self._gen, max(1, int(self.cfg.instructions_per_layout))
+        fresh = ids[(self.layout_episode[ids] % k) == 0]
+        if len(fresh):
+            m = len(fresh)
+            self.colour_order[fresh] = torch.stack([torch.randperm(3, generator=g) for _ in range(m)]) if k > 1 \
+                else torch.randint(0, 3, (m, 1), generator=g).expand(m, 3)
+            self.ball_xy[fresh.to(self.device)] = self._sample_balls(m).to(self.device)
+            q = torch.empty(m, 2).uniform_(-0.6, 0.6, generator=g)
+            q[:, 1] = q[:, 1] + torch.sign(q[:, 1] + 1e-3) * 0.6  # start bent, away from the singularity
+            self.start_q[fresh] = q
+        slot = (self.layout_episode[ids] % k).clamp(max=2)
+        self.target[ids.to(self.device)] = self.colour_order[ids, slot].to(self.device)
+        self.layout_episode[ids] += 1
+        return self.start_q[ids].clone()
 
     def _sample_balls(self, n: int) -> torch.Tensor:
         """Three ball positions per env in the reachable annulus, at least `min_separation` apart."""
