@@ -26,6 +26,7 @@ from roboloop import fsutil
 from roboloop import s3 as s3mod
 from roboloop.datasets.validate import DatasetDefectError, Report, validate
 from roboloop.errors import BusyError
+from roboloop.hashing import file_md5
 
 log = logging.getLogger(__name__)
 CHUNK = 8 * 1024 * 1024
@@ -98,7 +99,10 @@ def _ingest_s3(uri: str, cache_dir: Path, workers: int, settings: s3mod.S3Settin
                 log.warning("cache entry %s: %d file(s) changed since download (e.g. %s); repairing", final,
                             len(bad), bad[0])
                 (final / MANIFEST).unlink()
-                os.rename(final, partial) if not partial.exists() else shutil.rmtree(final)
+                if partial.exists():  # an interrupted repair left one: keep that, drop this entry
+                    shutil.rmtree(final)
+                else:
+                    os.rename(final, partial)
             partial.mkdir(exist_ok=True)
 
             def fetch(obj: s3mod.S3Object) -> int:
@@ -174,7 +178,7 @@ def verify_file(path: Path, obj: s3mod.S3Object) -> None:
         raise ChecksumError(f"{obj.key}: downloaded {size} bytes, S3 says {obj.size}")
     etag = obj.etag
     if "-" not in etag:
-        got = _md5(path)
+        got = file_md5(path)
         if got != etag:
             raise ChecksumError(f"{obj.key}: MD5 {got} does not match ETag {etag} (corrupted object or transfer)")
         return
@@ -183,14 +187,6 @@ def verify_file(path: Path, obj: s3mod.S3Object) -> None:
         if _multipart_etag(path, part_size) == etag:
             return
     raise ChecksumError(f"{obj.key}: content does not match multipart ETag {etag} for any usual part size")
-
-
-def _md5(path: Path) -> str:
-    h = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _candidate_part_sizes(size: int, parts: int) -> list[int]:

@@ -328,12 +328,7 @@ def _load_v30(root: Path, info: DatasetInfo) -> DatasetMeta:
     episodes, episode_stats = [], {}
     for path in ep_files:
         rel = path.relative_to(root).as_posix()
-        if layout.is_lfs_pointer(path):
-            raise MetadataError(rel, "is a Git LFS pointer, not the file itself (run `git lfs pull`)")
-        try:
-            table = read_table(path)
-        except Exception as e:  # pyarrow raises several types for corrupt files
-            raise MetadataError(rel, f"unreadable parquet ({e})") from e
+        table = _read_meta_parquet(path, rel)
         for col in ("episode_index", "tasks", "length"):
             if col not in table.column_names:
                 raise MetadataError(rel, "required column is missing", field=col)
@@ -350,18 +345,23 @@ def _load_v30(root: Path, info: DatasetInfo) -> DatasetMeta:
     )
 
 
+def _read_meta_parquet(path: Path, rel: str):
+    """A metadata parquet file, or a MetadataError naming why it cannot be read (LFS pointer, corrupt)."""
+    if layout.is_lfs_pointer(path):
+        raise MetadataError(rel, "is a Git LFS pointer, not the file itself (run `git lfs pull`)")
+    try:
+        return read_table(path)
+    except Exception as e:  # pyarrow raises several types for corrupt files
+        raise MetadataError(rel, f"unreadable parquet ({e})") from e
+
+
 def _read_v30_tasks(root: Path) -> dict[int, str]:
     """meta/tasks.parquet: pandas wrote the task strings as its index (a `task` or `__index_level_0__` column)."""
     rel = layout.V30_TASKS_PATH
     path = root / rel
     if not path.exists():
         raise MetadataError(rel, "file is missing")
-    if layout.is_lfs_pointer(path):
-        raise MetadataError(rel, "is a Git LFS pointer, not the file itself (run `git lfs pull`)")
-    try:
-        table = read_table(path)
-    except Exception as e:  # pyarrow raises several types for corrupt files
-        raise MetadataError(rel, f"unreadable parquet ({e})") from e
+    table = _read_meta_parquet(path, rel)
     if "task_index" not in table.column_names:
         raise MetadataError(rel, "required column is missing", field="task_index")
     text_cols = [c for c in ("task", "__index_level_0__") if c in table.column_names]
