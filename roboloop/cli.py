@@ -156,7 +156,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
     from roboloop.evaluation.run import CollectConfig, collect
 
     dst, report = collect(_model_from_args(CollectConfig, args))  # type: ignore[arg-type]
-    print(jsonline({"dst": str(dst), "expert_success_rate": report.success_rate, "episodes": report.episodes}))
+    print(jsonline({"dst": str(dst), "expert_success_rate": report.success_rate, "episodes": report.episodes,
+            "actor": report.policy}))
     return 0
 
 

@@ -35,7 +35,8 @@ def _collect(path: Path) -> dict:
     from roboloop.evaluation.run import collect
 
     dst, report = collect(CollectConfig.model_validate_json(path.read_text()))
-    return {"dst": str(dst), "expert_success_rate": report.success_rate, "episodes": report.episodes}
+    return {"dst": str(dst), "expert_success_rate": report.success_rate, "episodes": report.episodes,
+            "actor": report.policy}
 
 
 STAGES = {"train": _train, "evaluate": _evaluate, "collect": _collect}

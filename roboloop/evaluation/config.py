@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 # Tasks roboloop ships (Isaac Lab, kit-less) and gymnasium tasks it knows how to drive; any `Isaac-*` task that
 # isaaclab_tasks registers works too.
-ROBOLOOP_TASKS = ("Roboloop-Reach-Color-v0",)
+ROBOLOOP_TASKS = ("Roboloop-Reach-Color-v0", "Roboloop-Reach-Color-Joint-v0", "Roboloop-Reach-Color-Vision-v0")
 GYM_TASKS = ("gym_pusht/PushT-v0",)
 
 
@@ -55,5 +55,8 @@ class CollectConfig(BaseModel):
     instructions_per_layout: int = Field(
         1, ge=1, le=3, description="episodes recorded on each scene layout, each with another instruction (3: every "
         "colour), so the layout alone never predicts the target (Roboloop tasks; 1: a new layout every episode)")
-    noise: float = Field(0.0, ge=0, description="DART: std of Gaussian noise added to the executed expert actions "
+    noise: float = Field(0.0, ge=0, description="DART: std of Gaussian noise added to the executed actions "
                          "(the recorded labels stay the expert's); 0 records the clean expert")
+    policy: str = Field("expert", description="who acts: the scripted expert, or (DAgger) a model folder or registry "
+                        "reference whose visited states the expert labels; its failures are kept too")
+    execute_steps: int = Field(4, ge=1, description="a model policy's chunk actions executed before re-planning")

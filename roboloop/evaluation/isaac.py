@@ -45,9 +45,9 @@ class IsaacLabEnv:
         gym, launch_simulation, resolve_task_config = _import_isaaclab()
         self.task, self.num_envs, self.device = task, num_envs, device
         if task in ROBOLOOP_TASKS:
-            from roboloop.evaluation.isaac_tasks.reach import ReachColorEnvCfg
+            from roboloop.evaluation.isaac_tasks import CONFIGS, reach
 
-            cfg = ReachColorEnvCfg()
+            cfg = getattr(reach, CONFIGS[task])()
             if not camera:
                 cfg.scene.camera = None
         else:
@@ -114,11 +114,12 @@ class IsaacLabEnv:
         return StepResult(self._obs(raw), rew.float().cpu(), done, success)
 
     def expert(self, obs: Obs) -> torch.Tensor | None:
-        if self.task == "Roboloop-Reach-Color-v0":
-            from roboloop.evaluation.isaac_tasks.reach import expert_action
-
-            return expert_action(obs.state, self.u.target.cpu())
-        return None
+        """The task's scripted expert for every env's current state (`obs` must be this env's latest, all envs)."""
+        if not hasattr(self.u, "expert_action"):
+            return None
+        if obs.state.shape[0] != self.num_envs:
+            raise ValueError(f"the expert acts on all {self.num_envs} envs at once, got {obs.state.shape[0]} states")
+        return self.u.expert_action().float().cpu()
 
     def close(self) -> None:
         try:

@@ -43,26 +43,39 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
 def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
     from roboloop.evaluation.evaluator import evaluate
     from roboloop.evaluation.gym_env import make_env
-    from roboloop.evaluation.policies import ExpertPolicy, NoisyPolicy
+    from roboloop.evaluation.policies import ExpertPolicy, NoisyPolicy, make_policy
     from roboloop.evaluation.rollouts import write_v21
 
     overrides = {"instructions_per_layout": cfg.instructions_per_layout} if cfg.task in ROBOLOOP_TASKS else None
     env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, overrides=overrides)
     try:
         expert = ExpertPolicy(env)
-        actor = NoisyPolicy(expert, cfg.noise, seed=cfg.seed) if cfg.noise > 0 else expert
-        report, trajs = evaluate(env, actor, cfg.episodes, execute_steps=1, videos=0, record_rollouts=True,
-                                 seed=cfg.seed, labeler=expert if cfg.noise > 0 else None)
-        keep = [t for t in trajs if t["success"] or not cfg.only_success]
-        names = None
-        if cfg.task == "Roboloop-Reach-Color-v0":
-            names = ["q_shoulder", "q_elbow", "qd_shoulder", "qd_elbow", "tip_x", "tip_y",
-                     "red_x", "red_y", "green_x", "green_y", "blue_x", "blue_y"]
+        dagger = cfg.policy != "expert"
+        actor = make_policy(cfg.policy, env, cfg.device, cfg.seed) if dagger else expert
+        if cfg.noise > 0:
+            actor = NoisyPolicy(actor, cfg.noise, seed=cfg.seed)
+        # The recorded action is always the expert's at the visited state (DART, DAgger); a clean expert's own
+        # executed action is that label already.
+        report, trajs = evaluate(env, actor, cfg.episodes, execute_steps=cfg.execute_steps if dagger else 1,
+                                 videos=0, record_rollouts=True, seed=cfg.seed,
+                                 labeler=expert if (dagger or cfg.noise > 0) else None)
+        keep = [t for t in trajs if t["success"] or not cfg.only_success or dagger]
+        names, action_names = _feature_names(cfg.task)
         dst = write_v21(keep, cfg.dst, env.fps, robot_type="roboloop_reach_arm", state_names=names,
-                        action_names=["d_shoulder", "d_elbow"] if names else None)
+                        action_names=action_names)
         return dst, report
     finally:
         env.close()
+
+
+def _feature_names(task: str) -> tuple[list[str] | None, list[str] | None]:
+    """State and action names of roboloop's tasks (None for others)."""
+    if task not in ROBOLOOP_TASKS:
+        return None, None
+    state = ["q_shoulder", "q_elbow", "qd_shoulder", "qd_elbow"]
+    if not task.endswith("-Vision-v0"):
+        state += ["tip_x", "tip_y", "red_x", "red_y", "green_x", "green_y", "blue_x", "blue_y"]
+    return state, (["d_shoulder", "d_elbow"] if "-Joint-" in task else ["d_tip_x", "d_tip_y"])
 
 
 def _run_entry(stage: str, cfg: BaseModel, work: Path, on_line, timeout_s: float | None, what: str) -> dict:

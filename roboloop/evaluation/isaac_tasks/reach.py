@@ -5,9 +5,21 @@ balls (red, green, blue) on a table; the instruction names one colour ("reach th
 ball"). A top-down RGB camera sees the table. Success: the fingertip stays within
 `success_radius` of the named ball for `success_hold` consecutive policy steps.
 
-Observation `policy` (state, 12): joint positions (2), joint velocities (2), fingertip xy (2),
-red, green, blue ball xy (6), all relative to the env origin. Action (2): joint position
-deltas in [-1, 1], scaled by `action_scale` rad per policy step.
+Three variants (registered in `roboloop.evaluation.isaac_tasks`):
+- `Roboloop-Reach-Color-v0`: state (12) = joint positions (2), joint velocities (2), fingertip
+  xy (2), red, green, blue ball xy (6), relative to the env origin. Action (2): a fingertip
+  displacement in [-1, 1]^2, scaled by `ee_step` metres per policy step and turned into joint
+  targets by damped-least-squares differential IK (end-effector delta actions, as in LIBERO,
+  Bridge and Isaac Lab's `*-IK-Rel-*` reach tasks).
+- `Roboloop-Reach-Color-Joint-v0`: the same scene with joint-delta actions (`action_scale` rad
+  per step at |action| = 1), which a policy must learn the arm's inverse kinematics for.
+- `Roboloop-Reach-Color-Vision-v0`: EE actions, but the state is the arm's own (joint positions
+  and velocities, 4): the policy has to find the named ball in the camera image.
+
+Every variant has a scripted expert (`ReachColorEnv.expert_action`, privileged: it reads the
+ball positions from the simulator). It is a proportional controller with a wide linear zone
+(`expert_zone`), not a bang-bang one: imitation learners smooth a saturated controller's switch
+and overshoot (see the README's ablation table).
 """
 
 from __future__ import annotations
@@ -29,12 +41,12 @@ from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
 from isaaclab_newton.renderers.newton_warp_renderer_cfg import NewtonWarpRendererCfg
 
 from roboloop.evaluation.assets import ARM_REL, LINK1, LINK2
+from roboloop.evaluation.isaac_tasks.controllers import JOINT_LIMIT, dls_step, ee_expert, joint_expert
 
 COLORS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.8, 0.1), "blue": (0.1, 0.2, 0.9)}
 COLOR_NAMES = tuple(COLORS)
 BALL_RADIUS = 0.035
 TABLE_TOP = 0.0
-JOINT_LIMIT = 2.9  # rad (the USD limits are +-170 deg)
 
 
 def _ball(name: str) -> RigidObjectCfg:
@@ -90,7 +102,15 @@ class ReachColorEnvCfg(DirectRLEnvCfg):
     action_space = 2
     observation_space = 12
     state_space = 0
-    action_scale = 0.08  # rad per policy step at |action| = 1
+    action_mode = "ee"  # "ee": fingertip displacement (differential IK); "joint": joint-position deltas
+    action_scale = 0.08  # joint mode: rad per policy step at |action| = 1
+    ee_step = 0.03  # ee mode: metres per policy step at |action| = 1
+    ik_damping = 0.05  # damped least squares: lambda (m) near the singularities
+    max_joint_step = 0.2  # rad: the most the IK moves a joint target in one policy step
+    state_mode = "full"  # "full": joints, fingertip and balls (12); "proprio": joint positions and velocities (4)
+    # The expert's linear zone (ee: metres of fingertip error, joint: rad of joint error) where its command is
+    # proportional; beyond it the command saturates at |action| = 1.
+    expert_zone = 0.10
     success_radius = 0.045  # m
     success_hold = 5  # policy steps
     reach_min, reach_max = 0.22, 0.50  # ball distance from the shoulder (m)
@@ -104,6 +124,18 @@ class ReachColorEnvCfg(DirectRLEnvCfg):
         physics=NewtonCfg(solver_cfg=MJWarpSolverCfg(njmax=8, nconmax=4, integrator="implicitfast", cone="pyramidal"),
                           num_substeps=1, debug_mode=False, use_cuda_graph=True))
     scene: ReachSceneCfg = ReachSceneCfg(num_envs=16, env_spacing=2.0, replicate_physics=True)
+
+
+@configclass
+class ReachColorJointEnvCfg(ReachColorEnvCfg):
+    action_mode = "joint"
+    expert_zone = 0.3  # rad
+
+
+@configclass
+class ReachColorVisionEnvCfg(ReachColorEnvCfg):
+    observation_space = 4
+    state_mode = "proprio"
 
 
 class ReachColorEnv(DirectRLEnv):
@@ -139,9 +171,23 @@ class ReachColorEnv(DirectRLEnv):
                             LINK1 * torch.sin(a1) + LINK2 * torch.sin(a12)], dim=-1)
 
     # ----------------------------------------------------------------- MDP
+    def jacobian(self) -> torch.Tensor:
+        """(N, 2, 2) d fingertip / d joints."""
+        q = self.joint_pos()
+        a1, a12 = q[:, 0], q[:, 0] + q[:, 1]
+        s1, c1, s12, c12 = torch.sin(a1), torch.cos(a1), torch.sin(a12), torch.cos(a12)
+        return torch.stack([torch.stack([-LINK1 * s1 - LINK2 * s12, -LINK2 * s12], -1),
+                            torch.stack([LINK1 * c1 + LINK2 * c12, LINK2 * c12], -1)], -2)
+
     def _pre_physics_step(self, actions: torch.Tensor) -> None:
         a = actions.to(self.device).clamp(-1.0, 1.0)
-        self.q_target = (self.joint_pos() + self.cfg.action_scale * a).clamp(-JOINT_LIMIT, JOINT_LIMIT)
+        q = self.joint_pos()
+        if self.cfg.action_mode == "ee":
+            dq = dls_step(self.jacobian(), self.cfg.ee_step * a, self.cfg.ik_damping)
+            dq = dq.clamp(-self.cfg.max_joint_step, self.cfg.max_joint_step)
+        else:
+            dq = self.cfg.action_scale * a
+        self.q_target = (q + dq).clamp(-JOINT_LIMIT, JOINT_LIMIT)
 
     def _apply_action(self) -> None:
         self.arm.set_joint_position_target_index(target=self.q_target, joint_ids=self.joint_ids)
@@ -149,7 +195,10 @@ class ReachColorEnv(DirectRLEnv):
     def _get_observations(self) -> dict:
         q = self.joint_pos()
         qd = self.arm.data.joint_vel.torch[:, self.joint_ids]
-        state = torch.cat([q, qd, self.fingertip(), self.ball_xy.reshape(self.num_envs, 6)], dim=-1)
+        if self.cfg.state_mode == "proprio":
+            state = torch.cat([q, qd], dim=-1)
+        else:
+            state = torch.cat([q, qd, self.fingertip(), self.ball_xy.reshape(self.num_envs, 6)], dim=-1)
         obs = {"policy": state}
         if "camera" in self.scene.keys():  # noqa: SIM118 (InteractiveScene has no __contains__)
             obs["rgb"] = self.scene["camera"].data.output["rgb"].torch[..., :3]
@@ -161,6 +210,13 @@ class ReachColorEnv(DirectRLEnv):
 
     def _get_rewards(self) -> torch.Tensor:
         return -self._distance() + 5.0 * self.success.float()
+
+    def expert_action(self) -> torch.Tensor:
+        """The scripted expert's action (N, 2) for every env's current state (privileged: true ball positions)."""
+        goal = self.ball_xy[torch.arange(self.num_envs, device=self.device), self.target]
+        if self.cfg.action_mode == "ee":
+            return ee_expert(self.fingertip(), goal, self.cfg.ee_step, self.cfg.expert_zone)
+        return joint_expert(self.joint_pos(), goal, self.cfg.action_scale, self.cfg.expert_zone)
 
     def _get_dones(self) -> tuple[torch.Tensor, torch.Tensor]:
         near = self._distance() < self.cfg.success_radius
@@ -220,31 +276,3 @@ class ReachColorEnv(DirectRLEnv):
                     out[i] = xy
                     break
         return out
-
-
-def expert_action(state: torch.Tensor, target: torch.Tensor, action_scale: float = 0.08,
-                  ) -> torch.Tensor:
-    """Scripted expert: analytic two-link IK to the named ball, a rate-limited step towards it.
-
-    `state` (N, 12) as observed; `target` (N,) colour index. Of the two IK branches it takes
-    the one nearer the current joints (and inside the joint limits), so it never swings
-    through the singularity or parks against a limit.
-    """
-    q = state[:, 0:2]
-    goal = state[:, 6:12].view(-1, 3, 2)[torch.arange(state.shape[0]), target]
-    x, y = goal[:, 0], goal[:, 1]
-    c2 = ((x * x + y * y - LINK1**2 - LINK2**2) / (2 * LINK1 * LINK2)).clamp(-1.0, 1.0)
-    best = None
-    for sign in (1.0, -1.0):
-        q2 = sign * torch.acos(c2)
-        q1 = torch.atan2(y, x) - torch.atan2(LINK2 * torch.sin(q2), LINK1 + LINK2 * torch.cos(q2))
-        cand = torch.stack([_wrap(q1 - q[:, 0]) + q[:, 0], q2], dim=-1)
-        dist = (cand - q).abs().sum(-1) + 100.0 * (cand[:, 0].abs() > JOINT_LIMIT - 0.05)  # stay inside limits
-        best = (cand, dist) if best is None else (torch.where((dist < best[1])[:, None], cand, best[0]),
-                                                   torch.minimum(dist, best[1]))
-    assert best is not None
-    return ((best[0] - q) / action_scale).clamp(-1.0, 1.0)
-
-
-def _wrap(a: torch.Tensor) -> torch.Tensor:
-    return torch.remainder(a + math.pi, 2 * math.pi) - math.pi

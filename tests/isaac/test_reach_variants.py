@@ -1,0 +1,54 @@
+"""The reach task's variants: end-effector actions (default), joint actions, and the vision-only state."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.isaac.test_reach_task import roboloop
+
+pytestmark = pytest.mark.isaac
+
+
+@pytest.mark.parametrize("task, state_dim, actions", [
+    ("Roboloop-Reach-Color-Joint-v0", 12, ["d_shoulder", "d_elbow"]),
+    ("Roboloop-Reach-Color-Vision-v0", 4, ["d_tip_x", "d_tip_y"]),
+])
+def test_variant_expert_solves_it_and_collect_records_its_features(tmp_path, task, state_dim, actions):
+    from roboloop.datasets.meta import load_meta
+
+    r = roboloop("collect", str(tmp_path / "demos"), "--task", task, "--episodes", "16", "--num-envs", "16")
+    assert r["expert_success_rate"] >= 0.95, r
+    feats = load_meta(tmp_path / "demos").info.features
+    assert list(feats["observation.state"].shape) == [state_dim]
+    assert list(feats["action"].names) == actions
+    rand = roboloop("evaluate", "--task", task, "--policy", "random", "--episodes", "16", "--num-envs", "16",
+                    "--videos", "0", "--output-dir", str(tmp_path / "r"))
+    assert rand["success_rate"] <= 0.25, rand
+
+
+def test_dagger_collection_records_the_experts_labels_at_the_states_another_policy_visits(tmp_path):
+    """`collect --policy P`: P acts (here random), every visited state is kept with the expert's action there."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from roboloop.datasets.meta import load_meta
+
+    r = roboloop("collect", str(tmp_path / "dagger"), "--policy", "random", "--episodes", "8", "--num-envs", "8")
+    assert r["actor"] == "random" and r["episodes"] == 8
+    meta = load_meta(tmp_path / "dagger")
+    assert meta.info.total_episodes == 8  # failures are kept: they are where the labels matter
+    colours = ["red", "green", "blue"]
+    checked = 0
+    for ep in meta.episodes:
+        path = tmp_path / "dagger" / meta.info.data_path.format(episode_chunk=0, episode_index=ep.episode_index)
+        t = pq.read_table(path).to_pydict()
+        state, action = np.array(t["observation.state"]), np.array(t["action"])
+        colour = next(i for i, c in enumerate(colours) if c in meta.tasks[t["task_index"][0]])
+        goal, tip = state[:, 6 + 2 * colour: 8 + 2 * colour], state[:, 4:6]
+        v = (goal - tip) / 0.10  # the EE expert: error over its linear zone, norm capped at 1
+        want = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1.0)
+        np.testing.assert_allclose(action, want, atol=1e-4)
+        moved = np.abs(np.diff(state[:, :2], axis=0)).sum(1)
+        checked += len(state)
+        assert not np.allclose(action[1:][moved > 0.01], 0.0)
+    assert checked > 8 * 20  # random rarely succeeds: long episodes, far from the expert's own path
