@@ -79,15 +79,24 @@ def test_collect_writes_valid_v21_and_rollouts_save_as_v3(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_policy_trained_on_expert_data_beats_random(tmp_path):
-    """Collect -> convert -> train `tiny` on CPU for a few minutes -> evaluate against random."""
-    roboloop("collect", str(tmp_path / "demos"), "--episodes", "128", "--num-envs", "32")
+def test_tiny_policy_trained_like_make_demo_solves_most_episodes(tmp_path):
+    """Collect -> convert -> train `tiny` on CPU with `make demo`'s recipe -> evaluate (96 episodes).
+
+    Measured with this recipe: 79/96 (82%, Wilson 73-89%); random succeeds in <= 2%. The bar is the Wilson
+    lower bound >= 0.6, well above anything a policy that does not read the instruction (<= 1/3 + random)
+    or does not recover from its own drift (54% without DART noise) has reached."""
+    from roboloop.loop import demo
+
+    cfg = demo()
+    c, t = cfg.collect_if_missing, cfg.train
+    assert c is not None
+    roboloop("collect", str(tmp_path / "demos"), "--episodes", str(c.episodes), "--num-envs", str(c.num_envs),
+             "--noise", str(c.noise))
     roboloop("convert", str(tmp_path / "demos"), str(tmp_path / "v3"))
-    roboloop("train", "--dataset", str(tmp_path / "v3"), "--output-dir", str(tmp_path / "model"), "--steps", "1200",
-             "--checkpoint-every-steps", "0")
-    # 96 episodes: at 48 a 20% policy fell to 5 successes in one CI run (the bar is statistical, so give it power)
-    common = ["--episodes", "96", "--num-envs", "16", "--videos", "0", "--execute-steps", "4"]
-    model = roboloop("evaluate", "--policy", str(tmp_path / "model"), *common, "--output-dir", str(tmp_path / "m"))
-    rand = roboloop("evaluate", "--policy", "random", *common, "--output-dir", str(tmp_path / "r"))
-    assert model["ci_low"] > rand["success_rate"], (model, rand)
-    assert model["successes"] >= rand["successes"] + 5, (model["successes"], rand["successes"])
+    roboloop("train", "--dataset", str(tmp_path / "v3"), "--output-dir", str(tmp_path / "model"),
+             "--steps", str(t.steps), "--max-tokens", str(t.max_tokens), "--max-samples", str(t.max_samples),
+             "--with-video" if t.with_video else "--no-with-video", "--lr", str(t.lr), "--checkpoint-every-steps", "0")
+    model = roboloop("evaluate", "--policy", str(tmp_path / "model"), "--episodes", "96", "--num-envs", "32",
+                     "--videos", "0", "--execute-steps", str(cfg.eval.execute_steps), "--seed", "7",
+                     "--output-dir", str(tmp_path / "m"))
+    assert model["ci_low"] >= 0.6, model
