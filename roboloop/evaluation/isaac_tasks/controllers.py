@@ -11,13 +11,28 @@ from roboloop.evaluation.assets import LINK1, LINK2
 JOINT_LIMIT = 2.9  # rad (the USD limits are +-170 deg)
 
 
+def fingertip(q: torch.Tensor) -> torch.Tensor:
+    """(N, 2) fingertip xy of joint positions `q` (N, 2) (forward kinematics)."""
+    a1, a12 = q[:, 0], q[:, 0] + q[:, 1]
+    return torch.stack([LINK1 * torch.cos(a1) + LINK2 * torch.cos(a12),
+                        LINK1 * torch.sin(a1) + LINK2 * torch.sin(a12)], dim=-1)
+
+
+def jacobian(q: torch.Tensor) -> torch.Tensor:
+    """(N, 2, 2) d fingertip / d joints at `q`."""
+    a1, a12 = q[:, 0], q[:, 0] + q[:, 1]
+    s1, c1, s12, c12 = torch.sin(a1), torch.cos(a1), torch.sin(a12), torch.cos(a12)
+    return torch.stack([torch.stack([-LINK1 * s1 - LINK2 * s12, -LINK2 * s12], -1),
+                        torch.stack([LINK1 * c1 + LINK2 * c12, LINK2 * c12], -1)], -2)
+
+
 def dls_step(jac: torch.Tensor, dx: torch.Tensor, damping: float) -> torch.Tensor:
     """Joint step (N, 2) for a fingertip step `dx` (N, 2): J^T (J J^T + lambda^2 I)^-1 dx."""
     jjt = jac @ jac.transpose(1, 2) + damping**2 * torch.eye(2, device=jac.device)
     return (jac.transpose(1, 2) @ torch.linalg.solve(jjt, dx.unsqueeze(-1))).squeeze(-1)
 
 
-def ee_expert(tip: torch.Tensor, goal: torch.Tensor, ee_step: float = 0.03, zone: float = 0.10) -> torch.Tensor:
+def ee_expert(tip: torch.Tensor, goal: torch.Tensor, zone: float = 0.10) -> torch.Tensor:
     """Straight-line fingertip motion: the error over the linear zone, its norm capped at 1 (direction kept)."""
     v = (goal - tip) / zone
     return v / v.norm(dim=-1, keepdim=True).clamp_min(1.0)

@@ -40,8 +40,15 @@ from isaaclab.utils.assets import ISAACLAB_NUCLEUS_DIR
 from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
 from isaaclab_newton.renderers.newton_warp_renderer_cfg import NewtonWarpRendererCfg
 
-from roboloop.evaluation.assets import ARM_REL, LINK1, LINK2
-from roboloop.evaluation.isaac_tasks.controllers import JOINT_LIMIT, dls_step, ee_expert, joint_expert
+from roboloop.evaluation.assets import ARM_REL
+from roboloop.evaluation.isaac_tasks.controllers import (
+    JOINT_LIMIT,
+    dls_step,
+    ee_expert,
+    fingertip,
+    jacobian,
+    joint_expert,
+)
 
 COLORS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.8, 0.1), "blue": (0.1, 0.2, 0.9)}
 COLOR_NAMES = tuple(COLORS)
@@ -165,25 +172,18 @@ class ReachColorEnv(DirectRLEnv):
         return self.arm.data.joint_pos.torch[:, self.joint_ids]
 
     def fingertip(self) -> torch.Tensor:
-        q = self.joint_pos()
-        a1, a12 = q[:, 0], q[:, 0] + q[:, 1]
-        return torch.stack([LINK1 * torch.cos(a1) + LINK2 * torch.cos(a12),
-                            LINK1 * torch.sin(a1) + LINK2 * torch.sin(a12)], dim=-1)
+        return fingertip(self.joint_pos())
+
+    def goal(self) -> torch.Tensor:
+        """(N, 2) the named ball's position."""
+        return self.ball_xy[torch.arange(self.num_envs, device=self.device), self.target]
 
     # ----------------------------------------------------------------- MDP
-    def jacobian(self) -> torch.Tensor:
-        """(N, 2, 2) d fingertip / d joints."""
-        q = self.joint_pos()
-        a1, a12 = q[:, 0], q[:, 0] + q[:, 1]
-        s1, c1, s12, c12 = torch.sin(a1), torch.cos(a1), torch.sin(a12), torch.cos(a12)
-        return torch.stack([torch.stack([-LINK1 * s1 - LINK2 * s12, -LINK2 * s12], -1),
-                            torch.stack([LINK1 * c1 + LINK2 * c12, LINK2 * c12], -1)], -2)
-
     def _pre_physics_step(self, actions: torch.Tensor) -> None:
         a = actions.to(self.device).clamp(-1.0, 1.0)
         q = self.joint_pos()
         if self.cfg.action_mode == "ee":
-            dq = dls_step(self.jacobian(), self.cfg.ee_step * a, self.cfg.ik_damping)
+            dq = dls_step(jacobian(q), self.cfg.ee_step * a, self.cfg.ik_damping)
             dq = dq.clamp(-self.cfg.max_joint_step, self.cfg.max_joint_step)
         else:
             dq = self.cfg.action_scale * a
@@ -205,18 +205,16 @@ class ReachColorEnv(DirectRLEnv):
         return obs
 
     def _distance(self) -> torch.Tensor:
-        goal = self.ball_xy[torch.arange(self.num_envs, device=self.device), self.target]
-        return torch.linalg.norm(self.fingertip() - goal, dim=-1)
+        return torch.linalg.norm(self.fingertip() - self.goal(), dim=-1)
 
     def _get_rewards(self) -> torch.Tensor:
         return -self._distance() + 5.0 * self.success.float()
 
     def expert_action(self) -> torch.Tensor:
         """The scripted expert's action (N, 2) for every env's current state (privileged: true ball positions)."""
-        goal = self.ball_xy[torch.arange(self.num_envs, device=self.device), self.target]
         if self.cfg.action_mode == "ee":
-            return ee_expert(self.fingertip(), goal, self.cfg.ee_step, self.cfg.expert_zone)
-        return joint_expert(self.joint_pos(), goal, self.cfg.action_scale, self.cfg.expert_zone)
+            return ee_expert(self.fingertip(), self.goal(), self.cfg.expert_zone)
+        return joint_expert(self.joint_pos(), self.goal(), self.cfg.action_scale, self.cfg.expert_zone)
 
     def _get_dones(self) -> tuple[torch.Tensor, torch.Tensor]:
         near = self._distance() < self.cfg.success_radius

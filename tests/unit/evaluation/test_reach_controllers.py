@@ -9,7 +9,7 @@ def test_expert_controllers_by_hand():
     import torch
 
     from roboloop.evaluation.assets import LINK1, LINK2
-    from roboloop.evaluation.isaac_tasks.controllers import dls_step, ee_expert, joint_expert
+    from roboloop.evaluation.isaac_tasks.controllers import dls_step, ee_expert, jacobian, joint_expert
 
     tip = torch.tensor([[0.30, 0.0], [0.30, 0.0]])
     goal = torch.tensor([[0.33, 0.04], [0.30, -0.5]])
@@ -18,6 +18,7 @@ def test_expert_controllers_by_hand():
     assert torch.allclose(a[1], torch.tensor([0.0, -1.0]))  # outside: unit norm, same direction
     # straight arm along x: J = [[0, 0], [L1 + L2, L2]]; a y-step moves the shoulder (least squares, damped)
     jac = torch.tensor([[[0.0, 0.0], [LINK1 + LINK2, LINK2]]])
+    assert torch.allclose(jacobian(torch.zeros(1, 2)), jac, atol=1e-7)
     dq = dls_step(jac, torch.tensor([[0.0, 0.01]]), damping=0.01)
     assert torch.allclose(jac @ dq.unsqueeze(-1), torch.tensor([[[0.0], [0.01]]]), atol=1e-5)
     # ... and a step along the singular direction (stretching a straight arm) moves nothing instead of blowing up
