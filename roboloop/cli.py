@@ -147,8 +147,37 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from roboloop.evaluation.run import EvalConfig, run_evaluation
 
+    if args.offline:
+        return _evaluate_offline(args)
     report = run_evaluation(_model_from_args(EvalConfig, args))  # type: ignore[arg-type]
     print(report.to_json())
+    return 0
+
+
+def _evaluate_offline(args: argparse.Namespace) -> int:
+    from roboloop.evaluation.offline import compare, evaluate_offline
+
+    if not args.dataset or not args.policy or args.policy in ("expert", "random"):
+        raise SystemExit("evaluate --offline needs --dataset V3_DIR and --policy MODEL (a model folder or "
+                         "registry:NAME@REF)")
+
+    def model(ref: str) -> str:
+        if ref.startswith("registry:"):
+            from roboloop.registry import resolve_model_ref
+
+            return str(resolve_model_ref(ref))
+        return ref
+
+    episodes = args.score if args.score in ("validation", "all") else [int(e) for e in args.score.split(",")]
+    device = args.device or "cpu"
+    if args.against:
+        c = compare(args.dataset, model(args.policy), model(args.against), episodes, args.stride,
+                    margin=args.margin, seed=args.seed or 0, device=device)
+        print(c.line())
+        return 0
+    out = args.output_dir or "artifacts/eval-offline"
+    print(evaluate_offline(args.dataset, model(args.policy), episodes, args.stride, device, args.seed or 0,
+                           output_dir=out).line())
     return 0
 
 
@@ -254,6 +283,16 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("evaluate", help="run a policy for exactly N episodes in Isaac Lab or gymnasium; "
                        "ends with one JSON line (success_rate, ci_low, ci_high, ...)")
     _add_model_options(e, EvalConfig)
+    off = e.add_argument_group("offline (recorded data, no simulator)")
+    off.add_argument("--offline", action="store_true", help="score action-chunk predictions on held-out episodes "
+                     "of --dataset instead of running a simulator; ends with one JSON line")
+    off.add_argument("--dataset", help="LeRobot v3.0 dataset folder (the one the model was trained on)")
+    off.add_argument("--score", default="validation", help="validation (the model's held-out split), all, or "
+                     "a comma-separated list of episode indices")
+    off.add_argument("--stride", type=int, default=1, help="score every N-th frame")
+    off.add_argument("--against", help="a second model: paired comparison on the same frames (challenger = --policy)")
+    off.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin, relative to the "
+                     "--against model's error")
     e.set_defaults(fn=cmd_evaluate)
     co = sub.add_parser("collect", help="record scripted-expert episodes as a LeRobot v2.1 dataset")
     co.add_argument("dst")

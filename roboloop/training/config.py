@@ -97,6 +97,10 @@ class TrainRecipe(BaseModel):
     shuffle_buffer: int = Field(256, gt=0, description="frames mixed across windows and episodes")
     num_workers: int = Field(2, ge=1, description="video decode threads")
     with_video: bool = Field(True, description="feed camera frames (False: state + language only)")
+    val_fraction: float = Field(0.0, ge=0, lt=1, description="episodes held out for offline validation (drawn by "
+                                "`seed`, recorded in the model's config.json; never trained on)")
+    init_from: str | None = Field(None, description="a model folder whose weights and normalisation this run starts "
+                                  "from (DAgger rounds, fine-tuning); same model config required")
     checkpoint_every_steps: int = Field(100, ge=0, description="0 disables step-based checkpoints")
     checkpoint_every_minutes: float = Field(0.0, ge=0, description="0 disables time-based checkpoints")
     keep_last: int = Field(2, ge=1, description="checkpoints kept")

@@ -57,6 +57,15 @@ class Normalizer:
         return cls({k: st[k]["mean"].astype(np.float32) for k in keys},
                    {k: np.maximum(st[k]["std"], 1e-6).astype(np.float32) for k in keys})
 
+    @classmethod
+    def from_stats(cls, stats: dict, keys: list[str], where: object = "") -> Normalizer:
+        """From a stats.json-shaped dict ({key: {"mean": [...], "std": [...], ...}})."""
+        missing = [k for k in keys if k not in stats]
+        if missing:
+            raise ValueError(f"{where}: no stats for {missing}; cannot normalise them")
+        return cls({k: np.asarray(stats[k]["mean"], dtype=np.float32) for k in keys},
+                   {k: np.maximum(np.asarray(stats[k]["std"], dtype=np.float32), 1e-6) for k in keys})
+
     def __call__(self, key: str, x: np.ndarray) -> np.ndarray:
         return (x - self.mean[key]) / self.std[key]
 
@@ -158,8 +167,12 @@ class SampleStream:
     def __init__(self, ds: V3Dataset, image_size: tuple[int, int], max_text_len: int, window: int = 32,
                  shuffle_buffer: int = 512, num_workers: int = 2, seed: int = 0,
                  normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256,
-                 tokenizer: str | None = None, state_tokens: int = 1):
+                 tokenizer: str | None = None, state_tokens: int = 1, episodes: list[int] | None = None):
         self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len
+        # the episodes samples are drawn from (the training split); None: all of them
+        self.episodes = None if episodes is None else set(episodes)
+        if self.episodes is not None and not self.episodes:
+            raise ValueError(f"{ds.root}: no episode left to train on")
         self.state_tokens = state_tokens  # backbone tokens the model gives the state (see ModelConfig)
         self.window, self.shuffle_buffer, self.num_workers = window, shuffle_buffer, max(1, num_workers)
         self.seed, self.norm = seed, normalizer
@@ -180,7 +193,8 @@ class SampleStream:
     def _windows(self, epoch: int) -> list[tuple[int, int, int]]:
         """(episode, first frame, count), shuffled per epoch."""
         wins = [(ep.episode_index, first, min(self.window, ep.length - first))
-                for ep in self.ds.meta.episodes for first in range(0, ep.length, self.window)]
+                for ep in self.ds.meta.episodes if self.episodes is None or ep.episode_index in self.episodes
+                for first in range(0, ep.length, self.window)]
         random.Random(self.seed * 1_000_003 + epoch).shuffle(wins)
         return wins
 

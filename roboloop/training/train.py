@@ -27,6 +27,7 @@ from roboloop.training.data import Normalizer, SampleStream, V3Dataset
 from roboloop.training.model import VLAPolicy, num_parameters, train_flops
 from roboloop.training.packing import PackedBatch
 from roboloop.training.pipeline import BatchPipeline, Packer
+from roboloop.training.split import split_episodes
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +107,18 @@ class Trainer:
         self.ds = ds = V3Dataset(cfg.dataset)
         self.mcfg = mcfg = cfg.model_config_resolved(ds.state.shape[1], ds.action.shape[1])
         ds.horizon = mcfg.horizon
-        norm = Normalizer.from_meta(ds.meta, [ds.state_key, ds.action_key])
+        self.train_episodes, self.val_episodes = split_episodes([e.episode_index for e in ds.meta.episodes],
+                                                                cfg.val_fraction, cfg.seed)
         self.prec = precision.plan(cfg.precision, self.device.type, cfg.fp8_backend)
-        self.model = VLAPolicy(mcfg).to(self.device)
+        self.model = VLAPolicy(mcfg)
+        if cfg.init_from:
+            self.stats = load_init(self.model, mcfg, Path(cfg.init_from), [ds.state_key, ds.action_key])
+        else:
+            st = ds.meta.dataset_stats()
+            self.stats = {k: {s: v.tolist() for s, v in st[k].items()} for k in (ds.state_key, ds.action_key)
+                          if k in st}
+        norm = Normalizer.from_stats(self.stats, [ds.state_key, ds.action_key], ds.root)
+        self.model.to(self.device)
         precision.apply_fp8(self.model, self.prec)
         self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
         self.ddp_model = distributed.wrap(self.model, env, cfg.strategy)  # FSDP shards before the optimizer
@@ -117,7 +127,7 @@ class Trainer:
         self.stream = SampleStream(ds, mcfg.image_size, mcfg.max_text_len, window=cfg.window,
                                    shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.num_workers, seed=cfg.seed,
                                    normalizer=norm, with_video=cfg.with_video, tokenizer=mcfg.tokenizer,
-                                   state_tokens=mcfg.num_state_tokens)
+                                   state_tokens=mcfg.num_state_tokens, episodes=self.train_episodes)
         self.ckpt_dir = self.out / "checkpoints"
         self.start = self.resume()
         packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, mcfg.tokens_per_image, env.world_size)
@@ -173,7 +183,8 @@ class Trainer:
             self.stream.close()
         weights = distributed.full_state_dict(self.model, self.sharded)
         if env.is_main:
-            save_final(self.out, weights, self.mcfg.model_dump(), cfg, self.ds)
+            save_final(self.out, weights, self.mcfg.model_dump(), cfg, self.ds, self.stats,
+                       {"train_episodes": self.train_episodes, "validation_episodes": self.val_episodes})
         return TrainResult(self.out, last_loss, first_loss, cfg.steps, self.start)
 
     def train_step(self, step: int) -> tuple[float, dict]:
@@ -255,17 +266,40 @@ def _ddp_loss(ddp_model: torch.nn.Module, batch: PackedBatch, noise: torch.Tenso
     return ddp_model(batch, noise, u, denom / env.world_size)
 
 
+def load_init(model: torch.nn.Module, mcfg, init: Path, keys: list[str]) -> dict:
+    """Load `init`'s weights into `model` (same architecture required); return its normalisation stats, which
+    the continued run keeps so that the weights go on meaning what they meant."""
+    from safetensors.torch import load_file
+
+    from roboloop.errors import ModelMismatchError
+
+    for f in ("model.safetensors", "config.json", "stats.json"):
+        if not (init / f).is_file():
+            raise FileNotFoundError(f"init_from {init}: missing {f}; not a finished roboloop model")
+    saved = json.loads((init / "config.json").read_text())["model"]
+    now = mcfg.model_dump(mode="json")
+    diff = sorted(k for k in now if k in saved and json.dumps(saved[k]) != json.dumps(now[k]))
+    if diff:
+        raise ModelMismatchError(f"init_from {init}: its model differs in {', '.join(diff)} "
+                                 f"({', '.join(f'{k}={saved[k]!r} vs {now[k]!r}' for k in diff[:3])})")
+    model.load_state_dict(load_file(init / "model.safetensors"))
+    stats = json.loads((init / "stats.json").read_text())
+    missing = [k for k in keys if k not in stats]
+    if missing:
+        raise ModelMismatchError(f"init_from {init}: stats.json has no {missing}; it was trained on other features")
+    return {k: stats[k] for k in keys}
+
+
 def save_final(out: Path, weights: dict[str, torch.Tensor], model_cfg: dict, cfg: TrainConfig,
-               ds: V3Dataset) -> None:
+               ds: V3Dataset, stats: dict, split: dict) -> None:
     """config, stats and plot first, the weights last: `model.safetensors` existing means the run finished."""
     from safetensors.torch import save_file
 
     data = {"state_key": ds.state_key, "action_key": ds.action_key, "video_keys": list(ds.video_keys),
             "fps": ds.meta.info.fps, "with_video": cfg.with_video}
-    fsutil.atomic_write_json(out / "config.json", {"model": model_cfg, "train": cfg.model_dump(), "data": data})
-    st = ds.meta.dataset_stats()
-    fsutil.atomic_write_json(out / "stats.json", {k: {s: v.tolist() for s, v in st[k].items()}
-                                                  for k in (ds.state_key, ds.action_key) if k in st})
+    fsutil.atomic_write_json(out / "config.json", {"model": model_cfg, "train": cfg.model_dump(), "data": data,
+                                                   "split": split})
+    fsutil.atomic_write_json(out / "stats.json", stats)
     plot_loss(out / "metrics.jsonl", out / "loss.png")
     tmp = fsutil.temp_sibling(out / "model.safetensors")
     try:

@@ -1,0 +1,202 @@
+"""Offline evaluation: how well a model predicts the recorded actions of episodes it never trained on.
+
+For data without a simulator twin (real-robot recordings). At every `stride`-th frame of each
+held-out episode the model predicts an action chunk from the recorded observation (state,
+camera frames, instruction); the chunk is compared with the recorded actions of the next H
+frames (steps past the episode's end are not counted). Errors are reported per action
+dimension in physical units (the dataset's) and normalised by the action std the model
+was trained with, so dimensions in radians and in metres can be summed. A seeded noise
+generator makes two models' predictions comparable frame by frame (`compare`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from roboloop import fsutil
+from roboloop.evaluation.protocol import Obs
+
+
+def chunk_errors(pred: np.ndarray, target: np.ndarray, valid: np.ndarray, std: np.ndarray) -> dict[str, np.ndarray]:
+    """pred, target (N, H, A); valid (N, H) bool; std (A,). Per dimension over valid steps: MAE and RMSE in
+    physical units and normalised (divided by std); per sample: normalised MSE over its valid steps."""
+    w = valid[..., None].astype(np.float64)
+    err = (pred.astype(np.float64) - target.astype(np.float64)) * w
+    n = max(float(w.sum()), 1.0)
+    mae = np.abs(err).sum(axis=(0, 1)) / n
+    rmse = np.sqrt((err**2).sum(axis=(0, 1)) / n)
+    s = np.maximum(std.astype(np.float64), 1e-6)
+    per_sample = ((err / s) ** 2).sum(axis=(1, 2)) / np.maximum(w.sum(axis=(1, 2)) * pred.shape[-1], 1.0)
+    return {"mae": mae, "rmse": rmse, "mae_norm": mae / s, "rmse_norm": rmse / s, "per_sample_mse_norm": per_sample}
+
+
+@dataclass
+class OfflineReport:
+    dataset: str
+    policy: str
+    episodes: list[int]
+    split: str  # "validation" (the model's held-out episodes) or "all"
+    samples: int
+    stride: int
+    action_names: list[str]
+    mae: list[float]
+    rmse: list[float]
+    mae_norm: list[float]
+    rmse_norm: list[float]
+    mse_norm: float  # mean over samples of the normalised chunk MSE: the one number to compare models by
+    first_action_mae: list[float]  # the action executed next, per dimension (physical units)
+    plot: str | None = None
+    per_episode_mse_norm: dict[int, float] = field(default_factory=dict)
+
+    def line(self) -> str:
+        d = {k: v for k, v in asdict(self).items() if k != "per_episode_mse_norm"}
+        return json.dumps(d)
+
+
+def _load(dataset: str | Path, model_dir: str | Path, device: str, seed: int):
+    from roboloop.evaluation.policies import ModelPolicy
+    from roboloop.training.data import V3Dataset
+
+    policy = ModelPolicy(model_dir, device=device, seed=seed)
+    ds = V3Dataset(dataset, horizon=policy.cfg.horizon, state_key=policy.data["state_key"],
+                   action_key=policy.data["action_key"])
+    return policy, ds
+
+
+def held_out(model_dir: str | Path, ds_episodes: list[int], episodes: str | list[int]) -> tuple[list[int], str]:
+    """The episodes to score: the model's recorded validation split, all, or a given list."""
+    if isinstance(episodes, list):
+        return sorted(episodes), "given"
+    if episodes == "all":
+        return sorted(ds_episodes), "all"
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    val = (cfg.get("split") or {}).get("validation_episodes") or []
+    if not val:
+        raise ValueError(f"{model_dir}: the model holds out no episodes (trained with val_fraction 0); train with "
+                         "val_fraction > 0, or score --episodes all (which includes its training data)")
+    missing = sorted(set(val) - set(ds_episodes))
+    if missing:
+        raise ValueError(f"{model_dir}: its validation episodes {missing[:5]} are not in this dataset: is it the "
+                         "dataset the model was trained on?")
+    return sorted(val), "validation"
+
+
+def predict(policy, ds, episodes: list[int], stride: int = 1, batch: int = 64) -> dict[str, np.ndarray]:
+    """Predicted chunks (physical units) and the recorded ones at every `stride`-th frame of `episodes`."""
+    keys = [ds.ep_from[e] + f for e in episodes for f in range(0, ds.ep_to[e] - ds.ep_from[e], stride)]
+    frames = {}
+    vkeys = (policy.data.get("video_keys") or []) if policy.data.get("with_video", True) else []
+    preds, targets, valid = [], [], []
+    for lo in range(0, len(keys), batch):
+        ks = keys[lo:lo + batch]
+        images = {}
+        for cam in vkeys:
+            imgs = []
+            for k in ks:
+                e = int(ds.episode_index[k])
+                if (e, cam) not in frames:
+                    n = ds.ep_to[e] - ds.ep_from[e]
+                    frames = {kk: v for kk, v in frames.items() if kk[0] == e}  # one episode's frames in memory
+                    frames[(e, cam)] = ds.decode_window(e, cam, 0, n, policy.cfg.image_size)
+                imgs.append(frames[(e, cam)][int(ds.frame_index[k])])
+            images[cam] = torch.from_numpy(np.stack(imgs))
+        obs = Obs(torch.from_numpy(np.stack([ds.state[k] for k in ks])), images, [ds.task(k) for k in ks])
+        preds.append(policy.act(obs).numpy())
+        chunks = [ds.action_chunk(k) for k in ks]
+        targets.append(np.stack([c[0] for c in chunks]))
+        valid.append(~np.stack([c[1] for c in chunks]))
+    return {"keys": np.asarray(keys), "episode": ds.episode_index[np.asarray(keys)], "pred": np.concatenate(preds),
+            "target": np.concatenate(targets), "valid": np.concatenate(valid)}
+
+
+def evaluate_offline(dataset: str | Path, model_dir: str | Path, episodes: str | list[int] = "validation",
+                     stride: int = 1, device: str = "cpu", seed: int = 0, output_dir: str | Path | None = None,
+                     plot_episodes: int = 3) -> OfflineReport:
+    policy, ds = _load(dataset, model_dir, device, seed)
+    eps, split = held_out(model_dir, [e.episode_index for e in ds.meta.episodes], episodes)
+    p = predict(policy, ds, eps, stride)
+    std = np.asarray(policy.stats[ds.action_key]["std"], dtype=np.float64)
+    e = chunk_errors(p["pred"], p["target"], p["valid"], std)
+    first = np.abs(p["pred"][:, 0] - p["target"][:, 0]).mean(axis=0)
+    names = ds.meta.info.features[ds.action_key].flat_names() or []
+    if len(names) != std.shape[0]:
+        names = [f"{ds.action_key}[{i}]" for i in range(std.shape[0])]
+    per_ep = {int(ep): float(e["per_sample_mse_norm"][p["episode"] == ep].mean()) for ep in eps}
+    report = OfflineReport(dataset=str(Path(dataset).absolute()), policy=str(Path(model_dir).absolute()),
+                           episodes=eps, split=split, samples=len(p["keys"]), stride=stride, action_names=names,
+                           mae=e["mae"].tolist(), rmse=e["rmse"].tolist(), mae_norm=e["mae_norm"].tolist(),
+                           rmse_norm=e["rmse_norm"].tolist(), mse_norm=float(e["per_sample_mse_norm"].mean()),
+                           first_action_mae=first.tolist(), per_episode_mse_norm=per_ep)
+    if output_dir is not None:
+        out = fsutil.make_dir(Path(output_dir))
+        report.plot = str(plot_open_loop(p, eps[:plot_episodes], names, out / "open_loop.png"))
+        fsutil.atomic_write_text(out / "offline.json", json.dumps(asdict(report), indent=1))
+    return report
+
+
+def plot_open_loop(p: dict, episodes: list[int], names: list[str], png: Path) -> Path:
+    """Predicted (first action of each chunk) vs recorded action, per dimension, for a few episodes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dims = p["pred"].shape[-1]
+    fig, axes = plt.subplots(len(episodes), dims, figsize=(2.2 * dims, 1.8 * len(episodes) + 0.6), squeeze=False)
+    for r, ep in enumerate(episodes):
+        m = p["episode"] == ep
+        for d in range(dims):
+            ax = axes[r][d]
+            ax.plot(p["target"][m, 0, d], color="k", lw=1, label="recorded")
+            ax.plot(p["pred"][m, 0, d], color="tab:orange", lw=1, label="predicted")
+            if r == 0:
+                ax.set_title(names[d] if d < len(names) else f"a{d}", fontsize=8)
+            if d == 0:
+                ax.set_ylabel(f"ep {ep}", fontsize=8)
+            ax.tick_params(labelsize=6)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle("open loop: predicted vs recorded actions (held-out episodes)", fontsize=9)
+    fig.tight_layout()
+    tmp = fsutil.temp_sibling(png)
+    fig.savefig(tmp, dpi=90, format="png")
+    plt.close(fig)
+    tmp.replace(png)
+    return png
+
+
+@dataclass
+class OfflineComparison:
+    challenger: str
+    champion: str
+    episodes: int
+    challenger_mse_norm: float
+    champion_mse_norm: float
+    diff: float  # challenger - champion (lower is better), mean over episodes
+    ci_low: float
+    ci_high: float
+    not_worse: bool  # ci_high < margin * champion error
+
+    def line(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def compare(dataset: str | Path, challenger: str | Path, champion: str | Path, episodes: str | list[int] = "validation",
+            stride: int = 1, margin: float = 0.05, seed: int = 0, device: str = "cpu") -> OfflineComparison:
+    """Paired over the same frames (and the same flow-matching noise): the per-episode difference of the
+    normalised chunk MSE, with a t interval over episodes (frames of an episode are not independent).
+    Non-inferior when the upper bound is below `margin` times the champion's error."""
+    from scipy import stats as sps
+
+    a = evaluate_offline(dataset, challenger, episodes, stride, device, seed)
+    b = evaluate_offline(dataset, champion, a.episodes, stride, device, seed)
+    d = np.asarray([a.per_episode_mse_norm[e] - b.per_episode_mse_norm[e] for e in a.episodes])
+    mean = float(d.mean())
+    half = float(sps.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.inf
+    return OfflineComparison(str(challenger), str(champion), len(d), a.mse_norm, b.mse_norm, mean, mean - half,
+                             mean + half, mean + half < margin * b.mse_norm)
