@@ -93,6 +93,8 @@ class IsaacLabEnv:
         return Obs(state.float().cpu(), images, instr)
 
     def reset(self, seed: int | None = None) -> Obs:
+        if hasattr(self.u, "episodes_started"):
+            self.u.episodes_started = 0  # a full reset starts the episode numbering (and the layouts) again
         raw, _ = self.env.reset(seed=seed)
         return self._obs(raw)
 

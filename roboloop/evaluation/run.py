@@ -46,7 +46,9 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
     from roboloop.evaluation.policies import ExpertPolicy, NoisyPolicy, make_policy
     from roboloop.evaluation.rollouts import write_v21
 
-    overrides = {"instructions_per_layout": cfg.instructions_per_layout} if cfg.task in ROBOLOOP_TASKS else None
+    # demonstrations are recorded on the train split of layouts; evaluation plays the test split
+    overrides = {"instructions_per_layout": cfg.instructions_per_layout, "layout_split": "train"} \
+        if cfg.task in ROBOLOOP_TASKS else None
     env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, overrides=overrides)
     try:
         expert = ExpertPolicy(env)

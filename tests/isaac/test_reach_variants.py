@@ -52,3 +52,37 @@ def test_dagger_collection_records_the_experts_labels_at_the_states_another_poli
         checked += len(state)
         assert not np.allclose(action[1:][moved > 0.01], 0.0)
     assert checked > 8 * 20  # random rarely succeeds: long episodes, far from the expert's own path
+
+
+def test_episodes_counted_do_not_depend_on_num_envs_and_never_replay_a_demo_layout(tmp_path):
+    """Episode k plays layout k whatever the batch size (same outcomes for a deterministic policy); collection
+    records on the train split of layouts, evaluation plays the test split."""
+    import json
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from roboloop.datasets.meta import load_meta
+
+    runs = {}
+    for n in (3, 8):
+        roboloop("evaluate", "--policy", "expert", "--episodes", "8", "--num-envs", str(n), "--videos", "0",
+                 "--execute-steps", "1", "--output-dir", str(tmp_path / f"e{n}"))
+        per = json.loads((tmp_path / f"e{n}" / "report.json").read_text())["per_episode"]
+        runs[n] = sorted((e["length"], e["success"]) for e in per)
+    assert runs[3] == runs[8], runs
+    roboloop("collect", str(tmp_path / "demos"), "--episodes", "8", "--num-envs", "8")
+    roboloop("evaluate", "--policy", "expert", "--episodes", "8", "--num-envs", "8", "--videos", "0",
+             "--execute-steps", "1", "--output-dir", str(tmp_path / "ev"), "--save-rollouts", str(tmp_path / "ro"))
+    firsts = []
+    for root in (tmp_path / "demos", tmp_path / "ro"):
+        meta = load_meta(root)
+        rows = []
+        for ep in meta.episodes:
+            files = sorted(root.glob(f"data/**/episode_{ep.episode_index:06d}.parquet")) or sorted(
+                root.glob("data/**/*.parquet"))
+            t = pq.read_table(files[0]).to_pydict()
+            idx = [i for i, e in enumerate(t["episode_index"]) if e == ep.episode_index][0]
+            rows.append(np.round(np.asarray(t["observation.state"][idx][6:12]), 4))  # the ball layout
+        firsts.append({tuple(r) for r in rows})
+    assert not firsts[0] & firsts[1]

@@ -24,6 +24,7 @@ and overshoot (see the README's ablation table).
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 
@@ -126,6 +127,10 @@ class ReachColorEnvCfg(DirectRLEnvCfg):
     # episode). Demonstrations recorded with 3 show every layout with every instruction, so the layout alone
     # never tells which ball to reach and a policy must read the instruction (see `roboloop collect`).
     instructions_per_layout = 1
+    # Layouts are a pure function of (split, seed, layout number), and the k-th episode to start plays layout
+    # k // instructions_per_layout: the episodes an evaluation counts are the same whatever its num_envs, and
+    # `collect` records on the "train" split, so evaluation ("test") never replays a demonstrated layout.
+    layout_split = "test"
     sim: SimulationCfg = SimulationCfg(
         dt=1 / 60, render_interval=decimation,
         physics=NewtonCfg(solver_cfg=MJWarpSolverCfg(njmax=8, nconmax=4, integrator="implicitfast", cone="pyramidal"),
@@ -158,10 +163,9 @@ class ReachColorEnv(DirectRLEnv):
         self.hold = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         self.success = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         self.q_target = torch.zeros(self.num_envs, 2, device=self.device)
-        self.layout_episode = torch.zeros(self.num_envs, dtype=torch.long)  # episodes played on the layout
         self.colour_order = torch.zeros(self.num_envs, 3, dtype=torch.long)
         self.start_q = torch.zeros(self.num_envs, 2)
-        self._gen = torch.Generator(device="cpu").manual_seed(int(cfg.seed or 0))
+        self.episodes_started = 0  # episodes begun since the last full reset (the evaluator's counting order)
 
     # ----------------------------------------------------------------- language
     def instructions(self) -> list[str]:
@@ -245,32 +249,33 @@ class ReachColorEnv(DirectRLEnv):
             ball.write_root_pose_to_sim_index(root_pose=pose, env_ids=ids)
 
     def _next_layout(self, ids: torch.Tensor) -> torch.Tensor:
-        """Targets, ball positions and start joints of the envs `ids`: a new layout (and colour order) every
-        `instructions_per_layout` episodes, otherwise the same layout with the next colour of the order."""
-        g, k = self._gen, max(1, int(self.cfg.instructions_per_layout))
-        fresh = ids[(self.layout_episode[ids] % k) == 0]
-        if len(fresh):
-            m = len(fresh)
-            self.colour_order[fresh] = torch.stack([torch.randperm(3, generator=g) for _ in range(m)]) if k > 1 \
-                else torch.randint(0, 3, (m, 1), generator=g).expand(m, 3)
-            self.ball_xy[fresh.to(self.device)] = self._sample_balls(m).to(self.device)
-            q = torch.empty(m, 2).uniform_(-0.6, 0.6, generator=g)
-            q[:, 1] = q[:, 1] + torch.sign(q[:, 1] + 1e-3) * 0.6  # start bent, away from the singularity
-            self.start_q[fresh] = q
-        slot = (self.layout_episode[ids] % k).clamp(max=2)
-        self.target[ids.to(self.device)] = self.colour_order[ids, slot].to(self.device)
-        self.layout_episode[ids] += 1
+        """Targets, ball positions and start joints of the envs `ids` (in the order their episodes start): episode
+        c plays layout c // k with the (c % k)-th colour of that layout's order (k = `instructions_per_layout`)."""
+        k = max(1, int(self.cfg.instructions_per_layout))
+        for env in ids.tolist():
+            layout, slot = divmod(self.episodes_started, k)
+            self.episodes_started += 1
+            g = layout_generator(str(self.cfg.layout_split), int(self.cfg.seed or 0), layout)
+            order = torch.randperm(3, generator=g) if k > 1 else torch.randint(0, 3, (1,), generator=g).expand(3)
+            self.colour_order[env] = order
+            self.ball_xy[env] = self._sample_balls(g).to(self.device)
+            q = torch.empty(2).uniform_(-0.6, 0.6, generator=g)
+            q[1] = q[1] + torch.sign(q[1] + 1e-3) * 0.6  # start bent, away from the singularity
+            self.start_q[env] = q
+            self.target[env] = int(order[min(slot, 2)])
         return self.start_q[ids].clone()
 
-    def _sample_balls(self, n: int) -> torch.Tensor:
-        """Three ball positions per env in the reachable annulus, at least `min_separation` apart."""
-        out = torch.zeros(n, 3, 2)
-        for i in range(n):
-            while True:
-                r = torch.empty(3).uniform_(self.cfg.reach_min, self.cfg.reach_max, generator=self._gen)
-                th = torch.empty(3).uniform_(-0.5 * math.pi, 0.5 * math.pi, generator=self._gen)
-                xy = torch.stack([r * torch.cos(th), r * torch.sin(th)], dim=-1)
-                if torch.pdist(xy).min() >= self.cfg.min_separation:
-                    out[i] = xy
-                    break
-        return out
+    def _sample_balls(self, g: torch.Generator) -> torch.Tensor:
+        """Three ball positions in the reachable annulus, at least `min_separation` apart."""
+        while True:
+            r = torch.empty(3).uniform_(self.cfg.reach_min, self.cfg.reach_max, generator=g)
+            th = torch.empty(3).uniform_(-0.5 * math.pi, 0.5 * math.pi, generator=g)
+            xy = torch.stack([r * torch.cos(th), r * torch.sin(th)], dim=-1)
+            if torch.pdist(xy).min() >= self.cfg.min_separation:
+                return xy
+
+
+def layout_generator(split: str, seed: int, layout: int) -> torch.Generator:
+    """The random stream of one layout: independent of every other layout, split and seed."""
+    digest = hashlib.sha256(f"roboloop-reach:{split}:{seed}:{layout}".encode()).digest()
+    return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
