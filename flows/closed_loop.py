@@ -1,19 +1,27 @@
-"""The closed loop: ingest -> validate -> convert -> train -> evaluate -> register.
+"""The closed loop: ingest -> validate -> convert -> train -> evaluate -> register, then DAgger rounds.
 
 Stages pass receipts (typed records of what they produced) along; each is cached on its inputs'
 content identities + config + code version, verified before reuse, so a rerun with unchanged
 inputs finishes in seconds and a changed dataset or config reruns exactly what depends on it.
+
+With `rounds` > 1 the loop closes: the policy acts, the scripted expert labels the states it
+visited, the labels join the data as a new dataset version, training continues from the
+previous weights, and the result is evaluated and put through the promotion gate again.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from roboloop.evaluation.config import CollectConfig
 from roboloop.lineage import Lineage
 from roboloop.loop import PRESETS, LoopConfig, ci, demo, nightly_gpu  # noqa: F401  (presets, re-exported)
-from roboloop.receipts import Decision, EvalSummary, ExecutionSettings, ModelRef
-from roboloop.summary import LoopSummary
+from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef
+from roboloop.summary import LoopSummary, RoundResult
+from tasks.dagger import aggregate_task, dagger_collect_task, rounds_artifact
 from tasks.data import convert_task, ingest_task
 from tasks.evaluate import evaluate_task
 from tasks.register import register_task
@@ -22,23 +30,61 @@ from tasks.train import train_task
 
 @flow(name="closed-loop", log_prints=True)
 def closed_loop(cfg: LoopConfig = LoopConfig()) -> LoopSummary:
+    execution = ExecutionSettings(execute_steps=cfg.eval.execute_steps)
     raw = ingest_task(cfg.source, cfg.collect_if_missing, track=cfg.track)
     data = convert_task(raw, cfg.convert, track=cfg.track)
-    model = train_task(data, cfg.train, cfg.launch, track=cfg.track,
-                       execution=ExecutionSettings(execute_steps=cfg.eval.execute_steps))
+    model = train_task(data, cfg.train, cfg.launch, track=cfg.track, execution=execution)
     evaluation = evaluate_task(model, cfg.eval)
     baseline = evaluate_task("random", cfg.eval.model_copy(update={"videos": 1})) if cfg.baseline else None
-    lineage = Lineage.of(raw, data, model, evaluation, baseline=baseline, configs={
-        "source": cfg.source, "convert": cfg.convert.model_dump(mode="json"), "eval": cfg.eval.model_dump(mode="json")})
-    decision = register_task(model, lineage, cfg.model_name, margin=cfg.margin)
-    return report(data.md5, data.path, model, evaluation, baseline, decision)
+    decision = register_task(model, _lineage(cfg, raw, data, model, evaluation, baseline), cfg.model_name,
+                             margin=cfg.margin)
+    rounds = [_round(0, data, model, evaluation, decision)]
+    for r in range(1, cfg.rounds):
+        visited = dagger_collect_task(model, _dagger_recipe(cfg), r, track=cfg.track)
+        raw = aggregate_task([raw, visited], r, track=cfg.track)
+        data = convert_task(raw, cfg.convert, track=cfg.track)
+        recipe = cfg.train.model_copy(update={"init_from": model.path, "steps": cfg.dagger.steps,
+                                              "lr": cfg.dagger.lr, "warmup_steps": 0})
+        parent = decision
+        model = train_task(data, recipe, cfg.launch, track=cfg.track, execution=execution)
+        evaluation = evaluate_task(model, cfg.eval)
+        decision = register_task(model, _lineage(cfg, raw, data, model, evaluation, baseline, r, parent),
+                                 cfg.model_name, margin=cfg.margin)
+        rounds.append(_round(r, data, model, evaluation, decision))
+    if len(rounds) > 1:
+        rounds_artifact(rounds, str(Path(evaluation.run_dir)))
+    return report(data.md5, data.path, model, evaluation, baseline, decision, rounds)
+
+
+def _dagger_recipe(cfg: LoopConfig) -> CollectConfig:
+    base = cfg.collect_if_missing or CollectConfig()
+    return CollectConfig(task=cfg.eval.task, episodes=cfg.dagger.episodes, num_envs=cfg.dagger.num_envs,
+                         device=cfg.eval.device, seed=base.seed, execute_steps=cfg.eval.execute_steps)
+
+
+def _lineage(cfg: LoopConfig, raw: DatasetRef, data: DatasetRef, model: ModelRef, ev: EvalSummary,
+             baseline: EvalSummary | None, round_: int = 0, parent: Decision | None = None) -> Lineage:
+    configs = {"source": cfg.source, "convert": cfg.convert.model_dump(mode="json"),
+               "eval": cfg.eval.model_dump(mode="json"), "round": round_}
+    if round_:
+        configs["dagger"] = cfg.dagger.model_dump(mode="json")
+    parents = [f"{parent.name}@v{parent.version}"] if parent else []
+    return Lineage.of(raw, data, model, ev, baseline=baseline, configs=configs, parents=parents)
+
+
+def _round(r: int, data: DatasetRef, model: ModelRef, ev: EvalSummary, d: Decision) -> RoundResult:
+    return RoundResult(round=r, dataset_md5=data.md5, episodes=data.num_episodes, model=model.path,
+                       weights_sha256=model.weights_sha256, success_rate=ev.success_rate, ci_low=ev.ci_low,
+                       ci_high=ev.ci_high, successes=ev.successes, evaluated=ev.episodes, version=d.version,
+                       promoted=d.promoted)
 
 
 def report(dataset_md5: str, dataset: str, model: ModelRef, ev: EvalSummary, baseline: EvalSummary | None,
-           decision: Decision) -> LoopSummary:
+           decision: Decision, rounds: list[RoundResult] | None = None) -> LoopSummary:
     s = LoopSummary(dataset_v3=dataset, dataset_md5=dataset_md5, model=model.path, model_md5=model.md5,
                     weights_sha256=model.weights_sha256, final_loss=model.metrics.get("final_loss"),
                     success_rate=ev.success_rate, ci=(ev.ci_low, ev.ci_high), eval_run=ev.run_dir,
-                    random_success_rate=baseline.success_rate if baseline else None, decision=decision)
+                    random_success_rate=baseline.success_rate if baseline else None, decision=decision,
+                    rounds=rounds or [])
     create_markdown_artifact(s.markdown(), key="closed-loop-report", description="closed loop summary")
     return s

@@ -16,6 +16,16 @@ from roboloop.evaluation.config import CollectConfig, EvalRecipe
 from roboloop.training.config import LaunchConfig, TrainRecipe
 
 
+class DaggerConfig(BaseModel):
+    """One DAgger round after the first pass: the policy acts, the scripted expert labels what it visited, the
+    labels join the data as a new version, and training continues from the previous weights."""
+
+    episodes: int = Field(64, ge=1, description="policy rollouts labelled by the expert per round")
+    num_envs: int = Field(32, ge=1, description="vectorised envs while collecting them")
+    steps: int = Field(400, ge=1, description="optimizer steps each round continues training for")
+    lr: float = Field(5e-4, gt=0, description="peak learning rate of a round's continued training")
+
+
 class LoopConfig(BaseModel):
     source: str = Field("data", description="raw dataset: a folder or s3://bucket/prefix (LeRobot v2.0/v2.1/v3.0)")
     collect_if_missing: CollectConfig | None = Field(
@@ -29,6 +39,9 @@ class LoopConfig(BaseModel):
     model_name: str = Field("reach-vla", description="registry model name")
     margin: float = Field(0.05, ge=0, le=1, description="promotion non-inferiority margin on the success rate")
     track: bool = Field(True, description="DVC-track (and push) datasets and models")
+    rounds: int = Field(1, ge=1, description="1: one pass; N: N-1 DAgger rounds after it (Roboloop tasks with a "
+                        "scripted expert, a v2.x source)")
+    dagger: DaggerConfig = Field(default_factory=DaggerConfig, description="what each DAgger round does")
 
 
 def demo() -> LoopConfig:

@@ -100,6 +100,43 @@ def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = No
     return ref
 
 
+def dagger_collect(model: ModelRef, recipe: CollectConfig, round_: int, cache: ReceiptCache | None = None,
+                   track: bool = False, on_line: OnLine = print) -> DatasetRef:
+    """DAgger: `model` acts for `recipe.episodes` episodes (on train-split layouts of seed `recipe.seed + round_`),
+    and every state it visits is recorded with the scripted expert's action there (failures kept)."""
+    from roboloop.evaluation.run import collect_in_subprocess
+
+    key = cache_key("dagger", model.weights_sha256, recipe.model_dump(exclude={"dst", "policy"}), round_)
+    if cache and (hit := cache.get(key, DatasetRef)):
+        return hit
+    out = artifacts_root() / "datasets" / f"dagger-r{round_}-{key.split('-')[-1][:16]}"
+    if not (out / "meta" / "info.json").is_file():  # the writer publishes a finished recording only
+        collect_in_subprocess(recipe.model_copy(update={"dst": str(out), "policy": model.path,
+                                                        "seed": recipe.seed + round_}), on_line=on_line)
+    ref = dataset_ref(out, source=f"dagger:{model.weights_sha256}", track=track)
+    if cache:
+        cache.put(key, ref)
+    return ref
+
+
+def aggregate(sources: list[DatasetRef], cache: ReceiptCache | None = None, track: bool = False) -> DatasetRef:
+    """A new dataset version holding every episode of `sources` (v2.x), its marker naming their md5s."""
+    from roboloop.datasets.merge import merge_v21
+
+    md5s = [s.md5 for s in sources]
+    key = cache_key("aggregate", md5s)
+    if cache and (hit := cache.get(key, DatasetRef)):
+        return hit
+    out = artifacts_root() / "datasets" / f"aggregate-{key.split('-')[-1][:16]}"
+    marker = fsutil.read_marker(out)
+    if not (marker and marker.get("merged_from") == md5s):
+        merge_v21([s.path for s in sources], out, merged_from=md5s)
+    ref = dataset_ref(out, source="+".join(md5s), track=track)
+    if cache:
+        cache.put(key, ref)
+    return ref
+
+
 # ---------------------------------------------------------------- training
 def model_ref(path: str | Path, dataset_md5: str, execution: ExecutionSettings | None = None, track: bool = False,
               **registry: object) -> ModelRef:

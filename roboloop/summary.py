@@ -2,9 +2,60 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from roboloop.receipts import Decision
+
+
+class RoundResult(BaseModel):
+    """One pass of the loop: round 0 trains on the source; round r > 0 on the data of round r-1 plus the expert's
+    labels at the states round r-1's policy visited."""
+
+    model_config = ConfigDict(frozen=True)
+
+    round: int
+    dataset_md5: str
+    episodes: int = Field(description="episodes in the data this round trained on")
+    model: str
+    weights_sha256: str
+    success_rate: float
+    ci_low: float
+    ci_high: float
+    successes: int
+    evaluated: int
+    version: int | None = None
+    promoted: bool | None = None
+
+
+def plot_rounds(rounds: list[RoundResult], png: Path) -> Path:
+    """Success (Wilson 95% CI) per round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from roboloop import fsutil
+
+    x = [r.round for r in rounds]
+    y = [r.success_rate for r in rounds]
+    err = [[max(0.0, r.success_rate - r.ci_low) for r in rounds], [max(0.0, r.ci_high - r.success_rate) for r in rounds]]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.errorbar(x, y, yerr=err, fmt="o-", capsize=4)
+    for r in rounds:
+        ax.annotate(f"{r.episodes} eps", (r.round, r.success_rate), textcoords="offset points", xytext=(6, -12),
+                    fontsize=7)
+    ax.set_xticks(x)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("round (0: demonstrations; then DAgger)")
+    ax.set_ylabel("success rate (95% CI)")
+    fig.tight_layout()
+    tmp = fsutil.temp_sibling(png)
+    fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)
+    tmp.replace(png)
+    return png
 
 
 class LoopSummary(BaseModel):
@@ -21,6 +72,7 @@ class LoopSummary(BaseModel):
     eval_run: str
     random_success_rate: float | None
     decision: Decision
+    rounds: list[RoundResult] = Field(default_factory=list, description="every round's result (DAgger)")
 
     def markdown(self) -> str:
         d = self.decision
@@ -32,4 +84,8 @@ class LoopSummary(BaseModel):
         if self.random_success_rate is not None:
             lines.append(f"| random policy | {self.random_success_rate:.1%} |")
         lines.append(f"| registry | `{d.name}` v{d.version} in `{d.registry}`; promoted: {d.promoted} |")
+        if len(self.rounds) > 1:
+            lines += ["", "| round | episodes | success (95% CI) | registry |", "|---|---|---|---|"]
+            lines += [f"| {r.round} | {r.episodes} | {r.success_rate:.1%} ({r.ci_low:.1%}-{r.ci_high:.1%}) | "
+                      f"v{r.version}{' champion' if r.promoted else ''} |" for r in self.rounds]
         return "\n".join(lines)

@@ -12,7 +12,7 @@ from prefect.artifacts import Artifact
 
 from flows.closed_loop import closed_loop
 from roboloop.evaluation.config import CollectConfig, EvalRecipe
-from roboloop.loop import LoopConfig
+from roboloop.loop import DaggerConfig, LoopConfig
 from roboloop.registry import Registry
 from roboloop.training.config import TrainRecipe
 
@@ -88,3 +88,25 @@ def test_corrupt_dataset_stops_at_validation(loop_env):
     assert not (root / "artifacts" / "datasets").exists()
     assert Registry(root / "registry").models() == []
     shutil.rmtree(src)
+
+
+def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(loop_env):
+    root = loop_env
+    cfg = _cfg(root).model_copy(update={"rounds": 2, "baseline": False,
+                                        "dagger": DaggerConfig(episodes=6, num_envs=6, steps=10)})
+    s = closed_loop(cfg)
+    assert [r.round for r in s.rounds] == [0, 1]
+    r0, r1 = s.rounds
+    assert r1.episodes == r0.episodes + 6  # the round's 6 labelled rollouts joined the data (failures kept)
+    assert r1.dataset_md5 != r0.dataset_md5 and r1.weights_sha256 != r0.weights_sha256
+    reg = Registry(root / "registry")
+    assert reg.versions("reach-vla") == [1, 2]
+    lin = reg.lineage("reach-vla", 2)
+    assert lin["parents"] == ["reach-vla@v1"] and lin["config"]["round"] == 1
+    assert lin["config"]["train"]["init_from"] == r0.model  # continued from round 0's weights
+    agg = json.loads(next((root / "artifacts" / "datasets").glob("aggregate-*/.roboloop-output.json")).read_text())
+    assert agg["merged_from"][0] == lin["raw"]["source"].split("+")[0]  # the version names its sources' md5s
+    assert len(agg["merged_from"]) == 2 and lin["raw"]["md5"] != agg["merged_from"][0]
+    assert list((root / "artifacts" / "datasets").glob("aggregate-*.dvc"))  # the new version is DVC-tracked
+    plot = Artifact.get("dagger-rounds")
+    assert plot is not None and "data:image/png;base64" in str(plot.data) and "| 1 |" in str(plot.data)
