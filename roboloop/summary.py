@@ -40,7 +40,8 @@ def plot_rounds(rounds: list[RoundResult], png: Path) -> Path:
 
     x = [r.round for r in rounds]
     y = [r.success_rate for r in rounds]
-    err = [[max(0.0, r.success_rate - r.ci_low) for r in rounds], [max(0.0, r.ci_high - r.success_rate) for r in rounds]]
+    err = [[max(0.0, r.success_rate - r.ci_low) for r in rounds],
+           [max(0.0, r.ci_high - r.success_rate) for r in rounds]]
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.errorbar(x, y, yerr=err, fmt="o-", capsize=4)
     for r in rounds:
