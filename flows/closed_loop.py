@@ -30,7 +30,7 @@ from tasks.train import train_task
 
 @flow(name="closed-loop", log_prints=True)
 def closed_loop(cfg: LoopConfig = LoopConfig()) -> LoopSummary:
-    execution = ExecutionSettings(execute_steps=cfg.eval.execute_steps)
+    execution = ExecutionSettings(execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
     raw = ingest_task(cfg.source, cfg.collect_if_missing, track=cfg.track)
     data = convert_task(raw, cfg.convert, track=cfg.track)
     model = train_task(data, cfg.train, cfg.launch, track=cfg.track, execution=execution)
@@ -59,7 +59,8 @@ def closed_loop(cfg: LoopConfig = LoopConfig()) -> LoopSummary:
 def _dagger_recipe(cfg: LoopConfig) -> CollectConfig:
     base = cfg.collect_if_missing or CollectConfig()
     return CollectConfig(task=cfg.eval.task, episodes=cfg.dagger.episodes, num_envs=cfg.dagger.num_envs,
-                         device=cfg.eval.device, seed=base.seed, execute_steps=cfg.eval.execute_steps)
+                         device=cfg.eval.device, seed=base.seed,
+                         execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
 
 
 def _lineage(cfg: LoopConfig, raw: DatasetRef, data: DatasetRef, model: ModelRef, ev: EvalSummary,

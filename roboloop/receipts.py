@@ -42,7 +42,7 @@ class ExecutionSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    execute_steps: int = Field(8, ge=1, description="actions of each predicted chunk executed before re-planning")
+    execute_steps: int = Field(4, ge=1, description="actions of each predicted chunk executed before re-planning")
     inference_steps: int | None = Field(None, ge=1, description="denoising steps at inference (None: the model's)")
 
 

@@ -205,6 +205,9 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     from roboloop.evaluation.run import evaluate_in_subprocess
 
     model = resolve_policy(policy)
+    if recipe.execute_steps is None:  # the settings the model was validated (and registered) with
+        recipe = recipe.model_copy(update={"execute_steps": model.execution.execute_steps if model
+                                           else ExecutionSettings().execute_steps})
     label = policy if isinstance(policy, str) else f"{model.name or Path(model.path).name}"  # type: ignore[union-attr]
     policy_id = model.weights_sha256 if model else str(policy)
     key = cache_key("evaluate", policy_id, recipe.model_dump(), save_rollouts is not None)
@@ -221,12 +224,36 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
                           successes=report["successes"], success_rate=report["success_rate"],
                           ci_low=report["ci_low"], ci_high=report["ci_high"], mean_length=report.get("mean_length"),
                           env_steps_per_s=report.get("env_steps_per_s"), seed=recipe.seed,
-                          execution=ExecutionSettings(execute_steps=recipe.execute_steps), plot=report.get("plot"),
+                          execution=ExecutionSettings(execute_steps=recipe.execute_steps or 4), plot=report.get("plot"),
                           videos=list(report.get("videos") or []))
     fsutil.atomic_write_text(run_dir / "summary.json", summary.model_dump_json(indent=1))
     if cache and save_rollouts is None:
         cache.put(key, summary)
     return summary
+
+
+def sweep_candidates(run: str | Path, include_final: bool = True) -> list[tuple[int, ModelRef]]:
+    """(step, model) for every kept checkpoint of a training run (exported beside it as model folders under
+    artifacts/models/<run>-step<N>), and the run's final model."""
+    import json
+
+    from roboloop.evaluation.sweep import export_checkpoint, kept_checkpoints
+
+    run = Path(run).absolute()
+    cfg = json.loads((run / "config.json").read_text()) if (run / "config.json").is_file() else None
+    if cfg is None:
+        raise FileNotFoundError(f"{run}: no config.json; not a roboloop training run")
+    dataset = cfg["train"].get("dataset", "")
+    data_md5 = dir_md5(dataset) if dataset and Path(dataset).is_dir() else ""
+    out = []
+    for step, ckpt in kept_checkpoints(run):
+        path = export_checkpoint(run, ckpt, step, artifacts_root() / "models" / f"{run.name}-step{step:08d}")
+        out.append((step, model_ref(path, data_md5)))
+    if include_final and (run / "model.safetensors").is_file():
+        out.append((int(cfg["train"]["steps"]), model_ref(run, data_md5)))
+    if not out:
+        raise ValueError(f"{run}: no kept checkpoint and no final model to sweep")
+    return out
 
 
 # ---------------------------------------------------------------- registry

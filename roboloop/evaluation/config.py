@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 # isaaclab_tasks registers works too.
 ROBOLOOP_TASKS = ("Roboloop-Reach-Color-v0", "Roboloop-Reach-Color-Joint-v0", "Roboloop-Reach-Color-Vision-v0")
 GYM_TASKS = ("gym_pusht/PushT-v0",)
+DEFAULT_EXECUTE_STEPS = 4  # chunk actions executed before re-planning, unless the model was validated otherwise
 
 
 def unknown_task_message(task: str) -> str:
@@ -26,7 +27,8 @@ class EvalRecipe(BaseModel):
     num_envs: int = Field(16, ge=1, description="vectorised envs")
     device: Literal["cpu", "cuda"] = Field("cpu", description="simulation and policy device")
     seed: int = Field(0, description="seeds the initial states and the policy's noise")
-    execute_steps: int = Field(8, ge=1, description="actions of each predicted chunk executed before re-planning")
+    execute_steps: int | None = Field(None, ge=1, description="actions of each predicted chunk executed before "
+                                      "re-planning; empty: what the model was validated with (registry), else 4")
     videos: int = Field(2, ge=0, description="rollout mp4s to write")
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from roboloop.errors import RoboloopError
-from roboloop.evaluation.config import ROBOLOOP_TASKS, CollectConfig, EvalConfig
+from roboloop.evaluation.config import DEFAULT_EXECUTE_STEPS, ROBOLOOP_TASKS, CollectConfig, EvalConfig
 
 if TYPE_CHECKING:
     from roboloop.evaluation.evaluator import EvalReport
@@ -26,7 +26,8 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
     env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed)
     try:
         policy = make_policy(cfg.policy, env, cfg.device, cfg.seed)
-        report, trajs = evaluate(env, policy, cfg.episodes, cfg.execute_steps, cfg.videos, cfg.output_dir,
+        report, trajs = evaluate(env, policy, cfg.episodes, cfg.execute_steps or DEFAULT_EXECUTE_STEPS, cfg.videos,
+                                 cfg.output_dir,
                                  record_rollouts=bool(cfg.save_rollouts), seed=cfg.seed)
         if cfg.task.startswith("Roboloop-"):
             report.asset_hashes = hashes()

@@ -110,3 +110,14 @@ def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(lo
     assert list((root / "artifacts" / "datasets").glob("aggregate-*.dvc"))  # the new version is DVC-tracked
     plot = Artifact.get("dagger-rounds")
     assert plot is not None and "data:image/png;base64" in str(plot.data) and "| 1 |" in str(plot.data)
+
+    # a checkpoint sweep of round 0's run: its kept checkpoints and final model, scored and the best registered
+    from flows.sweep import SweepParams, checkpoint_sweep
+
+    sw = checkpoint_sweep(SweepParams(run=r0.model, eval=EvalRecipe(episodes=4, num_envs=4, videos=0)))
+    assert [x["step"] for x in sw.scored] == [10, 20, 30]
+    assert sw.best_step in (10, 20, 30) and sw.decision is not None
+    best_lin = reg.lineage("reach-vla", sw.decision.version)
+    assert best_lin["metrics"]["weights_sha256"] and best_lin["eval"]["episodes"] == 4 or sw.decision.reused
+    art = Artifact.get("checkpoint-sweep")
+    assert art is not None and "data:image/png;base64" in str(art.data) and "**best**" in str(art.data)

@@ -43,3 +43,10 @@ def test_presets_are_machine_independent_and_every_field_is_described():
         return out
 
     assert undocumented(LoopConfig) == []
+
+
+def test_sweep_deployment_parameters_are_valid():
+    from flows.sweep import SweepParams
+
+    params = SweepParams.model_validate(_deployment("checkpoint-sweep")["parameters"]["params"])
+    assert params.eval.execute_steps is None  # the model's own execution settings

@@ -1,0 +1,91 @@
+"""Checkpoint sweeps: every kept checkpoint of a training run as a model folder, scored, the best chosen.
+
+The final loss is a poor guide to closed-loop success (flow-matching loss keeps falling while
+success plateaus or drops), so platforms score checkpoints in simulation. A checkpoint becomes
+a model folder (`model.safetensors` from its weights, the run's `config.json` and `stats.json`,
+`checkpoint_step` recorded) beside the run, never inside it; the run's own files are only read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from roboloop import fsutil
+from roboloop.training import checkpoint
+
+
+@dataclass
+class Scored:
+    step: int
+    model: str
+    success_rate: float
+    ci_low: float
+    ci_high: float
+    successes: int
+    episodes: int
+
+
+def kept_checkpoints(run: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of the run's finished checkpoints, oldest first."""
+    out = []
+    for p in checkpoint.complete(Path(run) / "checkpoints"):
+        if checkpoint.is_sharded(p):
+            raise ValueError(f"{p} is an FSDP (DCP) checkpoint: consolidate it first (torch.distributed.checkpoint "
+                             "format_utils.dcp_to_torch_save) to sweep it")
+        out.append((int(json.loads((p / "meta.json").read_text())["step"]), p))
+    return out
+
+
+def export_checkpoint(run: str | Path, ckpt: Path, step: int, dst: str | Path) -> Path:
+    """A model folder at `dst` with the checkpoint's weights (an earlier export of the same step is reused)."""
+    from safetensors.torch import save_file
+
+    run, dst = Path(run), Path(dst)
+    for f in ("config.json", "stats.json"):
+        if not (run / f).is_file():
+            raise FileNotFoundError(f"{run}: no {f}; sweep a finished run (its config and normalisation are needed)")
+    if (dst / "model.safetensors").is_file() and (fsutil.read_marker(dst) or {}).get("checkpoint_step") == step:
+        return dst
+    state = checkpoint.load(ckpt)
+    weights = {k.removeprefix("module."): v.contiguous() for k, v in state["model"].items()}
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["checkpoint_step"] = step
+    with fsutil.atomic_dir(dst, "model", overwrite=True, meta={"checkpoint_step": step, "run": run.name}) as tmp:
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+        (tmp / "stats.json").write_bytes((run / "stats.json").read_bytes())
+        save_file(weights, str(tmp / "model.safetensors"))
+    return dst
+
+
+def best(scored: list[Scored]) -> Scored:
+    """Highest success; ties go to the higher Wilson lower bound, then to the later step."""
+    return max(scored, key=lambda s: (s.success_rate, s.ci_low, s.step))
+
+
+def plot_sweep(scored: list[Scored], png: Path, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [s.step for s in scored]
+    y = [s.success_rate for s in scored]
+    err = [[max(0.0, s.success_rate - s.ci_low) for s in scored],
+           [max(0.0, s.ci_high - s.success_rate) for s in scored]]
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    ax.errorbar(steps, y, yerr=err, fmt="o-", capsize=4)
+    b = best(scored)
+    ax.plot([b.step], [b.success_rate], "r*", ms=14, label=f"best: step {b.step}")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("success rate (95% CI)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = fsutil.temp_sibling(png)
+    fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)
+    tmp.replace(png)
+    return png

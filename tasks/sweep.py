@@ -1,0 +1,49 @@
+"""Checkpoint-sweep tasks: the candidates (checkpoints exported as model folders), the plot, the registration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from roboloop import stages
+from roboloop.evaluation.sweep import Scored, best, plot_sweep
+from roboloop.lineage import Lineage
+from roboloop.receipts import Decision, EvalSummary, ModelRef
+from tasks.common import NO_CACHE, png_markdown
+from tasks.register import register_task
+
+
+@task(name="sweep-candidates", cache_policy=NO_CACHE)
+def candidates_task(run: str) -> list[tuple[int, ModelRef]]:
+    return stages.sweep_candidates(run)
+
+
+@task(name="sweep-report", cache_policy=NO_CACHE)
+def sweep_artifact(scored: list[Scored], run: str, task_id: str) -> str:
+    png = _plot(scored, run, task_id)
+    b = best(scored)
+    rows = "\n".join(f"| {s.step} | {s.successes}/{s.episodes} = {s.success_rate:.1%} | {s.ci_low:.1%}-{s.ci_high:.1%}"
+                     f" | {'**best**' if s is b else ''} |" for s in scored)
+    create_markdown_artifact(f"### Checkpoint sweep of `{run}` on {task_id}\n\n{png_markdown(png, 'success vs step')}"
+                             f"\n\n| step | success | 95% CI | |\n|---|---|---|---|\n{rows}", key="checkpoint-sweep",
+                             description="success against the training step")
+    return str(png)
+
+
+def _plot(scored: list[Scored], run: str, task_id: str) -> Path:
+    out = stages.artifacts_root() / "sweeps"
+    out.mkdir(parents=True, exist_ok=True)
+    return plot_sweep(scored, out / f"{Path(run).name}.png", f"{Path(run).name} on {task_id}")
+
+
+@task(name="register-best", cache_policy=NO_CACHE)
+def register_best_task(model: ModelRef, ev: EvalSummary, step: int, name: str, margin: float) -> Decision:
+    dataset = model.config.get("dataset", "")
+    if not dataset or not Path(dataset).is_dir():
+        raise FileNotFoundError(f"{model.path}: its training dataset {dataset!r} is not here; the registry needs the "
+                                "dataset's md5 for the lineage (restore it with dvc pull)")
+    data = stages.dataset_ref(dataset)
+    lineage = Lineage.of(None, data, model, ev, configs={"sweep": {"checkpoint_step": step}})
+    return register_task.fn(model, lineage, name, margin=margin)
