@@ -1,0 +1,72 @@
+"""What the pipeline's policies reach at the demo's budget: collect -> train -> evaluate on both reach tasks.
+
+    python bench/policy.py [--episodes 96] [--skip-vision] [--vision-steps 3000]
+
+State task (`Roboloop-Reach-Color-v0`): the `make demo` recipe exactly (512 DART-noise demonstrations,
+state + language, 1,200 steps of 128 samples). Vision task (`Roboloop-Reach-Color-Vision-v0`, ball
+positions only in the camera image): the same demonstrations recipe on that task, trained with video.
+Each policy, the scripted expert and a random policy are evaluated on the same `--episodes`
+test-split episodes (Wilson 95% CI). Ends with one JSON line: state_success, state_ci_low,
+vision_success, vision_ci_low, expert_success, random_success, train_minutes, vision_train_minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--episodes", type=int, default=96)
+    ap.add_argument("--skip-vision", action="store_true")
+    ap.add_argument("--vision-steps", type=int, default=3000)
+    ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
+    args = ap.parse_args()
+    work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-policy-")).absolute()
+    os.environ["ROBOLOOP_ARTIFACTS"] = str(work / "artifacts")
+    os.environ["ROBOLOOP_CACHE_DIR"] = str(work / "cache")
+
+    from roboloop import stages
+    from roboloop.datasets.config import ConvertConfig
+    from roboloop.evaluation.config import EvalRecipe
+    from roboloop.loop import demo
+
+    quiet = lambda line: None  # noqa: E731
+    base = demo()
+    out: dict = {"bench": "policy", "eval_episodes": args.episodes}
+
+    def run(task: str, recipe, prefix: str) -> None:
+        collect = base.collect_if_missing.model_copy(update={"task": task})  # type: ignore[union-attr]
+        ev = EvalRecipe(task=task, episodes=args.episodes, num_envs=16, execute_steps=base.eval.execute_steps,
+                        videos=0)
+        raw = stages.ingest(str(work / f"demos-{prefix}"), collect=collect, on_line=quiet)
+        data = stages.convert(raw, ConvertConfig(progress=False))
+        t0 = time.time()
+        model = stages.train(data, recipe, on_line=quiet)
+        out[f"{prefix}train_minutes"] = round((time.time() - t0) / 60, 2)
+        s = stages.evaluate(model, ev, on_line=quiet)
+        out[f"{prefix}success"], out[f"{prefix}ci_low"] = s.success_rate, round(s.ci_low, 3)
+        for who in ("expert", "random"):
+            out[f"{prefix}{who}_success"] = stages.evaluate(who, ev, on_line=quiet).success_rate
+        print(json.dumps({k: v for k, v in out.items() if k.startswith(prefix)}), flush=True)
+
+    run("Roboloop-Reach-Color-v0", base.train, "state_")
+    if not args.skip_vision:
+        run("Roboloop-Reach-Color-Vision-v0",
+            base.train.model_copy(update={"with_video": True, "steps": args.vision_steps}), "vision_")
+    out["random_success"] = out.get("state_random_success")
+    out["expert_success"] = out.get("state_expert_success")
+    out["train_minutes"] = out.get("state_train_minutes")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
