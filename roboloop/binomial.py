@@ -37,3 +37,30 @@ def non_inferior(s_new: int, n_new: int, s_old: int, n_old: int, margin: float =
     reason = (f"challenger {s_new}/{n_new} = {p1:.3f} vs champion {s_old}/{n_old} = {p0:.3f}, margin {margin}: "
               f"z = {z:.2f}, p = {p_value:.4f} {'<' if passed else '>='} {alpha}")
     return passed, p_value, reason
+
+
+def paired_difference(challenger: dict[int, bool], champion: dict[int, bool], margin: float = 0.05,
+                      z: float = 1.959963984540054) -> dict:
+    """Challenger minus champion success on the same episodes (same initial states), paired by episode number.
+
+    Returns the difference, its 95% interval (Wald on the per-episode differences, which only the discordant
+    pairs move), the decision (`not_worse`: the lower bound is above -margin; `worse`: the upper bound is
+    below -margin; else `undecided`) and, when undecided, about how many paired episodes would decide it
+    if the observed difference and spread held."""
+    common = sorted(set(challenger) & set(champion))
+    n = len(common)
+    if n == 0:
+        raise ValueError("no episode in common: evaluate both on the same task and seed")
+    d = [int(challenger[k]) - int(champion[k]) for k in common]
+    mean = sum(d) / n
+    var = sum((x - mean) ** 2 for x in d) / max(n - 1, 1)
+    half = z * math.sqrt(max(var, 1e-12) / n)
+    lo, hi = mean - half, mean + half
+    decision = "not_worse" if lo > -margin else "worse" if hi < -margin else "undecided"
+    needed = None
+    if decision == "undecided":
+        gap = abs(mean + margin)
+        sd = math.sqrt(max(var, 1.0 / n))
+        needed = math.ceil((z * sd / gap) ** 2) if gap > 1e-9 else None  # None: no sample size decides a tie
+    return {"episodes": n, "diff": mean, "ci_low": lo, "ci_high": hi, "margin": margin, "decision": decision,
+            "discordant": sum(x != 0 for x in d), "episodes_needed": needed}

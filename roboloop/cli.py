@@ -181,6 +181,22 @@ def _evaluate_offline(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from roboloop.binomial import paired_difference
+
+    runs = []
+    for d in (args.challenger, args.champion):
+        rep = json.loads((Path(d) / "report.json").read_text())
+        runs.append((rep, {e["index"]: bool(e["success"]) for e in rep.get("per_episode", [])
+                           if e.get("index", -1) >= 0}))
+    (a, ea), (b, eb) = runs
+    if (a["task"], a.get("seed")) != (b["task"], b.get("seed")):
+        raise SystemExit(f"not paired: {a['task']} seed {a.get('seed')} vs {b['task']} seed {b.get('seed')}; "
+                         "evaluate both on the same task and seed")
+    print(jsonline({"challenger": a["policy"], "champion": b["policy"], **paired_difference(ea, eb, args.margin)}))
+    return 0
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     from roboloop.evaluation.run import CollectConfig, collect
 
@@ -294,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     off.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin, relative to the "
                      "--against model's error")
     e.set_defaults(fn=cmd_evaluate)
+    cp = sub.add_parser("compare", help="paired comparison of two evaluation runs on the same episodes (task, "
+                        "seed): difference, 95% interval, decision or episodes still needed; one JSON line")
+    cp.add_argument("challenger", help="evaluation run folder (report.json)")
+    cp.add_argument("champion", help="evaluation run folder (report.json)")
+    cp.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin on the success rate")
+    cp.set_defaults(fn=cmd_compare)
     co = sub.add_parser("collect", help="record scripted-expert episodes as a LeRobot v2.1 dataset")
     co.add_argument("dst")
     _add_model_options(co, CollectConfig, skip=frozenset({"dst"}))

@@ -37,6 +37,7 @@ class Episode:
     success: bool
     ret: float
     length: int
+    index: int = -1  # the episode's number in start order: the same initial state across runs of the same seed
 
 
 @dataclass
@@ -61,6 +62,7 @@ class EvalReport:
     plot: str | None = None
     rollouts: str | None = None
     per_episode: list[dict] = field(default_factory=list)
+    seed: int = 0  # with the task: which initial states the numbered episodes had
 
     def to_json(self, full: bool = False) -> str:
         d = asdict(self)
@@ -112,6 +114,7 @@ def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int 
             raise RuntimeError(f"{len(run.results)}/{episodes} episodes after {run.env_steps} env steps: an env "
                                "never ends")
     report = run.report()
+    report.seed = seed
     if output_dir is not None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -135,6 +138,7 @@ class _Run:
         n = self.n = env.num_envs
         self.counted = torch.arange(n) < episodes
         self.started = int(self.counted.sum())
+        self.number = torch.arange(n)  # start-order number of each env's current episode
         self.chunk: torch.Tensor | None = None
         self.idx = torch.full((n,), execute_steps, dtype=torch.long)  # >= execute_steps: needs a plan
         self.ret, self.length = torch.zeros(n), torch.zeros(n, dtype=torch.long)
@@ -185,7 +189,7 @@ class _Run:
     def finish(self, i: int, success: bool) -> None:
         """Env `i` ended an episode: count it if it was one of the first N to start, then start the next."""
         if self.counted[i]:
-            self.results.append(Episode(i, success, float(self.ret[i]), int(self.length[i])))
+            self.results.append(Episode(i, success, float(self.ret[i]), int(self.length[i]), int(self.number[i])))
             if self.rec is not None:
                 traj = self.rec.pop(i)
                 traj["success"] = success
@@ -196,6 +200,7 @@ class _Run:
         elif self.rec is not None:
             self.rec.pop(i)
         self.counted[i] = self.started < self.episodes
+        self.number[i] = self.started
         self.started += int(self.counted[i])
         self.ret[i], self.length[i] = 0.0, 0
         self.idx[i] = self.execute_steps  # re-plan from the new episode's first observation

@@ -74,3 +74,42 @@ def test_non_inferiority():
     assert non_inferior(90, 100, 80, 100, margin=0.05)[0]
     assert not non_inferior(50, 100, 80, 100, margin=0.05)[0]
     assert not non_inferior(79, 100, 80, 100, margin=0.0)[0]  # equal-ish without margin is not enough
+
+
+def test_episodes_are_numbered_in_start_order():
+    env = ScriptedEnv(lengths=[[3], [11], [5, 7]], outcomes=[[True], [False], [True, False]])
+    report, _ = evaluate(env, CountingPolicy(4), episodes=7, execute_steps=2, videos=0)
+    starts = sorted([(t, 0) for t in range(0, 30, 3)] + [(t, 1) for t in (0, 11, 22)] + [(t, 2) for t in (0, 5, 12)])
+    by_number = {e["index"]: e["env"] for e in report.per_episode}
+    assert sorted(by_number) == list(range(7))
+    # same-step starts are numbered in env order, as the envs reset them
+    assert [by_number[k] for k in range(7)] == [e for _, e in starts[:7]]
+
+
+def test_paired_difference_by_hand():
+    from roboloop.binomial import paired_difference
+
+    champ = {k: True for k in range(10)}
+    chall = {**champ, 3: False}  # one discordant pair: d = [0]*9 + [-1]
+    r = paired_difference(chall, champ, margin=0.05)
+    sd = (((0 + 0.1) ** 2 * 9 + (-1 + 0.1) ** 2) / 9) ** 0.5
+    assert r["diff"] == pytest.approx(-0.1) and r["discordant"] == 1
+    assert r["ci_low"] == pytest.approx(-0.1 - 1.959963984540054 * sd / 10 ** 0.5)
+    assert r["decision"] == "undecided" and r["episodes_needed"] > 10
+    same = paired_difference(champ, champ)
+    assert same["decision"] == "not_worse" and same["diff"] == 0.0
+    worse = paired_difference({k: False for k in range(40)}, {k: True for k in range(40)})
+    assert worse["decision"] == "worse"
+    with pytest.raises(ValueError, match="no episode in common"):
+        paired_difference({1: True}, {2: True})
+
+
+def test_cli_compare_pairs_two_runs_by_episode_number(tmp_path, capsys):
+    from roboloop.cli import main
+
+    for name, outcomes in (("a", [[True], [True]]), ("b", [[True], [False]])):
+        env = ScriptedEnv(lengths=[[3], [3]], outcomes=outcomes)
+        evaluate(env, CountingPolicy(1), episodes=20, execute_steps=1, videos=0, output_dir=tmp_path / name)
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--margin", "0.05"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["episodes"] == 20 and out["diff"] == pytest.approx(0.5) and out["decision"] == "not_worse"
