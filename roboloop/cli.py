@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "--against model's error")
     e.set_defaults(fn=cmd_evaluate)
     cp = sub.add_parser("compare", help="paired comparison of two evaluation runs on the same episodes (task, "
-                        "seed): difference, 95% interval, decision or episodes still needed; one JSON line")
+                        "seed): difference, 95%% interval, decision or episodes still needed; one JSON line")
     cp.add_argument("challenger", help="evaluation run folder (report.json)")
     cp.add_argument("champion", help="evaluation run folder (report.json)")
     cp.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin on the success rate")
