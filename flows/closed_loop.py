@@ -35,7 +35,9 @@ def closed_loop(cfg: LoopConfig = LoopConfig()) -> LoopSummary:
     data = convert_task(raw, cfg.convert, track=cfg.track)
     model = train_task(data, cfg.train, cfg.launch, track=cfg.track, execution=execution)
     evaluation = evaluate_task(model, cfg.eval)
-    baseline = evaluate_task("random", cfg.eval.model_copy(update={"videos": 1})) if cfg.baseline else None
+    baseline = evaluate_task("random", cfg.eval.model_copy(update={
+        "videos": 1, "episodes": min(cfg.eval.episodes, cfg.baseline_episodes or cfg.eval.episodes)})) \
+        if cfg.baseline else None
     decision = register_task(model, _lineage(cfg, raw, data, model, evaluation, baseline), cfg.model_name,
                              margin=cfg.margin)
     rounds = [_round(0, data, model, evaluation, decision)]

@@ -36,6 +36,8 @@ class LoopConfig(BaseModel):
     launch: LaunchConfig | None = Field(None, description="ranks and nodes; empty: what the work pool's job sets")
     eval: EvalRecipe = Field(default_factory=EvalRecipe, description="task, episodes, execution settings")
     baseline: bool = Field(True, description="also evaluate a random policy on the same episodes")
+    baseline_episodes: int | None = Field(16, ge=1, description="the random policy's episodes (the first N of the "
+                                          "policy's; each runs to the time limit); empty: all of them")
     model_name: str = Field("reach-vla", description="registry model name")
     margin: float = Field(0.05, ge=0, le=1, description="promotion non-inferiority margin on the success rate")
     track: bool = Field(True, description="DVC-track (and push) datasets and models")
