@@ -31,32 +31,17 @@ class RoundResult(BaseModel):
 
 def plot_rounds(rounds: list[RoundResult], png: Path) -> Path:
     """Success (Wilson 95% CI) per round."""
-    import matplotlib
+    from roboloop import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from roboloop import fsutil
-
-    x = [r.round for r in rounds]
-    y = [r.success_rate for r in rounds]
-    err = [[max(0.0, r.success_rate - r.ci_low) for r in rounds],
-           [max(0.0, r.ci_high - r.success_rate) for r in rounds]]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.errorbar(x, y, yerr=err, fmt="o-", capsize=4)
+    fig, ax = plots.subplots(figsize=(5, 3.2))
+    plots.success_curve(ax, [r.round for r in rounds], [r.success_rate for r in rounds],
+                        [r.ci_low for r in rounds], [r.ci_high for r in rounds])
     for r in rounds:
         ax.annotate(f"{r.episodes} eps", (r.round, r.success_rate), textcoords="offset points", xytext=(6, -12),
                     fontsize=7)
-    ax.set_xticks(x)
-    ax.set_ylim(0, 1.02)
+    ax.set_xticks([r.round for r in rounds])
     ax.set_xlabel("round (0: demonstrations; then DAgger)")
-    ax.set_ylabel("success rate (95% CI)")
-    fig.tight_layout()
-    tmp = fsutil.temp_sibling(png)
-    fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-    tmp.replace(png)
-    return png
+    return plots.save(fig, png)
 
 
 class LoopSummary(BaseModel):

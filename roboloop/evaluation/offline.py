@@ -142,13 +142,10 @@ def evaluate_offline(dataset: str | Path, model_dir: str | Path, episodes: str |
 
 def plot_open_loop(p: dict, episodes: list[int], names: list[str], png: Path) -> Path:
     """Predicted (first action of each chunk) vs recorded action, per dimension, for a few episodes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from roboloop import plots
 
     dims = p["pred"].shape[-1]
-    fig, axes = plt.subplots(len(episodes), dims, figsize=(2.2 * dims, 1.8 * len(episodes) + 0.6), squeeze=False)
+    fig, axes = plots.subplots(len(episodes), dims, figsize=(2.2 * dims, 1.8 * len(episodes) + 0.6), squeeze=False)
     for r, ep in enumerate(episodes):
         m = p["episode"] == ep
         for d in range(dims):
@@ -162,12 +159,7 @@ def plot_open_loop(p: dict, episodes: list[int], names: list[str], png: Path) ->
             ax.tick_params(labelsize=6)
     axes[0][0].legend(fontsize=6)
     fig.suptitle("open loop: predicted vs recorded actions (held-out episodes)", fontsize=9)
-    fig.tight_layout()
-    tmp = fsutil.temp_sibling(png)
-    fig.savefig(tmp, dpi=90, format="png")
-    plt.close(fig)
-    tmp.replace(png)
-    return png
+    return plots.save(fig, png, dpi=90)
 
 
 @dataclass

@@ -65,27 +65,14 @@ def best(scored: list[Scored]) -> Scored:
 
 
 def plot_sweep(scored: list[Scored], png: Path, title: str = "") -> Path:
-    import matplotlib
+    from roboloop import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [s.step for s in scored]
-    y = [s.success_rate for s in scored]
-    err = [[max(0.0, s.success_rate - s.ci_low) for s in scored],
-           [max(0.0, s.ci_high - s.success_rate) for s in scored]]
-    fig, ax = plt.subplots(figsize=(5.5, 3.2))
-    ax.errorbar(steps, y, yerr=err, fmt="o-", capsize=4)
+    fig, ax = plots.subplots(figsize=(5.5, 3.2))
+    plots.success_curve(ax, [s.step for s in scored], [s.success_rate for s in scored], [s.ci_low for s in scored],
+                        [s.ci_high for s in scored])
     b = best(scored)
     ax.plot([b.step], [b.success_rate], "r*", ms=14, label=f"best: step {b.step}")
-    ax.set_ylim(0, 1.02)
     ax.set_xlabel("training step")
-    ax.set_ylabel("success rate (95% CI)")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = fsutil.temp_sibling(png)
-    fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-    tmp.replace(png)
-    return png
+    return plots.save(fig, png)
