@@ -90,7 +90,7 @@ def held_out(model_dir: str | Path, ds_episodes: list[int], episodes: str | list
 def predict(policy, ds, episodes: list[int], stride: int = 1, batch: int = 64) -> dict[str, np.ndarray]:
     """Predicted chunks (physical units) and the recorded ones at every `stride`-th frame of `episodes`."""
     keys = [ds.ep_from[e] + f for e in episodes for f in range(0, ds.ep_to[e] - ds.ep_from[e], stride)]
-    frames = {}
+    frames: dict = {}
     vkeys = (policy.data.get("video_keys") or []) if policy.data.get("with_video", True) else []
     preds, targets, valid = [], [], []
     for lo in range(0, len(keys), batch):
