@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 # Tasks roboloop ships (Isaac Lab, kit-less) and gymnasium tasks it knows how to drive; any `Isaac-*` task that
 # isaaclab_tasks registers works too.
@@ -62,3 +62,11 @@ class CollectConfig(BaseModel):
     policy: str = Field("expert", description="who acts: the scripted expert, or (DAgger) a model folder or registry "
                         "reference whose visited states the expert labels; its failures are kept too")
     execute_steps: int = Field(4, ge=1, description="a model policy's chunk actions executed before re-planning")
+    camera: bool = Field(True, description="record the task's cameras as videos (False: state + language only, "
+                         "about 3x faster on CPU, where rendering is most of a step)")
+
+    @model_validator(mode="after")
+    def _vision_needs_its_camera(self) -> CollectConfig:
+        if not self.camera and self.task.endswith("-Vision-v0"):
+            raise ValueError(f"camera: {self.task}'s state has no ball positions; its recordings need the camera")
+        return self

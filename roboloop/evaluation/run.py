@@ -50,7 +50,7 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
     # demonstrations are recorded on the train split of layouts; evaluation plays the test split
     overrides = {"instructions_per_layout": cfg.instructions_per_layout, "layout_split": "train"} \
         if cfg.task in ROBOLOOP_TASKS else None
-    env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, overrides=overrides)
+    env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=cfg.camera, overrides=overrides)
     try:
         expert = ExpertPolicy(env)
         dagger = cfg.policy != "expert"
@@ -77,7 +77,8 @@ def _feature_names(task: str) -> tuple[list[str] | None, list[str] | None]:
         return None, None
     state = ["q_shoulder", "q_elbow", "qd_shoulder", "qd_elbow"]
     if not task.endswith("-Vision-v0"):
-        state += ["tip_x", "tip_y", "red_x", "red_y", "green_x", "green_y", "blue_x", "blue_y"]
+        state += ["tip_x", "tip_y", "red_x", "red_y", "green_x", "green_y", "blue_x", "blue_y",
+                  "red_dx", "red_dy", "green_dx", "green_dy", "blue_dx", "blue_dy"]
     return state, (["d_shoulder", "d_elbow"] if "-Joint-" in task else ["d_tip_x", "d_tip_y"])
 
 

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.isaac
 
 
 @pytest.mark.parametrize("task, state_dim, actions", [
-    ("Roboloop-Reach-Color-Joint-v0", 12, ["d_shoulder", "d_elbow"]),
+    ("Roboloop-Reach-Color-Joint-v0", 18, ["d_shoulder", "d_elbow"]),
     ("Roboloop-Reach-Color-Vision-v0", 4, ["d_tip_x", "d_tip_y"]),
 ])
 def test_variant_expert_solves_it_and_collect_records_its_features(tmp_path, task, state_dim, actions):

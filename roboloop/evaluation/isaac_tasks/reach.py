@@ -6,8 +6,10 @@ ball"). A top-down RGB camera sees the table. Success: the fingertip stays withi
 `success_radius` of the named ball for `success_hold` consecutive policy steps.
 
 Three variants (registered in `roboloop.evaluation.isaac_tasks`):
-- `Roboloop-Reach-Color-v0`: state (12) = joint positions (2), joint velocities (2), fingertip
-  xy (2), red, green, blue ball xy (6), relative to the env origin. Action (2): a fingertip
+- `Roboloop-Reach-Color-v0`: state (18) = joint positions (2), joint velocities (2), fingertip
+  xy (2), red, green, blue ball xy (6), relative to the env origin, and each ball relative to the
+  fingertip (6) (`relative_balls`; the egocentric vector is what makes a policy generalise to
+  unseen layouts, see the README's ablations). Action (2): a fingertip
   displacement in [-1, 1]^2, scaled by `ee_step` metres per policy step and turned into joint
   targets by damped-least-squares differential IK (end-effector delta actions, as in LIBERO,
   Bridge and Isaac Lab's `*-IK-Rel-*` reach tasks).
@@ -108,14 +110,15 @@ class ReachColorEnvCfg(DirectRLEnvCfg):
     decimation = 2
     episode_length_s = 6.0  # 180 policy steps at 30 Hz
     action_space = 2
-    observation_space = 12
+    observation_space = 18
     state_space = 0
     action_mode = "ee"  # "ee": fingertip displacement (differential IK); "joint": joint-position deltas
     action_scale = 0.08  # joint mode: rad per policy step at |action| = 1
     ee_step = 0.03  # ee mode: metres per policy step at |action| = 1
     ik_damping = 0.05  # damped least squares: lambda (m) near the singularities
     max_joint_step = 0.2  # rad: the most the IK moves a joint target in one policy step
-    state_mode = "full"  # "full": joints, fingertip and balls (12); "proprio": joint positions and velocities (4)
+    state_mode = "full"  # "full": joints, fingertip and balls (12, +6); "proprio": joint positions and velocities (4)
+    relative_balls = True  # "full" also carries ball - fingertip (6): the egocentric vectors, as in Isaac Lab's tasks
     # The expert's linear zone (ee: metres of fingertip error, joint: rad of joint error) where its command is
     # proportional; beyond it the command saturates at |action| = 1.
     expert_zone = 0.10
@@ -202,7 +205,11 @@ class ReachColorEnv(DirectRLEnv):
         if self.cfg.state_mode == "proprio":
             state = torch.cat([q, qd], dim=-1)
         else:
-            state = torch.cat([q, qd, self.fingertip(), self.ball_xy.reshape(self.num_envs, 6)], dim=-1)
+            tip = self.fingertip()
+            parts = [q, qd, tip, self.ball_xy.reshape(self.num_envs, 6)]
+            if self.cfg.relative_balls:
+                parts.append((self.ball_xy - tip[:, None]).reshape(self.num_envs, 6))
+            state = torch.cat(parts, dim=-1)
         obs = {"policy": state}
         if "camera" in self.scene.keys():  # noqa: SIM118 (InteractiveScene has no __contains__)
             obs["rgb"] = self.scene["camera"].data.output["rgb"].torch[..., :3]
