@@ -44,7 +44,7 @@ def main() -> None:
     out: dict = {"bench": "policy", "eval_episodes": args.episodes}
 
     def run(task: str, recipe, prefix: str) -> None:
-        collect = base.collect_if_missing.model_copy(update={"task": task})  # type: ignore[union-attr]
+        collect = base.collect_if_missing.model_copy(update={"task": task, "camera": recipe.with_video})  # type: ignore[union-attr]
         ev = EvalRecipe(task=task, episodes=args.episodes, num_envs=16, execute_steps=base.eval.execute_steps,
                         videos=0)
         raw = stages.ingest(str(work / f"demos-{prefix}"), collect=collect, on_line=quiet)

@@ -61,7 +61,7 @@ def closed_loop(cfg: LoopConfig = LoopConfig()) -> LoopSummary:
 def _dagger_recipe(cfg: LoopConfig) -> CollectConfig:
     base = cfg.collect_if_missing or CollectConfig()
     return CollectConfig(task=cfg.eval.task, episodes=cfg.dagger.episodes, num_envs=cfg.dagger.num_envs,
-                         device=cfg.eval.device, seed=base.seed,
+                         device=cfg.eval.device, seed=base.seed, camera=base.camera,  # the same features to merge
                          execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
 
 

@@ -51,11 +51,14 @@ def demo() -> LoopConfig:
 
     What the ablations (README, "Why the policy works") chose: 512 demonstrations recorded with DART
     noise 0.5 (the expert's labels at the states a perturbed run visits, so the policy learns to recover),
-    state + language only on this task (its state has the ball positions; the camera is what the
-    `-Vision-` task is for) so 1,200 steps of 128 samples fit the 10-minute budget."""
-    return LoopConfig(collect_if_missing=CollectConfig(episodes=512, num_envs=64, noise=0.5),
+    every layout recorded with all three instructions (the layout alone never tells which ball: the policy
+    has to ground the colour word), an 8-step action chunk, and state + language only on this task (its
+    state has the ball positions; the camera is what the `-Vision-` task is for, so the recording skips
+    rendering), so 1,200 steps of 128 samples fit the 10-minute budget."""
+    return LoopConfig(collect_if_missing=CollectConfig(episodes=512, num_envs=64, noise=0.5, instructions_per_layout=3,
+                                                       camera=False),
                       train=TrainRecipe(steps=1200, max_tokens=4096, max_samples=128, with_video=False,
-                                        checkpoint_every_steps=200),
+                                        checkpoint_every_steps=200, model_overrides={"horizon": 8}),
                       eval=EvalRecipe(episodes=48, num_envs=16, execute_steps=4))
 
 
