@@ -64,3 +64,20 @@ def paired_difference(challenger: dict[int, bool], champion: dict[int, bool], ma
         needed = math.ceil((z * sd / gap) ** 2) if gap > 1e-9 else None  # None: no sample size decides a tie
     return {"episodes": n, "diff": mean, "ci_low": lo, "ci_high": hi, "margin": margin, "decision": decision,
             "discordant": sum(x != 0 for x in d), "episodes_needed": needed}
+
+
+def paired_gate(new: str, old: str, margin: float = 0.05, alpha: float = 0.05) -> tuple[bool, str]:
+    """The promotion gate on paired outcomes ('1'/'0' per episode in start order, same initial states).
+
+    Passes when the one-sided (1 - alpha) lower bound of the paired difference is above -margin. When it
+    neither passes nor fails at that level, the reason says about how many paired episodes would decide."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(1 - alpha)
+    r = paired_difference({i: c == "1" for i, c in enumerate(new)}, {i: c == "1" for i, c in enumerate(old)},
+                          margin, z=z)
+    more = f"; about {r['episodes_needed']} paired episodes would decide it" if r["episodes_needed"] else ""
+    reason = (f"paired over {r['episodes']} episodes ({r['discordant']} discordant): challenger - champion = "
+              f"{r['diff']:+.3f}, {100 * (1 - alpha):.0f}% lower bound {r['ci_low']:+.3f} vs -margin {-margin}: "
+              f"{r['decision'].replace('_', ' ')}{more}")
+    return r["decision"] == "not_worse", reason

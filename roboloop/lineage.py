@@ -92,6 +92,8 @@ class Lineage(BaseModel):
             ev = {k: getattr(evaluation, k) for k in ("task", "episodes", "successes", "success_rate", "ci_low",
                                                      "ci_high", "seed")}
             ev["execute_steps"] = evaluation.execution.execute_steps
+            if evaluation.outcomes is not None:
+                ev["outcomes"] = evaluation.outcomes
         return cls(raw=raw, dataset=dataset, model=model, evaluation=evaluation, baseline=baseline,
                    dataset_md5=dataset.md5, raw_dataset_md5=raw.md5 if raw else None, model_md5=model.md5,
                    config={**configs, "train": model.config}, seed=int(model.config.get("seed", 0)),

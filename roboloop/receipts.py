@@ -84,6 +84,8 @@ class EvalSummary(Receipt):
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings)
     plot: str | None = None
     videos: list[str] = Field(default_factory=list)
+    outcomes: str | None = Field(None, description="success (1) or not (0) of each episode in start order: the "
+                                 "same initial states for every policy evaluated on this task and seed (paired gate)")
 
     def identity(self) -> str:
         return self.report_sha256

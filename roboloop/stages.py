@@ -198,6 +198,17 @@ def resolve_policy(policy: str | ModelRef) -> ModelRef | None:
     return model_ref(policy, dataset_md5="")
 
 
+def _outcomes(report_json: Path) -> str | None:
+    """'1'/'0' per episode in start order (None when the report does not number its episodes)."""
+    import json
+
+    eps = json.loads(report_json.read_text()).get("per_episode") or []
+    by_index = {int(e["index"]): bool(e["success"]) for e in eps if int(e.get("index", -1)) >= 0}
+    if not by_index or sorted(by_index) != list(range(len(by_index))):
+        return None
+    return "".join("1" if by_index[i] else "0" for i in range(len(by_index)))
+
+
 def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | None = None,
              runs_root: str | Path | None = None, save_rollouts: str | None = None,
              on_line: OnLine = print) -> EvalSummary:
@@ -225,7 +236,7 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
                           ci_low=report["ci_low"], ci_high=report["ci_high"], mean_length=report.get("mean_length"),
                           env_steps_per_s=report.get("env_steps_per_s"), seed=recipe.seed,
                           execution=ExecutionSettings(execute_steps=recipe.execute_steps or 4), plot=report.get("plot"),
-                          videos=list(report.get("videos") or []))
+                          videos=list(report.get("videos") or []), outcomes=_outcomes(run_dir / "report.json"))
     fsutil.atomic_write_text(run_dir / "summary.json", summary.model_dump_json(indent=1))
     if cache and save_rollouts is None:
         cache.put(key, summary)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from roboloop import fsutil
-from roboloop.binomial import non_inferior
+from roboloop.binomial import non_inferior, paired_gate
 from roboloop.datasets import layout
 from roboloop.errors import RoboloopError
 from roboloop.registry.store import PreconditionFailed, open_store
@@ -251,7 +251,8 @@ class Registry:
 
     def promote(self, name: str, ref: str | int, margin: float = 0.05, alpha: float = 0.05,
                 force: bool = False) -> Decision:
-        """Make `ref` champion if it is not worse than the current one (two-proportion test on the
+        """Make `ref` champion if it is not worse than the current one (paired over the same episodes when
+        both were evaluated on the same task, seed and execution settings; else a two-proportion test on the
         eval reports in lineage); otherwise make it challenger and record why."""
         v = self.resolve(name, ref)
         ev = self._eval(name, v)
@@ -270,8 +271,7 @@ class Registry:
                 except CorruptVersionError as e:  # a corrupt champion must not block every promotion
                     ok, reason = True, f"champion v{champ} is unusable ({e})"
                 else:
-                    ok, _p, reason = non_inferior(ev["successes"], ev["episodes"], c["successes"], c["episodes"],
-                                                  margin, alpha)
+                    ok, reason = _gate(ev, c, margin, alpha)
             d = Decision(v, ok, reason, champ, v if ok else champ, time.time())
             new = {**al, "decisions": [*al.get("decisions", []), asdict(d)]}
             if ok:
@@ -287,12 +287,30 @@ class Registry:
                 time.sleep(0.01 + 0.02 * (_attempt % 5))
         raise RegistryError(f"could not update {name}/aliases.json: too much contention")
 
-    def _eval(self, name: str, v: int) -> dict[str, int]:
+    def _eval(self, name: str, v: int) -> dict[str, Any]:
         ev = self.lineage(name, v).get("eval") or {}  # validated by lineage()
         if "successes" not in ev or "episodes" not in ev:
             raise RegistryError(f"{name} v{v}: lineage has no eval report (successes, episodes); evaluate it "
                                 "before promoting")
-        return {"successes": int(ev["successes"]), "episodes": int(ev["episodes"])}
+        out = {"successes": int(ev["successes"]), "episodes": int(ev["episodes"]),
+               **{k: ev.get(k) for k in ("task", "seed", "execute_steps")}}
+        o = ev.get("outcomes")
+        if o is not None:
+            if not isinstance(o, str) or set(o) - {"0", "1"} or len(o) != out["episodes"] or \
+                    o.count("1") != out["successes"]:
+                raise CorruptVersionError(f"{name} v{v}: lineage.json's eval outcomes disagree with its counts "
+                                          f"({out['successes']}/{out['episodes']}); refusing to use them")
+            out["outcomes"] = o
+        return out
+
+
+def _gate(new: dict[str, Any], old: dict[str, Any], margin: float, alpha: float) -> tuple[bool, str]:
+    """Paired when both runs played the same numbered episodes (task, seed, execution); else unpaired."""
+    same = all(new.get(k) == old.get(k) and new.get(k) is not None for k in ("task", "seed", "execute_steps"))
+    if same and new.get("outcomes") and old.get("outcomes"):
+        return paired_gate(new["outcomes"], old["outcomes"], margin, alpha)
+    ok, _p, reason = non_inferior(new["successes"], new["episodes"], old["successes"], old["episodes"], margin, alpha)
+    return ok, f"unpaired (not the same episodes): {reason}"
 
 
 def parse_ref(ref: str) -> tuple[str | None, str, str]:

@@ -72,6 +72,49 @@ def test_promotion_gate(registry, tmp_path):
     assert [x["version"] for x in registry.aliases("reach")[0]["decisions"]] == [v1, worse, better]
 
 
+def _paired(outcomes: str, seed: int = 0) -> dict:
+    lin = _lineage(outcomes.count("1"), len(outcomes))
+    lin["eval"].update({"task": "Roboloop-Reach-Color-v0", "seed": seed, "execute_steps": 4, "outcomes": outcomes})
+    return lin
+
+
+def test_promotion_gate_pairs_the_same_episodes(tmp_path):
+    """On the same numbered episodes the gate sees which episodes changed: one lost success out of 60 passes the
+    paired gate, while the unpaired test on 47/60 vs 48/60 cannot tell it from a 20-point drop."""
+    from roboloop.binomial import non_inferior
+
+    registry = Registry(tmp_path / "registry")
+    champ = "1" * 48 + "0" * 12
+    assert registry.promote("reach", registry.register("reach", _model(tmp_path, "1"), _paired(champ))).promoted
+    near = "0" + champ[1:]  # 47/60: one success lost, nothing else changed
+    assert not non_inferior(47, 60, 48, 60, 0.05, 0.05)[0]
+    d = registry.promote("reach", registry.register("reach", _model(tmp_path, "2"), _paired(near)), margin=0.05)
+    assert d.promoted and d.reason.startswith("paired over 60 episodes (1 discordant)") and "not worse" in d.reason
+    # two more lost: undecided, and the reason says how many paired episodes would decide it
+    d = registry.promote("reach", registry.register("reach", _model(tmp_path, "3"), _paired("000" + champ[3:])))
+    assert not d.promoted and "undecided; about" in d.reason and "paired episodes would decide it" in d.reason, d.reason
+    # a real drop (37/60 vs 47/60 on the same episodes): worse
+    d = registry.promote("reach", registry.register("reach", _model(tmp_path, "4"), _paired("0" * 11 + champ[11:])))
+    assert not d.promoted and d.reason.endswith("worse"), d.reason
+    # another seed's episodes cannot be paired: the two-proportion test decides, says so, and at 60 episodes
+    # it cannot even pass 48/60 against 47/60
+    d = registry.promote("reach", registry.register("reach", _model(tmp_path, "5"), _paired(champ, seed=1)))
+    assert d.reason.startswith("unpaired (not the same episodes)") and not d.promoted, d.reason
+    assert registry.resolve("reach", "champion") == 2
+
+
+def test_outcomes_that_disagree_with_the_counts_are_refused(tmp_path):
+    from roboloop.registry import CorruptVersionError
+
+    registry = Registry(tmp_path / "registry")
+    registry.promote("reach", registry.register("reach", _model(tmp_path, "1"), _paired("1" * 10)))
+    bad = _paired("1" * 10)
+    bad["eval"]["outcomes"] = "1" * 9 + "0"  # 9 successes listed, 10 counted
+    v2 = registry.register("reach", _model(tmp_path, "2"), bad)
+    with pytest.raises(CorruptVersionError, match="outcomes disagree"):
+        registry.promote("reach", v2)
+
+
 def test_eight_concurrent_promoters_lose_no_update(registry, tmp_path):
     rates = [70, 72, 90, 60, 88, 95, 40, 91]
     results, errors = [], []
