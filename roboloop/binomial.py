@@ -39,6 +39,12 @@ def non_inferior(s_new: int, n_new: int, s_old: int, n_old: int, margin: float =
     return passed, p_value, reason
 
 
+def outcomes_by_episode(per_episode: list[dict]) -> dict[int, bool]:
+    """An evaluation report's `per_episode` rows as {episode number in start order: success} (unnumbered rows
+    are left out): what paired comparisons line up."""
+    return {int(e["index"]): bool(e["success"]) for e in per_episode if int(e.get("index", -1)) >= 0}
+
+
 def paired_difference(challenger: dict[int, bool], champion: dict[int, bool], margin: float = 0.05,
                       z: float = 1.959963984540054) -> dict:
     """Challenger minus champion success on the same episodes (same initial states), paired by episode number.

@@ -182,13 +182,12 @@ def _evaluate_offline(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from roboloop.binomial import paired_difference
+    from roboloop.binomial import outcomes_by_episode, paired_difference
 
     runs = []
     for d in (args.challenger, args.champion):
         rep = json.loads((Path(d) / "report.json").read_text())
-        runs.append((rep, {e["index"]: bool(e["success"]) for e in rep.get("per_episode", [])
-                           if e.get("index", -1) >= 0}))
+        runs.append((rep, outcomes_by_episode(rep.get("per_episode") or [])))
     (a, ea), (b, eb) = runs
     if (a["task"], a.get("seed")) != (b["task"], b.get("seed")):
         raise SystemExit(f"not paired: {a['task']} seed {a.get('seed')} vs {b['task']} seed {b.get('seed')}; "

@@ -14,6 +14,8 @@ so a different input never lands on an earlier output.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import secrets
 import time
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from roboloop import fsutil
+from roboloop.binomial import outcomes_by_episode
 from roboloop.cache import ReceiptCache, cache_key
 from roboloop.datasets.config import ConvertConfig
 from roboloop.evaluation.config import CollectConfig, EvalConfig, EvalRecipe
@@ -140,8 +143,6 @@ def aggregate(sources: list[DatasetRef], cache: ReceiptCache | None = None, trac
 # ---------------------------------------------------------------- training
 def model_ref(path: str | Path, dataset_md5: str, execution: ExecutionSettings | None = None, track: bool = False,
               **registry: object) -> ModelRef:
-    import json
-
     from roboloop import dvc
     from roboloop.training.metrics import summary
 
@@ -198,12 +199,9 @@ def resolve_policy(policy: str | ModelRef) -> ModelRef | None:
     return model_ref(policy, dataset_md5="")
 
 
-def _outcomes(report_json: Path) -> str | None:
-    """'1'/'0' per episode in start order (None when the report does not number its episodes)."""
-    import json
-
-    eps = json.loads(report_json.read_text()).get("per_episode") or []
-    by_index = {int(e["index"]): bool(e["success"]) for e in eps if int(e.get("index", -1)) >= 0}
+def _outcomes(report: dict) -> str | None:
+    """'1'/'0' per episode in start order (None when the report does not number all its episodes)."""
+    by_index = outcomes_by_episode(report.get("per_episode") or [])
     if not by_index or sorted(by_index) != list(range(len(by_index))):
         return None
     return "".join("1" if by_index[i] else "0" for i in range(len(by_index)))
@@ -230,13 +228,14 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     cfg = EvalConfig.of(recipe, policy=model.path if model else str(policy), output_dir=str(run_dir),
                         save_rollouts=save_rollouts)
     report = evaluate_in_subprocess(cfg, on_line=on_line)
-    summary = EvalSummary(run_dir=str(run_dir.absolute()), report_sha256=file_sha256(run_dir / "report.json"),
+    full = (run_dir / "report.json").read_bytes()  # what the child wrote, per-episode rows included
+    summary = EvalSummary(run_dir=str(run_dir.absolute()), report_sha256=hashlib.sha256(full).hexdigest(),
                           policy=label, policy_id=policy_id, task=recipe.task, episodes=report["episodes"],
                           successes=report["successes"], success_rate=report["success_rate"],
                           ci_low=report["ci_low"], ci_high=report["ci_high"], mean_length=report.get("mean_length"),
                           env_steps_per_s=report.get("env_steps_per_s"), seed=recipe.seed,
                           execution=ExecutionSettings(execute_steps=recipe.execute_steps or 4), plot=report.get("plot"),
-                          videos=list(report.get("videos") or []), outcomes=_outcomes(run_dir / "report.json"))
+                          videos=list(report.get("videos") or []), outcomes=_outcomes(json.loads(full)))
     fsutil.atomic_write_text(run_dir / "summary.json", summary.model_dump_json(indent=1))
     if cache and save_rollouts is None:
         cache.put(key, summary)
@@ -246,8 +245,6 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
 def sweep_candidates(run: str | Path, include_final: bool = True) -> list[tuple[int, ModelRef]]:
     """(step, model) for every kept checkpoint of a training run (exported beside it as model folders under
     artifacts/models/<run>-step<N>), and the run's final model."""
-    import json
-
     from roboloop.evaluation.sweep import export_checkpoint, kept_checkpoints
 
     run = Path(run).absolute()
