@@ -1,6 +1,6 @@
 """What the pipeline's policies reach at the demo's budget: collect -> train -> evaluate on both reach tasks.
 
-    python bench/policy.py [--episodes 96] [--skip-vision] [--vision-steps 3000]
+    python bench/policy.py [--episodes 96] [--skip-vision | --skip-state] [--vision-steps 3000]
 
 State task (`Roboloop-Reach-Color-v0`): the `make demo` recipe exactly (512 DART-noise demonstrations,
 state + language, 1,200 steps of 128 samples). Vision task (`Roboloop-Reach-Color-Vision-v0`, ball
@@ -27,6 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=96)
     ap.add_argument("--skip-vision", action="store_true")
+    ap.add_argument("--skip-state", action="store_true")
     ap.add_argument("--vision-steps", type=int, default=3000)
     ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
     args = ap.parse_args()
@@ -58,7 +59,8 @@ def main() -> None:
             out[f"{prefix}{who}_success"] = stages.evaluate(who, ev, on_line=quiet).success_rate
         print(json.dumps({k: v for k, v in out.items() if k.startswith(prefix)}), flush=True)
 
-    run("Roboloop-Reach-Color-v0", base.train, "state_")
+    if not args.skip_state:
+        run("Roboloop-Reach-Color-v0", base.train, "state_")
     if not args.skip_vision:
         run("Roboloop-Reach-Color-Vision-v0",
             base.train.model_copy(update={"with_video": True, "steps": args.vision_steps}), "vision_")

@@ -4,6 +4,9 @@ Stages pass receipts (typed records of what they produced) along; each is cached
 content identities + config + code version, verified before reuse, so a rerun with unchanged
 inputs finishes in seconds and a changed dataset or config reruns exactly what depends on it.
 
+With `evaluation: offline` (recordings with no simulator twin) the model is scored on the episodes
+its training held out, and the promotion gate pairs it with the champion over those episodes.
+
 With `rounds` > 1 the loop closes: the policy acts, the scripted expert labels the states it
 visited, the labels join the data as a new dataset version, training continues from the
 previous weights, and the result is evaluated and put through the promotion gate again.
@@ -19,11 +22,11 @@ from prefect.artifacts import create_markdown_artifact
 from roboloop.evaluation.config import CollectConfig
 from roboloop.lineage import Lineage
 from roboloop.loop import PRESETS, LoopConfig, ci, demo, nightly_gpu  # noqa: F401  (presets, re-exported)
-from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef
+from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
 from roboloop.summary import LoopSummary, RoundResult
 from tasks.dagger import aggregate_task, dagger_collect_task, rounds_artifact
 from tasks.data import convert_task, ingest_task
-from tasks.evaluate import evaluate_task
+from tasks.evaluate import evaluate_offline_task, evaluate_task
 from tasks.register import register_task
 from tasks.train import train_task
 
@@ -34,6 +37,11 @@ def closed_loop(cfg: LoopConfig = LoopConfig()) -> LoopSummary:
     raw = ingest_task(cfg.source, cfg.collect_if_missing, track=cfg.track)
     data = convert_task(raw, cfg.convert, track=cfg.track)
     model = train_task(data, cfg.train, cfg.launch, track=cfg.track, execution=execution)
+    if cfg.evaluation == "offline":
+        offline = evaluate_offline_task(model, data, cfg.offline)
+        decision = register_task(model, _lineage(cfg, raw, data, model, None, None, offline=offline), cfg.model_name,
+                                 margin=cfg.margin)
+        return report(data.md5, data.path, model, None, None, decision, offline=offline)
     evaluation = evaluate_task(model, cfg.eval)
     baseline = evaluate_task("random", cfg.eval.model_copy(update={
         "videos": 1, "episodes": min(cfg.eval.episodes, cfg.baseline_episodes or cfg.eval.episodes)})) \
@@ -65,14 +73,16 @@ def _dagger_recipe(cfg: LoopConfig) -> CollectConfig:
                          execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
 
 
-def _lineage(cfg: LoopConfig, raw: DatasetRef, data: DatasetRef, model: ModelRef, ev: EvalSummary,
-             baseline: EvalSummary | None, round_: int = 0, parent: Decision | None = None) -> Lineage:
-    configs = {"source": cfg.source, "convert": cfg.convert.model_dump(mode="json"),
-               "eval": cfg.eval.model_dump(mode="json"), "round": round_}
+def _lineage(cfg: LoopConfig, raw: DatasetRef, data: DatasetRef, model: ModelRef, ev: EvalSummary | None,
+             baseline: EvalSummary | None, round_: int = 0, parent: Decision | None = None,
+             offline: OfflineSummary | None = None) -> Lineage:
+    configs = {"source": cfg.source, "convert": cfg.convert.model_dump(mode="json"), "round": round_,
+               "evaluation": cfg.evaluation}
+    configs["eval" if ev else "offline"] = (cfg.eval if ev else cfg.offline).model_dump(mode="json")
     if round_:
         configs["dagger"] = cfg.dagger.model_dump(mode="json")
     parents = [f"{parent.name}@v{parent.version}"] if parent else []
-    return Lineage.of(raw, data, model, ev, baseline=baseline, configs=configs, parents=parents)
+    return Lineage.of(raw, data, model, ev, baseline=baseline, configs=configs, parents=parents, offline=offline)
 
 
 def _round(r: int, data: DatasetRef, model: ModelRef, ev: EvalSummary, d: Decision) -> RoundResult:
@@ -82,12 +92,14 @@ def _round(r: int, data: DatasetRef, model: ModelRef, ev: EvalSummary, d: Decisi
                        promoted=d.promoted)
 
 
-def report(dataset_md5: str, dataset: str, model: ModelRef, ev: EvalSummary, baseline: EvalSummary | None,
-           decision: Decision, rounds: list[RoundResult] | None = None) -> LoopSummary:
+def report(dataset_md5: str, dataset: str, model: ModelRef, ev: EvalSummary | None, baseline: EvalSummary | None,
+           decision: Decision, rounds: list[RoundResult] | None = None,
+           offline: OfflineSummary | None = None) -> LoopSummary:
     s = LoopSummary(dataset_v3=dataset, dataset_md5=dataset_md5, model=model.path, model_md5=model.md5,
                     weights_sha256=model.weights_sha256, final_loss=model.metrics.get("final_loss"),
-                    success_rate=ev.success_rate, ci=(ev.ci_low, ev.ci_high), eval_run=ev.run_dir,
+                    success_rate=ev.success_rate if ev else None, ci=(ev.ci_low, ev.ci_high) if ev else None,
+                    eval_run=ev.run_dir if ev else offline.run_dir if offline else "",
                     random_success_rate=baseline.success_rate if baseline else None, decision=decision,
-                    rounds=rounds or [])
+                    rounds=rounds or [], offline=offline)
     create_markdown_artifact(s.markdown(), key="closed-loop-report", description="closed loop summary")
     return s

@@ -54,9 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  evaluation run:      {s.eval_run}  (report.json, eval.png, videos/)")
     print(f"  registry entry:      {r.name} v{r.version} in {r.registry} "
           f"({'champion' if r.promoted else 'not promoted: ' + r.reason})")
-    print(f"  success rate:        policy {s.success_rate:.1%} (95% CI {s.ci[0]:.1%}-{s.ci[1]:.1%})  vs random {rnd}")
+    if s.success_rate is not None and s.ci is not None:
+        print(f"  success rate:        policy {s.success_rate:.1%} (95% CI {s.ci[0]:.1%}-{s.ci[1]:.1%})  "
+              f"vs random {rnd}")
+    if s.offline is not None:
+        print(f"  offline (held-out):  normalised action-chunk MSE {s.offline.mse_norm:.4f} on episodes "
+              f"{s.offline.episodes}")
     print("=" * 72)
-    print(json.dumps(s.model_dump(mode="json", exclude={"decision"}) | {"registry_version": r.version}))
+    print(json.dumps(s.model_dump(mode="json", exclude={"decision", "offline"}) | {"registry_version": r.version}))
     return 0
 
 

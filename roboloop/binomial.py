@@ -87,3 +87,28 @@ def paired_gate(new: str, old: str, margin: float = 0.05, alpha: float = 0.05) -
               f"{r['diff']:+.3f}, {100 * (1 - alpha):.0f}% lower bound {r['ci_low']:+.3f} vs -margin {-margin}: "
               f"{r['decision'].replace('_', ' ')}{more}")
     return r["decision"] == "not_worse", reason
+
+
+def paired_error_gate(new: dict, old: dict, margin: float = 0.05, alpha: float = 0.05) -> tuple[bool, str]:
+    """The promotion gate on offline errors (lower is better) paired by held-out episode: the challenger's
+    per-episode error minus the champion's on the same episodes (same frames, same flow-matching noise).
+
+    A t interval over episodes (an episode's frames are not independent). Passes when the one-sided
+    (1 - alpha) upper bound of the mean difference is below `margin` times the champion's mean error."""
+    from scipy import stats as sps
+
+    common = sorted(set(new) & set(old))
+    n = len(common)
+    if n < 2:
+        return False, f"offline: {n} held-out episode(s) in common; at least 2 are needed to compare"
+    d = [float(new[k]) - float(old[k]) for k in common]
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    hi = mean + float(sps.t.ppf(1 - alpha, n - 1)) * sd / math.sqrt(n)
+    base = sum(float(old[k]) for k in common) / n
+    bound = margin * base
+    ok = hi < bound
+    verdict = "not worse" if ok else "worse" if mean - (hi - mean) > bound else "undecided"
+    return ok, (f"offline, paired over {n} held-out episodes: challenger - champion normalised chunk MSE = "
+                f"{mean:+.4f}, {100 * (1 - alpha):.0f}% upper bound {hi:+.4f} vs margin x champion "
+                f"{bound:.4f}: {verdict}")

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from roboloop import fsutil
 from roboloop.hashing import MODEL_IGNORE, dir_md5, file_sha256
-from roboloop.receipts import DatasetRef, EvalSummary, ModelRef, Receipt
+from roboloop.receipts import DatasetRef, EvalSummary, ModelRef, OfflineSummary, Receipt
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Receipt)
@@ -52,6 +52,8 @@ def verify(receipt: Receipt) -> bool:
             return file_sha256(Path(receipt.path) / "model.safetensors") == receipt.weights_sha256
         if isinstance(receipt, EvalSummary):
             return file_sha256(Path(receipt.run_dir) / "report.json") == receipt.report_sha256
+        if isinstance(receipt, OfflineSummary):
+            return file_sha256(Path(receipt.run_dir) / "offline.json") == receipt.report_sha256
     except OSError:
         return False
     return True

@@ -6,8 +6,10 @@ import argparse
 import json
 import logging
 import math
+import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Literal, get_args, get_origin
@@ -175,7 +177,7 @@ def _evaluate_offline(args: argparse.Namespace) -> int:
                     margin=args.margin, seed=args.seed or 0, device=device)
         print(c.line())
         return 0
-    out = args.output_dir or "artifacts/eval-offline"
+    out = args.output_dir or f"artifacts/evals/offline-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     print(evaluate_offline(args.dataset, model(args.policy), episodes, args.stride, device, args.seed or 0,
                            output_dir=out).line())
     return 0

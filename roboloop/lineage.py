@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from roboloop.receipts import DatasetRef, EvalSummary, ModelRef
+from roboloop.receipts import DatasetRef, EvalSummary, ModelRef, OfflineSummary
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("roboloop", "torch", "lerobot", "isaaclab", "newton", "warp-lang", "gymnasium", "gym-pusht", "prefect",
@@ -79,13 +79,17 @@ class Lineage(BaseModel):
     seed: int = 0
     metrics: dict[str, Any] = Field(description="training metrics (first/final loss, steps, ...)")
     eval: dict[str, Any] | None = Field(None, description="evaluation report (successes, episodes, CI, ...)")
+    offline: OfflineSummary | None = Field(None, description="offline evaluation on held-out episodes (no simulator)")
+    offline_eval: dict[str, Any] | None = Field(None, description="its key facts for the gate: dataset_md5, episodes, "
+                                                "stride, seed, mse_norm, per_episode")
     packages: dict[str, str] = Field(default_factory=package_versions)
     created: float = Field(default_factory=time.time)
     flow_run: str | None = None
 
     @classmethod
     def of(cls, raw: DatasetRef | None, dataset: DatasetRef, model: ModelRef, evaluation: EvalSummary | None,
-           configs: dict[str, Any], baseline: EvalSummary | None = None, **kw: Any) -> Lineage:
+           configs: dict[str, Any], baseline: EvalSummary | None = None, offline: OfflineSummary | None = None,
+           **kw: Any) -> Lineage:
         """A lineage from the stages' receipts (the flat fields derived from them)."""
         ev = None
         if evaluation is not None:
@@ -94,7 +98,10 @@ class Lineage(BaseModel):
             ev["execute_steps"] = evaluation.execution.execute_steps
             if evaluation.outcomes is not None:
                 ev["outcomes"] = evaluation.outcomes
-        return cls(raw=raw, dataset=dataset, model=model, evaluation=evaluation, baseline=baseline,
+        off = offline.model_dump(include={"dataset_md5", "episodes", "stride", "seed", "mse_norm", "per_episode"}) \
+            if offline is not None else None
+        return cls(raw=raw, dataset=dataset, model=model, evaluation=evaluation, baseline=baseline, offline=offline,
+                   offline_eval=off,
                    dataset_md5=dataset.md5, raw_dataset_md5=raw.md5 if raw else None, model_md5=model.md5,
                    config={**configs, "train": model.config}, seed=int(model.config.get("seed", 0)),
                    metrics={**model.metrics, "weights_sha256": model.weights_sha256}, eval=ev, **kw)

@@ -9,10 +9,12 @@ policy an evaluation runs) are not parameters.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
 
 from roboloop.datasets.config import ConvertConfig
-from roboloop.evaluation.config import CollectConfig, EvalRecipe
+from roboloop.evaluation.config import CollectConfig, EvalRecipe, OfflineRecipe
 from roboloop.training.config import LaunchConfig, TrainRecipe
 
 
@@ -34,7 +36,12 @@ class LoopConfig(BaseModel):
                                    description="v3 file size / episode caps")
     train: TrainRecipe = Field(default_factory=TrainRecipe, description="model preset, steps, precision, ...")
     launch: LaunchConfig | None = Field(None, description="ranks and nodes; empty: what the work pool's job sets")
+    evaluation: Literal["simulator", "offline"] = Field(
+        "simulator", description="simulator: roll the policy out in `eval.task`; offline: data with no simulator "
+        "twin (real-robot recordings): score action chunks on the episodes training held out (train.val_fraction)")
     eval: EvalRecipe = Field(default_factory=EvalRecipe, description="task, episodes, execution settings")
+    offline: OfflineRecipe = Field(default_factory=OfflineRecipe, description="how to score offline "
+                                   "(evaluation: offline)")
     baseline: bool = Field(True, description="also evaluate a random policy on the same episodes")
     baseline_episodes: int | None = Field(16, ge=1, description="the random policy's episodes (the first N of the "
                                           "policy's; each runs to the time limit); empty: all of them")
@@ -44,6 +51,17 @@ class LoopConfig(BaseModel):
     rounds: int = Field(1, ge=1, description="1: one pass; N: N-1 DAgger rounds after it (Roboloop tasks with a "
                         "scripted expert, a v2.x source)")
     dagger: DaggerConfig = Field(default_factory=DaggerConfig, description="what each DAgger round does")
+
+    @model_validator(mode="after")
+    def _offline_needs_held_out_episodes(self) -> LoopConfig:
+        if self.evaluation == "offline":
+            if self.train.val_fraction <= 0:
+                raise ValueError("evaluation 'offline' scores the episodes training holds out: set train.val_fraction "
+                                 "> 0 (e.g. 0.1)")
+            if self.rounds > 1:
+                raise ValueError("rounds > 1 (DAgger) needs a simulator and a scripted expert; evaluation 'offline' "
+                                 "has neither")
+        return self
 
 
 def demo() -> LoopConfig:

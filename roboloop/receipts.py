@@ -91,6 +91,29 @@ class EvalSummary(Receipt):
         return self.report_sha256
 
 
+class OfflineSummary(Receipt):
+    """One offline evaluation: a model's action-chunk error on the held-out episodes of the dataset it was
+    trained on (for data without a simulator twin); per-episode errors for the paired offline gate."""
+
+    run_dir: str = Field(description="its own folder (offline.json, open_loop.png)")
+    report_sha256: str = Field(description="sha256 of offline.json")
+    policy_id: str = Field(description="weights sha256 of the model scored")
+    dataset_md5: str = Field(description="the dataset whose held-out episodes were scored")
+    episodes: list[int] = Field(description="the held-out episodes scored")
+    samples: int = Field(ge=0, description="frames scored")
+    stride: int = Field(ge=1)
+    seed: int = 0
+    mse_norm: float = Field(description="mean normalised chunk MSE over the samples (lower is better)")
+    per_episode: dict[str, float] = Field(description="normalised chunk MSE per held-out episode (its index)")
+    action_names: list[str] = Field(default_factory=list)
+    mae: list[float] = Field(default_factory=list, description="per action dimension, physical units")
+    mae_norm: list[float] = Field(default_factory=list, description="per action dimension, / the action std")
+    plot: str | None = None
+
+    def identity(self) -> str:
+        return self.report_sha256
+
+
 class Decision(Receipt):
     """What the registry did with a model: its version, and whether the promotion gate made it champion."""
 

@@ -26,10 +26,10 @@ from roboloop import fsutil
 from roboloop.binomial import outcomes_by_episode
 from roboloop.cache import ReceiptCache, cache_key
 from roboloop.datasets.config import ConvertConfig
-from roboloop.evaluation.config import CollectConfig, EvalConfig, EvalRecipe
+from roboloop.evaluation.config import CollectConfig, EvalConfig, EvalRecipe, OfflineRecipe
 from roboloop.hashing import MODEL_IGNORE, dir_md5, file_sha256
 from roboloop.lineage import Lineage
-from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef
+from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
 from roboloop.training.config import LaunchConfig, TrainConfig, TrainRecipe
 
 OnLine = Callable[[str], None]
@@ -242,6 +242,31 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     return summary
 
 
+def evaluate_offline(model: ModelRef, data: DatasetRef, recipe: OfflineRecipe, episodes: list[int] | None = None,
+                     cache: ReceiptCache | None = None, runs_root: str | Path | None = None) -> OfflineSummary:
+    """The model's action-chunk error on `data`'s episodes it held out (or the given `episodes`), in a run
+    folder of its own; for data with no simulator twin. Keyed on weights + dataset md5 + recipe + episodes."""
+    from roboloop.evaluation.offline import evaluate_offline as score
+
+    key = cache_key("evaluate-offline", model.weights_sha256, data.md5, recipe.model_dump(), episodes)
+    if cache and (hit := cache.get(key, OfflineSummary)):
+        return hit
+    label = slug(model.name or Path(model.path).name, 32)
+    run_dir = Path(runs_root or artifacts_root() / "evals") / \
+        f"{label}-offline-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    r = score(data.path, model.path, episodes if episodes is not None else "validation", recipe.stride,
+              recipe.device, recipe.seed, output_dir=run_dir, plot_episodes=recipe.plot_episodes)
+    s = OfflineSummary(run_dir=str(run_dir.absolute()), report_sha256=file_sha256(run_dir / "offline.json"),
+                       policy_id=model.weights_sha256, dataset_md5=data.md5, episodes=r.episodes, samples=r.samples,
+                       stride=r.stride, seed=recipe.seed, mse_norm=r.mse_norm,
+                       per_episode={str(k): v for k, v in r.per_episode_mse_norm.items()},
+                       action_names=r.action_names, mae=r.mae, mae_norm=r.mae_norm, plot=r.plot)
+    if cache:
+        cache.put(key, s)
+    return s
+
+
 def sweep_candidates(run: str | Path, include_final: bool = True) -> list[tuple[int, ModelRef]]:
     """(step, model) for every kept checkpoint of a training run (exported beside it as model folders under
     artifacts/models/<run>-step<N>), and the run's final model."""
@@ -283,6 +308,24 @@ def register(model: ModelRef, lineage: Lineage, name: str, registry: str | None 
         version = reg.register(name, model.path, lineage.model_dump(mode="json"))
     if not promote:
         return Decision(registry=reg.uri, name=name, version=version, reused=reused)
-    d = reg.promote(name, version, margin=margin)
+    d = reg.promote(name, version, margin=margin, rescore=_offline_rescorer(reg.uri, name, lineage))
     return Decision(registry=reg.uri, name=name, version=version, reused=reused, promoted=d.promoted,
                     reason=d.reason, champion=d.champion_after)
+
+
+def _offline_rescorer(uri: str, name: str, lineage: Lineage) -> Callable[[int, dict], dict] | None:
+    """For a version evaluated offline only: scores a champion on the same held-out episodes of the same
+    dataset, stride and noise seed, so the gate pairs them (the champion may have trained on some of those
+    episodes, which can only favour it: the comparison errs against promotion)."""
+    off, data = lineage.offline, lineage.dataset
+    if off is None or data is None:
+        return None
+
+    def rescore(champion: int, _offline_eval: dict) -> dict:
+        model = resolve_policy(f"registry:{uri}#{name}@{champion}")
+        assert model is not None
+        recipe = OfflineRecipe(stride=off.stride, seed=off.seed, plot_episodes=0)
+        s = evaluate_offline(model, data, recipe, episodes=off.episodes, cache=ReceiptCache())
+        return s.model_dump(include={"dataset_md5", "episodes", "stride", "seed", "mse_norm", "per_episode"})
+
+    return rescore

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from roboloop.receipts import Decision
+from roboloop.receipts import Decision, OfflineSummary
 
 
 class RoundResult(BaseModel):
@@ -53,11 +53,12 @@ class LoopSummary(BaseModel):
     model_md5: str
     weights_sha256: str
     final_loss: float | None
-    success_rate: float
-    ci: tuple[float, float]
+    success_rate: float | None = Field(description="in simulation (None: evaluated offline)")
+    ci: tuple[float, float] | None
     eval_run: str
     random_success_rate: float | None
     decision: Decision
+    offline: OfflineSummary | None = Field(None, description="offline evaluation on held-out episodes")
     rounds: list[RoundResult] = Field(default_factory=list, description="every round's result (DAgger)")
 
     def markdown(self) -> str:
@@ -65,8 +66,13 @@ class LoopSummary(BaseModel):
         loss = "n/a" if self.final_loss is None else f"{self.final_loss:.4f}"
         lines = ["## roboloop closed loop", "", "| stage | result |", "|---|---|",
                  f"| dataset | `{self.dataset_v3}` (md5 `{self.dataset_md5}`) |",
-                 f"| model | `{self.model}` (final loss {loss}) |",
-                 f"| policy success | **{self.success_rate:.1%}** (95% CI {self.ci[0]:.1%}-{self.ci[1]:.1%}) |"]
+                 f"| model | `{self.model}` (final loss {loss}) |"]
+        if self.success_rate is not None and self.ci is not None:
+            lines.append(f"| policy success | **{self.success_rate:.1%}** (95% CI {self.ci[0]:.1%}-{self.ci[1]:.1%}) |")
+        if self.offline is not None:
+            o = self.offline
+            lines.append(f"| held-out episodes {o.episodes} | normalised action-chunk MSE **{o.mse_norm:.4f}** "
+                         f"({o.samples} frames; no simulator) |")
         if self.random_success_rate is not None:
             lines.append(f"| random policy | {self.random_success_rate:.1%} |")
         lines.append(f"| registry | `{d.name}` v{d.version} in `{d.registry}`; promoted: {d.promoted} |")

@@ -6,8 +6,8 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from roboloop import stages
-from roboloop.evaluation.config import EvalRecipe
-from roboloop.receipts import EvalSummary, ModelRef
+from roboloop.evaluation.config import EvalRecipe, OfflineRecipe
+from roboloop.receipts import DatasetRef, EvalSummary, ModelRef, OfflineSummary
 from tasks.common import NO_CACHE, artifact_key, png_markdown, receipts, relay
 
 
@@ -23,4 +23,19 @@ def evaluate_task(policy: str | ModelRef, recipe: EvalRecipe) -> EvalSummary:
     plot = png_markdown(s.plot and f"{s.run_dir}/eval.png", f"success of {s.policy}")
     if plot:
         create_markdown_artifact(f"### {s.policy} on {s.task}\n\n{plot}", key=key + "-plot")
+    return s
+
+
+@task(name="evaluate-offline", cache_policy=NO_CACHE)
+def evaluate_offline_task(model: ModelRef, data: DatasetRef, recipe: OfflineRecipe) -> OfflineSummary:
+    """Action-chunk error on the episodes the model held out (data without a simulator twin)."""
+    s = stages.evaluate_offline(model, data, recipe, cache=receipts())
+    key = artifact_key("eval-offline", model.weights_sha256[:12])
+    create_table_artifact([{"action": n, "mae": round(a, 4), "mae_norm": round(b, 3)}
+                           for n, a, b in zip(s.action_names, s.mae, s.mae_norm, strict=False)], key=key,
+                          description=f"held-out episodes {s.episodes}: normalised chunk MSE {s.mse_norm:.4f} "
+                                      f"over {s.samples} frames")
+    plot = png_markdown(s.plot, "open loop: predicted vs recorded actions")
+    if plot:
+        create_markdown_artifact(f"### Open loop on held-out episodes\n\n{plot}", key=key + "-plot")
     return s

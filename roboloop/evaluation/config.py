@@ -32,6 +32,16 @@ class EvalRecipe(BaseModel):
     videos: int = Field(2, ge=0, description="rollout mp4s to write")
 
 
+class OfflineRecipe(BaseModel):
+    """How to score a model without a simulator: its action chunks against the recorded ones on the episodes
+    it held out (`TrainRecipe.val_fraction`)."""
+
+    stride: int = Field(4, ge=1, description="score every stride-th frame of each held-out episode")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the model runs")
+    seed: int = Field(0, description="seeds the flow-matching noise (the same for every model: paired frames)")
+    plot_episodes: int = Field(3, ge=0, description="held-out episodes drawn in the open-loop plot")
+
+
 class EvalConfig(EvalRecipe):
     """What to evaluate, where, and how many episodes."""
 

@@ -134,8 +134,13 @@ def evaluate_offline(dataset: str | Path, model_dir: str | Path, episodes: str |
                            rmse_norm=e["rmse_norm"].tolist(), mse_norm=float(e["per_sample_mse_norm"].mean()),
                            first_action_mae=first.tolist(), per_episode_mse_norm=per_ep)
     if output_dir is not None:
+        if Path(output_dir).exists():
+            raise FileExistsError(f"{output_dir} already exists: offline evaluation writes a new folder; choose "
+                                  "another --output-dir")
+        Path(output_dir).parent.mkdir(parents=True, exist_ok=True)
         out = fsutil.make_dir(Path(output_dir))
-        report.plot = str(plot_open_loop(p, eps[:plot_episodes], names, out / "open_loop.png"))
+        if plot_episodes > 0:
+            report.plot = str(plot_open_loop(p, eps[:plot_episodes], names, out / "open_loop.png"))
         fsutil.atomic_write_text(out / "offline.json", json.dumps(asdict(report), indent=1))
     return report
 

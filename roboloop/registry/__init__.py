@@ -20,14 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from roboloop import fsutil
-from roboloop.binomial import non_inferior, paired_gate
+from roboloop.binomial import non_inferior, paired_error_gate, paired_gate
 from roboloop.datasets import layout
 from roboloop.errors import RoboloopError
 from roboloop.registry.store import PreconditionFailed, open_store
@@ -50,6 +52,23 @@ def _check_eval(name: str, v: int, ev: Any) -> None:
     if not ok or not isinstance(s, int) or not isinstance(n, int) or isinstance(s, bool) or not 0 <= s <= n or n < 1:
         raise CorruptVersionError(f"{name} v{v}: lineage.json's eval report is inconsistent "
                                   f"(successes={s!r}, episodes={n!r}); refusing to use it")
+
+
+def _check_offline(name: str, v: int, off: Any) -> None:
+    per = off.get("per_episode") if isinstance(off, dict) else None
+    if not isinstance(per, dict) or not per or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+            for x in per.values()) or sorted(str(e) for e in off.get("episodes") or []) != sorted(per):
+        raise CorruptVersionError(f"{name} v{v}: lineage.json's offline_eval is inconsistent (its per-episode "
+                                  "errors do not match its episodes); refusing to use it")
+
+
+def _offline_comparable(new: dict[str, Any], old: dict[str, Any] | None) -> bool:
+    """Scored on the same held-out episodes of the same dataset, with the same stride and noise seed."""
+    if not old or not new.get("episodes"):
+        return False
+    return all(new.get(k) == old.get(k) for k in ("dataset_md5", "stride", "seed")) and \
+        sorted(new["episodes"]) == sorted(old.get("episodes") or [])
 
 
 def _verify(dst: Path, files: dict[str, dict]) -> bool:
@@ -250,12 +269,18 @@ class Registry:
             self.store.put_bytes(f"{name}/aliases.json", data, if_match=etag)
 
     def promote(self, name: str, ref: str | int, margin: float = 0.05, alpha: float = 0.05,
-                force: bool = False) -> Decision:
+                force: bool = False, rescore: Callable[[int, dict[str, Any]], dict[str, Any]] | None = None
+                ) -> Decision:
         """Make `ref` champion if it is not worse than the current one (paired over the same episodes when
         both were evaluated on the same task, seed and execution settings; else a two-proportion test on the
-        eval reports in lineage); otherwise make it challenger and record why."""
+        eval reports in lineage); otherwise make it challenger and record why.
+
+        A version evaluated offline only (no simulator) is compared on its held-out episodes, paired by
+        episode; when the champion was not scored on those, `rescore(champion, offline_eval)` scores it
+        there (without it the version is not promoted)."""
         v = self.resolve(name, ref)
         ev = self._eval(name, v)
+        rescored: dict[int, dict[str, Any]] = {}
         for _attempt in range(200):
             al, etag = self.aliases(name)
             champ = al.get("champion")
@@ -266,12 +291,7 @@ class Registry:
             elif force:
                 ok, reason = True, "forced"
             else:
-                try:
-                    c = self._eval(name, int(champ))
-                except CorruptVersionError as e:  # a corrupt champion must not block every promotion
-                    ok, reason = True, f"champion v{champ} is unusable ({e})"
-                else:
-                    ok, reason = _gate(ev, c, margin, alpha)
+                ok, reason = self._against(name, ev, int(champ), margin, alpha, rescore, rescored)
             d = Decision(v, ok, reason, champ, v if ok else champ, time.time())
             new = {**al, "decisions": [*al.get("decisions", []), asdict(d)]}
             if ok:
@@ -287,13 +307,34 @@ class Registry:
                 time.sleep(0.01 + 0.02 * (_attempt % 5))
         raise RegistryError(f"could not update {name}/aliases.json: too much contention")
 
+    def _against(self, name: str, ev: dict[str, Any], champ: int, margin: float, alpha: float,
+                 rescore: Callable[[int, dict[str, Any]], dict[str, Any]] | None,
+                 rescored: dict[int, dict[str, Any]]) -> tuple[bool, str]:
+        try:
+            c = self._eval(name, champ)
+        except CorruptVersionError as e:  # a corrupt champion must not block every promotion
+            return True, f"champion v{champ} is unusable ({e})"
+        if ("successes" not in ev or "successes" not in c) and ev.get("offline") and rescore and \
+                not _offline_comparable(ev["offline"], c.get("offline")):
+            if champ not in rescored:  # the champion scored on this version's held-out episodes
+                rescored[champ] = rescore(champ, ev["offline"])
+            c["offline"] = rescored[champ]
+        return _gate(ev, c, margin, alpha)
+
     def _eval(self, name: str, v: int) -> dict[str, Any]:
-        ev = self.lineage(name, v).get("eval") or {}  # validated by lineage()
+        lin = self.lineage(name, v)  # eval validated by lineage()
+        ev, off = lin.get("eval") or {}, lin.get("offline_eval")
+        if off is not None:
+            _check_offline(name, v, off)
         if "successes" not in ev or "episodes" not in ev:
-            raise RegistryError(f"{name} v{v}: lineage has no eval report (successes, episodes); evaluate it "
-                                "before promoting")
-        out = {"successes": int(ev["successes"]), "episodes": int(ev["episodes"]),
-               **{k: ev.get(k) for k in ("task", "seed", "execute_steps")}}
+            if off is not None:
+                return {"offline": off}
+            raise RegistryError(f"{name} v{v}: lineage has no eval report (successes, episodes) and no offline "
+                                "evaluation; evaluate it before promoting")
+        out: dict[str, Any] = {"successes": int(ev["successes"]), "episodes": int(ev["episodes"]),
+                               **{k: ev.get(k) for k in ("task", "seed", "execute_steps")}}
+        if off is not None:
+            out["offline"] = off
         o = ev.get("outcomes")
         if o is not None:
             if not isinstance(o, str) or set(o) - {"0", "1"} or len(o) != out["episodes"] or \
@@ -305,7 +346,13 @@ class Registry:
 
 
 def _gate(new: dict[str, Any], old: dict[str, Any], margin: float, alpha: float) -> tuple[bool, str]:
-    """Paired when both runs played the same numbered episodes (task, seed, execution); else unpaired."""
+    """Paired when both runs played the same numbered episodes (task, seed, execution); else unpaired.
+    Offline-only versions: paired over the held-out episodes both were scored on."""
+    if "successes" not in new or "successes" not in old:
+        if not _offline_comparable(new.get("offline") or {}, old.get("offline")):
+            return False, ("not comparable: no simulator evaluation of both, and no offline scores on the same "
+                           "held-out episodes; not promoted")
+        return paired_error_gate(new["offline"]["per_episode"], old["offline"]["per_episode"], margin, alpha)
     same = all(new.get(k) == old.get(k) and new.get(k) is not None for k in ("task", "seed", "execute_steps"))
     if same and new.get("outcomes") and old.get("outcomes"):
         return paired_gate(new["outcomes"], old["outcomes"], margin, alpha)
