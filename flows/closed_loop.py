@@ -42,9 +42,10 @@ def closed_loop(cfg: LoopConfig = LoopConfig()) -> LoopSummary:
         decision = register_task(model, _lineage(cfg, raw, data, model, None, None, offline=offline), cfg.model_name,
                                  margin=cfg.margin)
         return report(data.md5, data.path, model, None, None, decision, offline=offline)
-    evaluation = evaluate_task(model, cfg.eval)
+    evaluation = evaluate_task(model, cfg.eval, cfg.model_name, cfg.margin)
     baseline = evaluate_task("random", cfg.eval.model_copy(update={
-        "videos": 1, "episodes": min(cfg.eval.episodes, cfg.baseline_episodes or cfg.eval.episodes)})) \
+        "videos": 1, "episodes": min(cfg.eval.episodes, cfg.baseline_episodes or cfg.eval.episodes),
+        "early_stop": False})) \
         if cfg.baseline else None
     decision = register_task(model, _lineage(cfg, raw, data, model, evaluation, baseline), cfg.model_name,
                              margin=cfg.margin)
@@ -57,7 +58,7 @@ def closed_loop(cfg: LoopConfig = LoopConfig()) -> LoopSummary:
                                               "lr": cfg.dagger.lr, "warmup_steps": 0})
         parent = decision
         model = train_task(data, recipe, cfg.launch, track=cfg.track, execution=execution)
-        evaluation = evaluate_task(model, cfg.eval)
+        evaluation = evaluate_task(model, cfg.eval, cfg.model_name, cfg.margin)
         decision = register_task(model, _lineage(cfg, raw, data, model, evaluation, baseline, r, parent),
                                  cfg.model_name, margin=cfg.margin)
         rounds.append(_round(r, data, model, evaluation, decision))

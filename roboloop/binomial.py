@@ -50,23 +50,24 @@ def paired_difference(challenger: dict[int, bool], champion: dict[int, bool], ma
     """Challenger minus champion success on the same episodes (same initial states), paired by episode number.
 
     Returns the difference, its 95% interval (Wald on the per-episode differences, which only the discordant
-    pairs move), the decision (`not_worse`: the lower bound is above -margin; `worse`: the upper bound is
-    below -margin; else `undecided`) and, when undecided, about how many paired episodes would decide it
-    if the observed difference and spread held."""
+    pairs move; their variance floored at 1/n, as if one pair were discordant), the decision (`not_worse`:
+    the lower bound is above -margin; `worse`: the upper bound is below -margin; else `undecided`) and, when
+    undecided, about how many paired episodes would decide it if the observed difference and spread held."""
     common = sorted(set(challenger) & set(champion))
     n = len(common)
     if n == 0:
         raise ValueError("no episode in common: evaluate both on the same task and seed")
     d = [int(challenger[k]) - int(champion[k]) for k in common]
     mean = sum(d) / n
-    var = sum((x - mean) ** 2 for x in d) / max(n - 1, 1)
-    half = z * math.sqrt(max(var, 1e-12) / n)
+    # at least one discordant pair's worth of spread: 16 concordant pairs do not prove "not worse" by 0.05
+    var = max(sum((x - mean) ** 2 for x in d) / max(n - 1, 1), 1.0 / n)
+    half = z * math.sqrt(var / n)
     lo, hi = mean - half, mean + half
     decision = "not_worse" if lo > -margin else "worse" if hi < -margin else "undecided"
     needed = None
     if decision == "undecided":
         gap = abs(mean + margin)
-        sd = math.sqrt(max(var, 1.0 / n))
+        sd = math.sqrt(var)
         needed = math.ceil((z * sd / gap) ** 2) if gap > 1e-9 else None  # None: no sample size decides a tie
     return {"episodes": n, "diff": mean, "ci_low": lo, "ci_high": hi, "margin": margin, "decision": decision,
             "discordant": sum(x != 0 for x in d), "episodes_needed": needed}
@@ -112,3 +113,22 @@ def paired_error_gate(new: dict, old: dict, margin: float = 0.05, alpha: float =
     return ok, (f"offline, paired over {n} held-out episodes: challenger - champion normalised chunk MSE = "
                 f"{mean:+.4f}, {100 * (1 - alpha):.0f}% upper bound {hi:+.4f} vs margin x champion "
                 f"{bound:.4f}: {verdict}")
+
+
+def early_decision(outcomes: list[bool], reference: str, planned: int, look_every: int, margin: float = 0.05,
+                   alpha: float = 0.05) -> str | None:
+    """At a look after `len(outcomes)` episodes (numbered 0..k-1) of a run planned for `planned`: the paired
+    decision against `reference` ('1'/'0' per numbered episode) if it is already certain, else None.
+
+    Each of the planned looks tests at alpha / looks (Bonferroni), so stopping at the first certain look
+    keeps the overall error at most alpha, for "not worse" and "worse" alike."""
+    from statistics import NormalDist
+
+    looks = max(1, math.ceil(min(planned, len(reference)) / look_every))
+    z = NormalDist().inv_cdf(1 - alpha / looks)
+    r = paired_difference(dict(enumerate(outcomes)), {i: c == "1" for i, c in enumerate(reference)}, margin, z=z)
+    if r["decision"] == "undecided":
+        return None
+    return (f"stopped after {r['episodes']} of {planned} episodes: paired with the champion, {r['decision']} "
+            f"(diff {r['diff']:+.3f}, bound {r['ci_low' if r['decision'] == 'not_worse' else 'ci_high']:+.3f} "
+            f"at alpha {alpha}/{looks} looks)").replace("not_worse", "not worse")

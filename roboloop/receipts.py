@@ -86,6 +86,8 @@ class EvalSummary(Receipt):
     videos: list[str] = Field(default_factory=list)
     outcomes: str | None = Field(None, description="success (1) or not (0) of each episode in start order: the "
                                  "same initial states for every policy evaluated on this task and seed (paired gate)")
+    planned_episodes: int | None = Field(None, description="when it stopped early: the episodes it would have run")
+    stopped_early: str | None = Field(None, description="why it stopped early (the gate's decision was certain)")
 
     def identity(self) -> str:
         return self.report_sha256

@@ -207,26 +207,46 @@ def _outcomes(report: dict) -> str | None:
     return "".join("1" if by_index[i] else "0" for i in range(len(by_index)))
 
 
+def champion_outcomes(name: str, recipe: EvalRecipe, registry: str | None = None) -> str | None:
+    """The champion's outcomes per numbered episode when it was evaluated as `recipe` would be (same task,
+    seed and execution settings), else None."""
+    from roboloop.registry import Registry, RegistryError
+
+    reg = Registry(registry)
+    try:
+        ev = reg.lineage(name, "champion").get("eval") or {}
+    except RegistryError:  # no champion yet, or an unusable one
+        return None
+    same = ev.get("task") == recipe.task and ev.get("seed") == recipe.seed and \
+        ev.get("execute_steps") == recipe.execute_steps
+    return ev.get("outcomes") if same else None
+
+
 def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | None = None,
              runs_root: str | Path | None = None, save_rollouts: str | None = None,
-             on_line: OnLine = print) -> EvalSummary:
-    """Exactly `recipe.episodes` episodes in a child process, into a run folder of its own."""
+             on_line: OnLine = print, against: str | None = None, registry: str | None = None,
+             margin: float = 0.05) -> EvalSummary:
+    """Exactly `recipe.episodes` episodes in a child process, into a run folder of its own; with
+    `recipe.early_stop` and `against` (a registry model name), fewer when the paired decision against that
+    model's champion is certain earlier."""
     from roboloop.evaluation.run import evaluate_in_subprocess
 
     model = resolve_policy(policy)
     if recipe.execute_steps is None:  # the settings the model was validated (and registered) with
         recipe = recipe.model_copy(update={"execute_steps": model.execution.execute_steps if model
                                            else ExecutionSettings().execute_steps})
+    reference = champion_outcomes(against, recipe, registry) if recipe.early_stop and against and \
+        save_rollouts is None else None
     label = policy if isinstance(policy, str) else f"{model.name or Path(model.path).name}"  # type: ignore[union-attr]
     policy_id = model.weights_sha256 if model else str(policy)
-    key = cache_key("evaluate", policy_id, recipe.model_dump(), save_rollouts is not None)
+    key = cache_key("evaluate", policy_id, recipe.model_dump(), save_rollouts is not None, reference, margin)
     if cache and save_rollouts is None and (hit := cache.get(key, EvalSummary)):
         return hit
     stamp = time.strftime("%Y%m%dT%H%M%S")
     run_dir = Path(runs_root or artifacts_root() / "evals") / f"{slug(label, 32)}-{slug(recipe.task, 32)}-{stamp}-" \
                                                               f"{secrets.token_hex(2)}"
     cfg = EvalConfig.of(recipe, policy=model.path if model else str(policy), output_dir=str(run_dir),
-                        save_rollouts=save_rollouts)
+                        save_rollouts=save_rollouts, stop_against=reference, stop_margin=margin)
     report = evaluate_in_subprocess(cfg, on_line=on_line)
     full = (run_dir / "report.json").read_bytes()  # what the child wrote, per-episode rows included
     summary = EvalSummary(run_dir=str(run_dir.absolute()), report_sha256=hashlib.sha256(full).hexdigest(),
@@ -235,7 +255,8 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
                           ci_low=report["ci_low"], ci_high=report["ci_high"], mean_length=report.get("mean_length"),
                           env_steps_per_s=report.get("env_steps_per_s"), seed=recipe.seed,
                           execution=ExecutionSettings(execute_steps=recipe.execute_steps or 4), plot=report.get("plot"),
-                          videos=list(report.get("videos") or []), outcomes=_outcomes(json.loads(full)))
+                          videos=list(report.get("videos") or []), outcomes=_outcomes(json.loads(full)),
+                          planned_episodes=report.get("planned_episodes"), stopped_early=report.get("stopped_early"))
     fsutil.atomic_write_text(run_dir / "summary.json", summary.model_dump_json(indent=1))
     if cache and save_rollouts is None:
         cache.put(key, summary)

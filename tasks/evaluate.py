@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from roboloop import stages
@@ -12,9 +12,13 @@ from tasks.common import NO_CACHE, artifact_key, png_markdown, receipts, relay
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate_task(policy: str | ModelRef, recipe: EvalRecipe) -> EvalSummary:
-    """Exactly `recipe.episodes` episodes; keyed on the policy's weights (aliases resolved first) + recipe + code."""
-    s = stages.evaluate(policy, recipe, cache=receipts(), on_line=relay("[eval] "))
+def evaluate_task(policy: str | ModelRef, recipe: EvalRecipe, against: str | None = None,
+                  margin: float = 0.05) -> EvalSummary:
+    """`recipe.episodes` episodes (fewer with `recipe.early_stop` once the paired decision against `against`'s
+    champion is certain); keyed on the policy's weights (aliases resolved first) + recipe + code."""
+    s = stages.evaluate(policy, recipe, cache=receipts(), on_line=relay("[eval] "), against=against, margin=margin)
+    if s.stopped_early:
+        get_run_logger().info("early stop: %s", s.stopped_early)
     key = artifact_key("eval", s.policy, s.task)
     create_table_artifact([{"policy": s.policy, "task": s.task, "episodes": s.episodes, "successes": s.successes,
                             "success_rate": round(s.success_rate, 3), "ci_low": round(s.ci_low, 3),

@@ -30,6 +30,9 @@ class EvalRecipe(BaseModel):
     execute_steps: int | None = Field(None, ge=1, description="actions of each predicted chunk executed before "
                                       "re-planning; empty: what the model was validated with (registry), else 4")
     videos: int = Field(2, ge=0, description="rollout mp4s to write")
+    early_stop: bool = Field(False, description="in the closed loop: stop as soon as the promotion gate's paired "
+                             "decision against the champion (same task, seed, execution) is certain, checked every "
+                             "16 episodes (Bonferroni over the looks); `episodes` is then the most it runs")
 
 
 class OfflineRecipe(BaseModel):
@@ -48,10 +51,15 @@ class EvalConfig(EvalRecipe):
     policy: str = Field("expert", description="expert, random, a model folder, or registry:NAME@champion|vN")
     output_dir: str = Field("artifacts/eval", description="report.json, eval.png, videos/")
     save_rollouts: str | None = Field(None, description="also write the rollouts as a LeRobot v3 dataset here")
+    stop_against: str | None = Field(None, description="early stop: the champion's outcomes ('1'/'0' per numbered "
+                                     "episode) to pair with")
+    stop_margin: float = Field(0.05, ge=0, le=1, description="early stop: the gate's non-inferiority margin")
 
     @classmethod
-    def of(cls, recipe: EvalRecipe, policy: str, output_dir: str, save_rollouts: str | None = None) -> EvalConfig:
-        return cls(**recipe.model_dump(), policy=policy, output_dir=output_dir, save_rollouts=save_rollouts)
+    def of(cls, recipe: EvalRecipe, policy: str, output_dir: str, save_rollouts: str | None = None,
+           stop_against: str | None = None, stop_margin: float = 0.05) -> EvalConfig:
+        return cls(**recipe.model_dump(), policy=policy, output_dir=output_dir, save_rollouts=save_rollouts,
+                   stop_against=stop_against, stop_margin=stop_margin)
 
 
 class CollectConfig(BaseModel):

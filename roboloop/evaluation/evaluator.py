@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -63,12 +64,17 @@ class EvalReport:
     rollouts: str | None = None
     per_episode: list[dict] = field(default_factory=list)
     seed: int = 0  # with the task: which initial states the numbered episodes had
+    planned_episodes: int | None = None  # when it stopped early: how many it would have run
+    stopped_early: str | None = None  # why (the paired decision that was already certain)
 
     def to_json(self, full: bool = False) -> str:
         d = asdict(self)
         if not full:
             d.pop("per_episode")
         return json.dumps(d)
+
+
+LOOK_EVERY = 16  # episodes between two looks of an early-stopping evaluation
 
 
 class Recorder:
@@ -98,23 +104,41 @@ class Recorder:
 
 def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int = 8, videos: int = 2,
              output_dir: str | Path | None = None, record_rollouts: bool = False, seed: int = 0,
-             max_env_steps: int = 10_000_000, labeler: Policy | None = None) -> tuple[EvalReport, list[dict]]:
+             max_env_steps: int = 10_000_000, labeler: Policy | None = None,
+             stop: Callable[[list[bool]], str | None] | None = None, look_every: int = LOOK_EVERY
+             ) -> tuple[EvalReport, list[dict]]:
     """Returns the report and (if `record_rollouts`) the counted episodes' trajectories.
 
     With a `labeler` (the scripted expert), recorded trajectories carry the labeler's action at each
-    visited state instead of the executed one: DART-style noisy demonstrations and DAgger relabelling."""
+    visited state instead of the executed one: DART-style noisy demonstrations and DAgger relabelling.
+
+    With `stop`, every `look_every` episodes the outcomes of episodes 0..k-1 (all finished: a prefix by
+    start order, so quick episodes are not favoured) are passed to it; a reason returned ends the run
+    there, and the report counts exactly those k episodes."""
     if episodes < 1:
         raise ValueError("episodes must be >= 1")
+    if stop is not None and record_rollouts:
+        raise ValueError("early stopping and recorded rollouts do not mix (the rollouts would include episodes "
+                         "past the stopping point)")
     run = _Run(env, policy, episodes, execute_steps, videos, output_dir is not None, record_rollouts)
     run.labeler = labeler
     obs = env.reset(seed=seed)
+    next_look, why = look_every, None
     while len(run.results) < episodes:
         obs = run.step(obs)
         if run.env_steps > max_env_steps:
             raise RuntimeError(f"{len(run.results)}/{episodes} episodes after {run.env_steps} env steps: an env "
                                "never ends")
+        if stop is not None and len(run.results) < episodes and (k := run.finished_prefix()) >= next_look:
+            k = k // look_every * look_every
+            next_look = k + look_every
+            if why := stop(run.outcomes(k)):
+                run.truncate(k)
+                break
     report = run.report()
     report.seed = seed
+    if why:
+        report.planned_episodes, report.stopped_early = episodes, why
     if output_dir is not None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -204,6 +228,23 @@ class _Run:
         self.started += int(self.counted[i])
         self.ret[i], self.length[i] = 0.0, 0
         self.idx[i] = self.execute_steps  # re-plan from the new episode's first observation
+
+    def finished_prefix(self) -> int:
+        """k: episodes 0..k-1 (start order) have all finished."""
+        done = {e.index for e in self.results}
+        k = 0
+        while k in done:
+            k += 1
+        return k
+
+    def outcomes(self, k: int) -> list[bool]:
+        by = {e.index: e.success for e in self.results}
+        return [by[i] for i in range(k)]
+
+    def truncate(self, k: int) -> None:
+        """Count episodes 0..k-1 only (the ones started after them are dropped whatever their outcome)."""
+        self.results = [e for e in self.results if e.index < k]
+        self.episodes = k
 
     def report(self) -> EvalReport:
         wall = time.perf_counter() - self.t0

@@ -26,9 +26,15 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
     env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed)
     try:
         policy = make_policy(cfg.policy, env, cfg.device, cfg.seed)
+        stop = None
+        if cfg.stop_against and not cfg.save_rollouts:
+            from roboloop.binomial import early_decision
+            from roboloop.evaluation.evaluator import LOOK_EVERY
+
+            ref, margin = cfg.stop_against, cfg.stop_margin
+            stop = lambda outcomes: early_decision(outcomes, ref, cfg.episodes, LOOK_EVERY, margin)  # noqa: E731
         report, trajs = evaluate(env, policy, cfg.episodes, cfg.execute_steps or DEFAULT_EXECUTE_STEPS, cfg.videos,
-                                 cfg.output_dir,
-                                 record_rollouts=bool(cfg.save_rollouts), seed=cfg.seed)
+                                 cfg.output_dir, record_rollouts=bool(cfg.save_rollouts), seed=cfg.seed, stop=stop)
         if cfg.task.startswith("Roboloop-"):
             report.asset_hashes = hashes()
         if cfg.save_rollouts:

@@ -96,8 +96,11 @@ def test_paired_difference_by_hand():
     assert r["diff"] == pytest.approx(-0.1) and r["discordant"] == 1
     assert r["ci_low"] == pytest.approx(-0.1 - 1.959963984540054 * sd / 10 ** 0.5)
     assert r["decision"] == "undecided" and r["episodes_needed"] > 10
-    same = paired_difference(champ, champ)
-    assert same["decision"] == "not_worse" and same["diff"] == 0.0
+    same = paired_difference(champ, champ)  # 10 identical outcomes do not show "not worse by 0.05"
+    assert same["decision"] == "undecided" and same["diff"] == 0.0
+    # ... 100 do: the spread is floored as if one pair were discordant: half-width 1.96 * sqrt(0.01 / 100)
+    many = paired_difference({k: True for k in range(100)}, {k: True for k in range(100)})
+    assert many["decision"] == "not_worse" and many["ci_low"] == pytest.approx(-1.959963984540054 * 0.01)
     worse = paired_difference({k: False for k in range(40)}, {k: True for k in range(40)})
     assert worse["decision"] == "worse"
     with pytest.raises(ValueError, match="no episode in common"):
@@ -113,3 +116,34 @@ def test_cli_compare_pairs_two_runs_by_episode_number(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--margin", "0.05"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["episodes"] == 20 and out["diff"] == pytest.approx(0.5) and out["decision"] == "not_worse"
+
+
+def test_early_decision_spends_alpha_over_the_looks():
+    from statistics import NormalDist
+
+    from roboloop.binomial import early_decision
+
+    ref = "1" * 96  # 6 looks of 16: each at alpha / 6
+    z = NormalDist().inv_cdf(1 - 0.05 / 6)
+    assert early_decision([True] * 16, ref, 96, 16) is None  # half-width z / 16 = 0.149: undecided
+    assert early_decision([True] * 32, ref, 96, 16) is None  # z / 32 = 0.075
+    assert z / 48 < 0.05
+    why = early_decision([True] * 48, ref, 96, 16)
+    assert why and why.startswith("stopped after 48 of 96 episodes") and "not worse" in why, why
+    assert "worse" in early_decision([False] * 16, ref, 96, 16)  # all lost: worse at the first look
+
+
+def test_evaluation_stops_at_a_look_and_counts_exactly_the_prefix():
+    """Envs finish out of order; the stop sees episodes 0..k-1 only when all of them finished, and the report
+    counts exactly those (later-started episodes are dropped whatever their outcome)."""
+    env = ScriptedEnv(lengths=[[3], [7], [5, 2]], outcomes=[[False], [False], [False, True]])
+    seen = []
+
+    def stop(outcomes):
+        seen.append(len(outcomes))
+        return "decided" if len(outcomes) >= 32 else None
+
+    report, _ = evaluate(env, CountingPolicy(1), episodes=96, execute_steps=1, videos=0, stop=stop, look_every=16)
+    assert seen == [16, 32] and report.episodes == 32 and report.stopped_early == "decided"
+    assert sorted(e["index"] for e in report.per_episode) == list(range(32)) and report.planned_episodes == 96
+    assert report.success_rate == report.successes / 32
