@@ -21,7 +21,10 @@ help:  ## list targets
 install: $(STAMP)  ## create .venv/ with everything (idempotent; re-runs only when pins change)
 
 $(STAMP): pyproject.toml constraints/py312.txt
-	@command -v ffmpeg >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg >/dev/null; }
+	@# ffmpeg (videos); chromium + its driver (the `ui` tests drive Prefect's UI in a real browser)
+	@command -v ffmpeg >/dev/null && command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg chromium \
+	  chromium-driver >/dev/null; }
 	@[ -n "$(PYTHON312)" ] || { echo "Python 3.12 not found: install it (pyenv install 3.12) or pass PYTHON312=/path/to/python3.12"; exit 1; }
 	@[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV)
 	@[ -x $(VENV)/bin/uv ] || $(PY) -m pip install -q uv==0.9.11
@@ -54,16 +57,16 @@ server: install  ## local Prefect server on 127.0.0.1:4200 (SQLite; Postgres for
 	infra/server.sh
 
 pools: install  ## process work pools `cpu` and `gpu` on $$PREFECT_API_URL
-	infra/pools.sh
+	infra/with-auth.sh infra/pools.sh
 
 deploy: pools  ## register every deployment of deployments/prefect.yaml
-	ROBOLOOP_HOME=$(CURDIR) $(VENV)/bin/prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
+	ROBOLOOP_HOME=$(CURDIR) infra/with-auth.sh $(VENV)/bin/prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
 
 worker-cpu: install  ## a process worker for the cpu pool
-	$(VENV)/bin/prefect worker start --pool cpu
+	infra/with-auth.sh $(VENV)/bin/prefect worker start --pool cpu
 
 worker-gpu: install  ## a process worker for the gpu pool (one per GPU node)
-	$(VENV)/bin/prefect worker start --pool gpu
+	infra/with-auth.sh $(VENV)/bin/prefect worker start --pool gpu
 
 s3: install  ## moto S3 server on 127.0.0.1:5555 for local S3 development
 	infra/moto-s3.sh

@@ -19,3 +19,35 @@ def embedded() -> Iterator[None]:
 
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
+
+
+def _get(obj: object, dotted: str) -> object:
+    for part in dotted.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _short(value: object) -> str:
+    s = str(value).removeprefix("registry:")
+    if "#" in s:  # registry:URI#NAME@REF: the name and version say it
+        return s.split("#", 1)[1]
+    if "/" in s and not s.startswith("s3://"):
+        s = s.rstrip("/").rsplit("/", 1)[-1]  # a folder: its name
+    return s
+
+
+def run_name(template: str, **fields: str):
+    """A `flow_run_name` callable: `template` filled from the run's parameters (dotted paths into the
+    parameter models), e.g. run_name("evaluate {policy} on {task}", policy="params.policy",
+    task="params.eval.task") -> "evaluate reach-vla@3 on Roboloop-Reach-Color-v0". Folders are shown by
+    name, registry references without the `registry:` prefix."""
+
+    def name() -> str:
+        from prefect.runtime import flow_run
+
+        params = flow_run.parameters or {}
+        return template.format(**{k: _short(_get(params, path) or "?") for k, path in fields.items()})
+
+    return name

@@ -19,6 +19,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
+from flows import run_name
 from roboloop.evaluation.config import CollectConfig
 from roboloop.lineage import Lineage
 from roboloop.loop import PRESETS, LoopConfig, ci, demo, nightly_gpu  # noqa: F401  (presets, re-exported)
@@ -31,8 +32,10 @@ from tasks.register import register_task
 from tasks.train import train_task
 
 
-@flow(name="closed-loop", log_prints=True)
-def closed_loop(cfg: LoopConfig = LoopConfig()) -> LoopSummary:
+@flow(name="closed-loop", log_prints=True,
+      flow_run_name=run_name("closed-loop {model} from {source} ({evaluation})", model="cfg.model_name",
+                             source="cfg.source", evaluation="cfg.evaluation"))
+def closed_loop(cfg: LoopConfig = demo()) -> LoopSummary:  # noqa: B008 (the UI form's defaults)
     execution = ExecutionSettings(execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
     raw = ingest_task(cfg.source, cfg.collect_if_missing, track=cfg.track)
     data = convert_task(raw, cfg.convert, track=cfg.track)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from flows import run_name
 from roboloop.datasets.config import ConvertConfig
 from roboloop.receipts import DatasetRef
 from tasks.data import convert_task, ingest_task
@@ -17,7 +18,7 @@ class ConvertParams(BaseModel):
     track: bool = Field(True, description="DVC-track (and push) the source and the v3.0 output")
 
 
-@flow(name="convert", log_prints=True)
+@flow(name="convert", log_prints=True, flow_run_name=run_name("convert {src}", src="params.src"))
 def convert_flow(params: ConvertParams = ConvertParams()) -> DatasetRef:
     raw = ingest_task(params.src, track=params.track)
     return convert_task(raw, params.config, track=params.track)

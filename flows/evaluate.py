@@ -10,6 +10,7 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from flows import run_name
 from roboloop.evaluation.config import EvalRecipe
 from roboloop.receipts import EvalSummary
 from tasks.evaluate import evaluate_task
@@ -21,6 +22,7 @@ class EvaluateParams(BaseModel):
     eval: EvalRecipe = Field(default_factory=EvalRecipe, description="task, episodes, execution settings")
 
 
-@flow(name="evaluate", log_prints=True)
+@flow(name="evaluate", log_prints=True,
+      flow_run_name=run_name("evaluate {policy} on {task}", policy="params.policy", task="params.eval.task"))
 def evaluate_flow(params: EvaluateParams = EvaluateParams()) -> EvalSummary:
     return evaluate_task(params.policy, params.eval)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from flows import run_name
 from roboloop.evaluation.config import CollectConfig
 from roboloop.receipts import DatasetRef
 from tasks.data import ingest_task
@@ -18,6 +19,6 @@ class IngestParams(BaseModel):
         None, description="record scripted-expert demos into `source` when that folder does not exist yet")
 
 
-@flow(name="ingest", log_prints=True)
+@flow(name="ingest", log_prints=True, flow_run_name=run_name("ingest {source}", source="params.source"))
 def ingest_flow(params: IngestParams = IngestParams()) -> DatasetRef:
     return ingest_task(params.source, params.collect_if_missing, deep=params.deep, track=params.track)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from flows import run_name
 from roboloop.lineage import Lineage
 from roboloop.receipts import Decision
 from tasks.register import register_task
@@ -17,7 +18,7 @@ class RegisterParams(BaseModel):
     promote: bool = Field(True, description="run the promotion gate")
 
 
-@flow(name="register", log_prints=True)
+@flow(name="register", log_prints=True, flow_run_name=run_name("register {name}", name="params.name"))
 def register_flow(params: RegisterParams) -> Decision:
     if params.lineage.model is None:
         raise ValueError("the lineage names no model (lineage.model)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from flows import run_name
 from roboloop.evaluation.config import EvalRecipe
 from roboloop.evaluation.sweep import Scored, best
 from roboloop.receipts import Decision
@@ -39,7 +40,8 @@ class SweepResult(BaseModel):
     decision: Decision | None = None
 
 
-@flow(name="checkpoint-sweep", log_prints=True)
+@flow(name="checkpoint-sweep", log_prints=True,
+      flow_run_name=run_name("sweep {run} on {task}", run="params.run", task="params.eval.task"))
 def checkpoint_sweep(params: SweepParams) -> SweepResult:
     candidates = candidates_task(params.run)
     evals = [evaluate_task(model, params.eval) for _, model in candidates]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel, Field
 
+from flows import run_name
 from roboloop.receipts import ModelRef
 from roboloop.training.config import LaunchConfig, TrainRecipe
 from tasks.data import ingest_task
@@ -18,7 +19,8 @@ class TrainParams(BaseModel):
     track: bool = Field(True, description="DVC-track the model folder (checkpoints excluded by .dvcignore)")
 
 
-@flow(name="train", log_prints=True)
+@flow(name="train", log_prints=True,
+      flow_run_name=run_name("train {preset} on {data}", preset="params.train.preset", data="params.dataset"))
 def train_flow(params: TrainParams = TrainParams()) -> ModelRef:
     data = ingest_task(params.dataset, track=params.track)
     return train_task(data, params.train, params.launch, track=params.track)

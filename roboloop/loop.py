@@ -92,7 +92,7 @@ def nightly_gpu() -> LoopConfig:
     return LoopConfig(train=TrainRecipe(preset="small", steps=20000, max_tokens=16384, max_samples=256, lr=3e-4,
                                         warmup_steps=500, precision="auto", device="auto", num_workers=8,
                                         checkpoint_every_steps=1000, checkpoint_every_minutes=30.0),
-                      eval=EvalRecipe(episodes=200, num_envs=64, device="cuda", execute_steps=4))
+                      eval=EvalRecipe(episodes=200, num_envs=64, device="cuda", execute_steps=4, early_stop=True))
 
 
 PRESETS = {"demo": demo, "ci": ci, "nightly_gpu": nightly_gpu}

@@ -12,8 +12,10 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -139,3 +141,22 @@ def run_streaming(cmd: list[str], on_line: Callable[[str], None] = print, timeou
         if _main_thread() and previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return code, list(tail)
+
+
+# What a child's line is worth in a run log: simulator and library chatter is DEBUG unless it is an error.
+_CHATTER = re.compile(
+    r"^(\[INFO\]|\t|\s{2,}\S|Finalize builder|Initialize solver|Module \S+ load|Warp \d|Warp CUDA warning|Warning: "
+    r"|.*\b(FutureWarning|DeprecationWarning|UserWarning|RuntimeWarning)\b"
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING|DEBUG) (isaaclab|newton|warp|omni|pxr))")
+_ERROR = re.compile(r"Traceback \(most recent call last\)|\b\w*Error\b|\bERROR\b|\bFATAL\b|Killed")
+
+
+def log_level(line: str) -> int:
+    """The logging level to relay a child's output line at: errors WARNING (the stage's own failure is
+    raised separately), simulator/library chatter and machine-readable JSON lines DEBUG, the rest INFO."""
+    s = line.rstrip()
+    if _ERROR.search(s):
+        return logging.WARNING
+    if _CHATTER.match(s) or (s.startswith("{") and s.endswith("}")):
+        return logging.DEBUG
+    return logging.INFO

@@ -9,6 +9,7 @@ rerun shows the same results in the UI as the run that computed them.
 from __future__ import annotations
 
 import base64
+import logging
 import re
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from prefect import get_run_logger
 from prefect.cache_policies import NO_CACHE  # noqa: F401  (re-exported: tasks cache through roboloop.cache)
 
 from roboloop.cache import ReceiptCache
+from roboloop.procs import log_level
 from roboloop.stages import slug
 
 TRANSIENT = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionError",
@@ -53,15 +55,38 @@ def png_markdown(path: str | Path | None, alt: str, max_bytes: int = 400_000) ->
     return f"![{alt}](data:image/png;base64,{data})"
 
 
-_NOISE = re.compile(r"^\s*$")
+def video_markdown(path: str | Path | None, alt: str, max_bytes: int = 2_000_000) -> str:
+    """An mp4 inlined as a data: URI in a <video> element, which the Prefect UI renders playable (checked in
+    Chromium by tests/ui); a bigger file is named instead (its path is on the worker's disk)."""
+    if not path or not Path(path).is_file():
+        return ""
+    if Path(path).stat().st_size > max_bytes:
+        return f"`{Path(path).name}` ({Path(path).stat().st_size / 1e6:.1f} MB, on the worker: {path})"
+    data = base64.b64encode(Path(path).read_bytes()).decode()
+    return (f'<video src="data:video/mp4;base64,{data}" title="{alt}" controls muted loop playsinline '
+            'width="256"></video>')
+
+
+_BLANK = re.compile(r"^\s*$")
+_PROGRESS = "[progress] "
 
 
 def relay(prefix: str = ""):
-    """A line sink that forwards a child process's output to the Prefect run log."""
+    """A line sink that forwards a child process's output to the Prefect run log: progress and roboloop's
+    own lines at INFO, simulator chatter and JSON lines at DEBUG, errors at WARNING, repeats once."""
     logger = get_run_logger()
+    seen: set[str] = set()
 
     def on_line(line: str) -> None:
-        if not _NOISE.match(line):
-            logger.info("%s%s", prefix, line)
+        if _BLANK.match(line):
+            return
+        if line.startswith(_PROGRESS):
+            logger.info("%s%s", prefix, line[len(_PROGRESS):])
+            return
+        level = log_level(line)
+        if level == logging.DEBUG and line in seen:
+            return
+        seen.add(line)
+        logger.log(level, "%s%s", prefix, line)
 
     return on_line

@@ -12,6 +12,7 @@ from roboloop.evaluation.config import CollectConfig
 from roboloop.receipts import DatasetRef, ModelRef
 from roboloop.summary import RoundResult, plot_rounds
 from tasks.common import NO_CACHE, artifact_key, png_markdown, receipts, relay
+from tasks.events import dataset_added
 
 
 @task(name="dagger-collect", cache_policy=NO_CACHE)
@@ -28,6 +29,7 @@ def aggregate_task(sources: list[DatasetRef], round_: int, track: bool = True) -
         f"Round {round_} dataset `{ref.path}`: {ref.num_episodes} episodes (md5 `{ref.md5}`), from "
         + " + ".join(f"`{s.md5}` ({s.num_episodes} eps)" for s in sources),
         key=artifact_key("dataset-version", ref.md5[:12]))
+    dataset_added(ref, "aggregate")
     return ref
 
 

@@ -11,6 +11,7 @@ from roboloop.datasets.report import DatasetDefectError, Report
 from roboloop.evaluation.config import CollectConfig
 from roboloop.receipts import DatasetRef
 from tasks.common import NO_CACHE, artifact_key, receipts, relay, retry_if_transient
+from tasks.events import dataset_added
 
 
 def _publish_report(source: str, report: Report) -> None:
@@ -44,4 +45,5 @@ def convert_task(raw: DatasetRef, cfg: ConvertConfig, track: bool = True) -> Dat
     ref = stages.convert(raw, cfg, cache=receipts(), track=track)
     create_markdown_artifact(f"v3.0 dataset `{ref.path}`: {ref.num_episodes} episodes, {ref.num_frames} frames, "
                              f"DVC md5 `{ref.md5}` (from `{raw.md5}`)", key=artifact_key("dataset", ref.md5[:12]))
+    dataset_added(ref, "convert")
     return ref

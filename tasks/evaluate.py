@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from roboloop import stages
 from roboloop.evaluation.config import EvalRecipe, OfflineRecipe
 from roboloop.receipts import DatasetRef, EvalSummary, ModelRef, OfflineSummary
-from tasks.common import NO_CACHE, artifact_key, png_markdown, receipts, relay
+from tasks.common import NO_CACHE, artifact_key, png_markdown, receipts, relay, video_markdown
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
@@ -17,16 +19,8 @@ def evaluate_task(policy: str | ModelRef, recipe: EvalRecipe, against: str | Non
     """`recipe.episodes` episodes (fewer with `recipe.early_stop` once the paired decision against `against`'s
     champion is certain); keyed on the policy's weights (aliases resolved first) + recipe + code."""
     s = stages.evaluate(policy, recipe, cache=receipts(), on_line=relay("[eval] "), against=against, margin=margin)
-    if s.stopped_early:
-        get_run_logger().info("early stop: %s", s.stopped_early)
-    key = artifact_key("eval", s.policy, s.task)
-    create_table_artifact([{"policy": s.policy, "task": s.task, "episodes": s.episodes, "successes": s.successes,
-                            "success_rate": round(s.success_rate, 3), "ci_low": round(s.ci_low, 3),
-                            "ci_high": round(s.ci_high, 3), "execute_steps": s.execution.execute_steps,
-                            "run": s.run_dir}], key=key, description=f"{s.policy} on {s.task}")
-    plot = png_markdown(s.plot and f"{s.run_dir}/eval.png", f"success of {s.policy}")
-    if plot:
-        create_markdown_artifact(f"### {s.policy} on {s.task}\n\n{plot}", key=key + "-plot")
+    get_run_logger().info("%s", outcome_line(s))
+    publish_evaluation(s)
     return s
 
 
@@ -43,3 +37,30 @@ def evaluate_offline_task(model: ModelRef, data: DatasetRef, recipe: OfflineReci
     if plot:
         create_markdown_artifact(f"### Open loop on held-out episodes\n\n{plot}", key=key + "-plot")
     return s
+
+
+def outcome_line(s: EvalSummary) -> str:
+    """The result in one readable line (what the run log ends with)."""
+    line = (f"{s.policy} on {s.task}: {s.successes}/{s.episodes} = {s.success_rate:.1%} succeeded "
+            f"(95% CI {s.ci_low:.1%}-{s.ci_high:.1%}, execute_steps {s.execution.execute_steps}, seed {s.seed})")
+    return line + (f"; {s.stopped_early}" if s.stopped_early else "")
+
+
+def publish_evaluation(s: EvalSummary) -> None:
+    """A rounded results table and a report (plot and playable rollout videos inlined, so any browser that
+    can reach the Prefect UI shows them), both keyed by policy and task. A cached evaluation publishes them
+    again from its receipt."""
+    key = artifact_key("eval", s.policy, s.task)
+    create_table_artifact([{"policy": s.policy, "task": s.task, "episodes": s.episodes, "successes": s.successes,
+                            "success_rate": round(s.success_rate, 3), "ci_low": round(s.ci_low, 3),
+                            "ci_high": round(s.ci_high, 3), "execute_steps": s.execution.execute_steps,
+                            "seed": s.seed, "run": s.run_dir}], key=key, description=outcome_line(s))
+    parts = [f"### {s.policy} on {s.task}", "", f"**{s.success_rate:.1%}** succeeded ({s.successes}/{s.episodes}, "
+             f"95% CI {s.ci_low:.1%}-{s.ci_high:.1%})" + (f"; {s.stopped_early}" if s.stopped_early else ""), ""]
+    plot = png_markdown(s.plot and f"{s.run_dir}/eval.png", f"success of {s.policy}")
+    if plot:
+        parts += [plot, ""]
+    videos = [v for v in (video_markdown(p, Path(p).stem) for p in s.videos) if v]
+    if videos:
+        parts += ["**Rollouts**", "", *videos]
+    create_markdown_artifact("\n".join(parts), key=key + "-report", description=f"{s.policy} on {s.task}")

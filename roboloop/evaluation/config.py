@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, JsonValue, model_validator
 
 # Tasks roboloop ships (Isaac Lab, kit-less) and gymnasium tasks it knows how to drive; any `Isaac-*` task that
 # isaaclab_tasks registers works too.
 ROBOLOOP_TASKS = ("Roboloop-Reach-Color-v0", "Roboloop-Reach-Color-Joint-v0", "Roboloop-Reach-Color-Vision-v0")
 GYM_TASKS = ("gym_pusht/PushT-v0",)
 DEFAULT_EXECUTE_STEPS = 4  # chunk actions executed before re-planning, unless the model was validated otherwise
+
+
+# What the Prefect UI offers as choices (a select, not free text); the CLI also takes any Isaac-* task.
+TASK_CHOICES: dict[str, JsonValue] = {"enum": [*ROBOLOOP_TASKS, *GYM_TASKS]}
+EXPERT_TASK_CHOICES: dict[str, JsonValue] = {"enum": list(ROBOLOOP_TASKS)}
 
 
 def unknown_task_message(task: str) -> str:
@@ -22,7 +27,7 @@ class EvalRecipe(BaseModel):
     """How to evaluate (the task, how many episodes, how the policy runs); `EvalConfig` adds what and where."""
 
     task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task id (Isaac-*/Roboloop-*) or a "
-                      "gymnasium id (gym_pusht/PushT-v0)")
+                      "gymnasium id (gym_pusht/PushT-v0)", json_schema_extra=TASK_CHOICES)
     episodes: int = Field(50, ge=1, description="exactly this many episodes are counted")
     num_envs: int = Field(16, ge=1, description="vectorised envs")
     device: Literal["cpu", "cuda"] = Field("cpu", description="simulation and policy device")
@@ -66,7 +71,8 @@ class CollectConfig(BaseModel):
     """Scripted-expert demonstrations, written as a LeRobot v2.1 dataset."""
 
     dst: str = Field("data", description="destination folder (must not exist)")
-    task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task the scripted expert solves")
+    task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task the scripted expert solves",
+                      json_schema_extra=EXPERT_TASK_CHOICES)
     episodes: int = Field(60, ge=1, description="episodes recorded")
     num_envs: int = Field(16, ge=1, description="vectorised envs")
     device: Literal["cpu", "cuda"] = Field("cpu", description="simulation device")

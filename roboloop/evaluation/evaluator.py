@@ -12,6 +12,7 @@ once. Policy calls are batched over the envs that need a new chunk.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -105,8 +106,8 @@ class Recorder:
 def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int = 8, videos: int = 2,
              output_dir: str | Path | None = None, record_rollouts: bool = False, seed: int = 0,
              max_env_steps: int = 10_000_000, labeler: Policy | None = None,
-             stop: Callable[[list[bool]], str | None] | None = None, look_every: int = LOOK_EVERY
-             ) -> tuple[EvalReport, list[dict]]:
+             stop: Callable[[list[bool]], str | None] | None = None, look_every: int = LOOK_EVERY,
+             progress: Callable[[int, int, int], None] | None = None) -> tuple[EvalReport, list[dict]]:
     """Returns the report and (if `record_rollouts`) the counted episodes' trajectories.
 
     With a `labeler` (the scripted expert), recorded trajectories carry the labeler's action at each
@@ -114,14 +115,15 @@ def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int 
 
     With `stop`, every `look_every` episodes the outcomes of episodes 0..k-1 (all finished: a prefix by
     start order, so quick episodes are not favoured) are passed to it; a reason returned ends the run
-    there, and the report counts exactly those k episodes."""
+    there, and the report counts exactly those k episodes. `progress(finished, successes, episodes)` is
+    called each time a counted episode ends."""
     if episodes < 1:
         raise ValueError("episodes must be >= 1")
     if stop is not None and record_rollouts:
         raise ValueError("early stopping and recorded rollouts do not mix (the rollouts would include episodes "
                          "past the stopping point)")
     run = _Run(env, policy, episodes, execute_steps, videos, output_dir is not None, record_rollouts)
-    run.labeler = labeler
+    run.labeler, run.progress = labeler, progress
     obs = env.reset(seed=seed)
     next_look, why = look_every, None
     while len(run.results) < episodes:
@@ -173,6 +175,8 @@ class _Run:
         self.video_eps: list[dict] = []
         self.t0, self.env_steps, self.policy_rows, self.policy_s = time.perf_counter(), 0, 0, 0.0
         self.labeler: Policy | None = None
+        self.progress: Callable[[int, int, int], None] | None = None
+        self.successes = 0
 
     def plan(self, obs: Obs) -> None:
         need = self.idx >= self.execute_steps
@@ -214,6 +218,9 @@ class _Run:
         """Env `i` ended an episode: count it if it was one of the first N to start, then start the next."""
         if self.counted[i]:
             self.results.append(Episode(i, success, float(self.ret[i]), int(self.length[i]), int(self.number[i])))
+            self.successes += success
+            if self.progress is not None:
+                self.progress(len(self.results), self.successes, self.episodes)
             if self.rec is not None:
                 traj = self.rec.pop(i)
                 traj["success"] = success
@@ -300,3 +307,21 @@ def plot_report(report: EvalReport, png: Path) -> Path:
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return png
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def progress_printer(what: str, every: int | None = None, out: Callable[[str], None] = _stderr
+                     ) -> Callable[[int, int, int], None]:
+    """Prints `what: 16/48 episodes, 14 successes (87.5%)` every `every` episodes (default: eight lines a run)
+    and at the last one, on stderr (stdout's last line stays the JSON result): what the Prefect log (which
+    relays both) and the CLI show while a long evaluation runs."""
+
+    def show(done: int, successes: int, total: int) -> None:
+        step = every or max(1, total // 8)
+        if done % step == 0 or done == total:
+            out(f"{what}: {done}/{total} episodes, {successes} successes ({successes / done:.1%})")
+
+    return show

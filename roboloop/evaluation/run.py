@@ -19,7 +19,7 @@ __all__ = ["CollectConfig", "EvalConfig", "collect", "collect_in_subprocess", "e
 
 def run_evaluation(cfg: EvalConfig) -> EvalReport:
     from roboloop.evaluation.assets import hashes
-    from roboloop.evaluation.evaluator import evaluate
+    from roboloop.evaluation.evaluator import evaluate, progress_printer
     from roboloop.evaluation.gym_env import make_env
     from roboloop.evaluation.policies import make_policy
 
@@ -34,7 +34,8 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
             ref, margin = cfg.stop_against, cfg.stop_margin
             stop = lambda outcomes: early_decision(outcomes, ref, cfg.episodes, LOOK_EVERY, margin)  # noqa: E731
         report, trajs = evaluate(env, policy, cfg.episodes, cfg.execute_steps or DEFAULT_EXECUTE_STEPS, cfg.videos,
-                                 cfg.output_dir, record_rollouts=bool(cfg.save_rollouts), seed=cfg.seed, stop=stop)
+                                 cfg.output_dir, record_rollouts=bool(cfg.save_rollouts), seed=cfg.seed, stop=stop,
+                                 progress=progress_printer("[progress] evaluating"))
         if cfg.task.startswith("Roboloop-"):
             report.asset_hashes = hashes()
         if cfg.save_rollouts:
@@ -48,7 +49,7 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
 
 
 def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
-    from roboloop.evaluation.evaluator import evaluate
+    from roboloop.evaluation.evaluator import evaluate, progress_printer
     from roboloop.evaluation.gym_env import make_env
     from roboloop.evaluation.policies import ExpertPolicy, NoisyPolicy, make_policy
     from roboloop.evaluation.rollouts import write_v21
@@ -67,7 +68,8 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
         # executed action is that label already.
         report, trajs = evaluate(env, actor, cfg.episodes, execute_steps=cfg.execute_steps if dagger else 1,
                                  videos=0, record_rollouts=True, seed=cfg.seed,
-                                 labeler=expert if (dagger or cfg.noise > 0) else None)
+                                 labeler=expert if (dagger or cfg.noise > 0) else None,
+                                 progress=progress_printer("[progress] recording"))
         keep = [t for t in trajs if t["success"] or not cfg.only_success or dagger]
         names, action_names = _feature_names(cfg.task)
         dst = write_v21(keep, cfg.dst, env.fps, robot_type="roboloop_reach_arm", state_names=names,

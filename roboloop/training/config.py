@@ -106,7 +106,7 @@ class TrainRecipe(BaseModel):
     keep_last: int = Field(2, ge=1, description="checkpoints kept")
     resume: bool = Field(True, description="resume from the latest checkpoint in output_dir")
     log_every: int = Field(10, ge=1, description="steps between progress lines")
-    device: str = Field("auto", description="auto, cpu or cuda")
+    device: str = Field("auto", description="auto, cpu or cuda", json_schema_extra={"enum": ["auto", "cpu", "cuda"]})
     strategy: Literal["ddp", "fsdp"] = Field("ddp", description="data parallelism across ranks: replicate "
                                              "(DDP) or shard parameters/optimizer (FSDP2)")
     prefetch: bool = Field(True, description="prepare the next batch (decode, pin, copy) during the step")

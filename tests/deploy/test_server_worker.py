@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,62 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.deploy.conftest import AUTH
+
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 pytestmark = [pytest.mark.slow, pytest.mark.isaac]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
-    with open(log, "w") as f:  # the child keeps its own descriptor
-        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("prefect-stack")
-    port = _port()
-    api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp / "home"), "PREFECT_API_URL": api, "ROBOLOOP_HOME": str(REPO),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1", "PREFECT_LOGGING_LEVEL": "INFO",
-           "ROBOLOOP_REGISTRY": str(tmp / "registry"), "PREFECT_WORKER_QUERY_SECONDS": "2",
-           "ROBOLOOP_ARTIFACTS": str(tmp / "artifacts"), "ROBOLOOP_CACHE_DIR": str(tmp / "cache"),
-           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp}/prefect.db"}
-    procs = [_spawn([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, tmp / "server.log")]
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        else:
-            raise RuntimeError("prefect server did not start: " + (tmp / "server.log").read_text()[-3000:])
-        subprocess.run(["bash", "infra/pools.sh"], cwd=REPO, env=env, check=True, capture_output=True)
-        deploy = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file",
-                                 "deployments/prefect.yaml"], cwd=REPO, env=env, capture_output=True, text=True)
-        assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
-        for pool in ("cpu", "gpu"):
-            procs.append(_spawn([PREFECT, "worker", "start", "--pool", pool, "--limit", "2"], env,
-                                tmp / f"worker-{pool}.log"))
-        yield {"api": api, "tmp": tmp, "env": env}
-    finally:
-        for p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(p.pid, signal.SIGKILL)
-
-
 def _deployment(api: str, name: str) -> dict:
-    r = httpx.get(f"{api}/deployments/name/{name}", timeout=10)
+    r = httpx.get(f"{api}/deployments/name/{name}", auth=AUTH, timeout=10)
     r.raise_for_status()
     return r.json()
 
@@ -79,7 +30,7 @@ def _run(api: str, name: str, parameters: dict) -> str:
     dep = _deployment(api, name)
     for _attempt in range(10):  # SQLite under load answers 503 now and then
         r = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": parameters},
-                       timeout=30)
+                       auth=AUTH, timeout=30)
         if r.status_code != 503:
             break
         time.sleep(2)
@@ -89,7 +40,7 @@ def _run(api: str, name: str, parameters: dict) -> str:
 
 def _state(api: str, run_id: str) -> str:
     for _attempt in range(10):  # SQLite under load answers 503 now and then
-        r = httpx.get(f"{api}/flow_runs/{run_id}", timeout=30)
+        r = httpx.get(f"{api}/flow_runs/{run_id}", auth=AUTH, timeout=30)
         if r.status_code != 503:
             break
         time.sleep(2)
@@ -117,7 +68,8 @@ def test_deployments_registered_with_pools_and_cron(stack):
     deadline, scheduled = time.time() + 120, []
     while time.time() < deadline and not scheduled:
         r = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}},
-                                                        "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}})
+                                                        "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}},
+                       auth=AUTH)
         scheduled = r.json()
         time.sleep(2)
     assert scheduled, "the cron schedule produced no scheduled runs"
@@ -211,7 +163,8 @@ def test_cancelling_training_leaves_no_rank_behind(stack):
     assert len(_ranks(out)) >= 3, (tmp / "worker-gpu.log").read_text()[-4000:]
     for _attempt in range(10):  # SQLite under load answers 503 now and then
         r = httpx.post(f"{stack['api']}/flow_runs/{run}/set_state",
-                       json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, timeout=30)
+                       json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, auth=AUTH,
+                           timeout=30)
         if r.status_code != 503:
             break
         time.sleep(2)
@@ -238,3 +191,57 @@ def _ranks(out: Path) -> list[str]:
             if marker in cmd:
                 found.append(cmd)
     return found
+
+
+def test_unauthenticated_api_calls_are_refused(stack):
+    api = stack["api"]
+    assert httpx.post(f"{api}/deployments/filter", json={}, timeout=10).status_code == 401
+    assert httpx.post(f"{api}/deployments/filter", json={}, auth=("roboloop", "wrong"), timeout=10).status_code == 401
+    assert httpx.post(f"{api}/deployments/filter", json={}, auth=AUTH, timeout=10).status_code == 200
+    # the secret never reaches a log line
+    assert AUTH[1] not in (stack["tmp"] / "server.log").read_text() + (stack["tmp"] / "worker-cpu.log").read_text()
+
+
+def _runs_of(api: str, deployment: str) -> list[dict]:
+    dep = _deployment(api, deployment)
+    r = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}}}, auth=AUTH,
+                   timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_registering_a_version_starts_its_evaluation_and_a_promotion_posts_a_report(stack):
+    """The events the register task emits (tasks/events.py), against the automations `make deploy` created."""
+    from roboloop.registry import Registry
+
+    api, tmp = stack["api"], stack["tmp"]
+    reg, model = Registry(tmp / "events-registry"), tmp / "events-model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "config.json").write_text("{}")
+    lineage = {"git_commit": "abc", "dataset_md5": "x.dir", "config": {"a": 1}, "metrics": {"final_loss": 1.0},
+               "eval": {"task": "Roboloop-Reach-Color-v0", "episodes": 10, "successes": 9}}
+    v = reg.register("reach-vla", model, lineage)
+    reg.promote("reach-vla", v)
+    ref = f"registry:{reg.uri}#reach-vla@{v}"
+    code = ("from roboloop.receipts import Decision\nfrom tasks.events import model_events\n"
+            f"print(model_events(Decision(registry={reg.uri!r}, name='reach-vla', version={v}, "
+            f"promoted=True, reason='paired: not worse', champion={v}), 'sha'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=stack["env"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "roboloop.model.registered" in out.stdout, out.stderr[-3000:]
+    deadline, evals, reports = time.time() + 120, [], []
+    while time.time() < deadline and not (evals and reports):
+        evals = [r for r in _runs_of(api, "evaluate/evaluate") if r["parameters"]["params"]["policy"] == ref]
+        reports = [r for r in _runs_of(api, "promotion-report/promotion-report")
+                   if r["parameters"]["params"]["ref"] == ref]
+        time.sleep(2)
+    assert evals and reports, "the automations started no run"
+    assert _wait(api, reports[0]["id"], {"COMPLETED", "FAILED", "CRASHED"}, 300) == "COMPLETED", \
+        (tmp / "worker-cpu.log").read_text()[-4000:]
+    art = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"key": {"any_": ["promotion-reach-vla"]}}},
+                     auth=AUTH, timeout=30).json()
+    assert art and f"Promotion of `reach-vla` v{v}" in art[0]["data"] and "9/10" in art[0]["data"]
+    # a whole 50-episode evaluation is not needed to show it started: cancel it
+    httpx.post(f"{api}/flow_runs/{evals[0]['id']}/set_state", auth=AUTH, timeout=30,
+               json={"state": {"type": "CANCELLING"}, "force": True})

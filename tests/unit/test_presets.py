@@ -21,6 +21,23 @@ def test_nightly_deployment_runs_the_nightly_preset():
     assert LoopConfig.model_validate(_deployment("closed-loop")["parameters"]["cfg"]) == nightly_gpu()
 
 
+def test_single_machine_deployment_runs_the_demo_preset_and_its_trigger_only_changes_the_source():
+    from roboloop.loop import demo
+
+    d = _deployment("closed-loop-cpu")
+    assert d["parameters"]["cfg"] == demo().model_dump(mode="json") and d["work_pool"]["name"] == "cpu"
+    triggered = d["triggers"][0]["parameters"]["cfg"]
+    assert {k for k in triggered if triggered[k] != d["parameters"]["cfg"][k]} == {"source", "collect_if_missing"}
+    assert triggered["collect_if_missing"] is None  # a dataset that arrived is never overwritten by a recording
+
+
+def test_schedules_have_an_explicit_timezone_and_loops_run_one_at_a_time():
+    for name in ("closed-loop", "closed-loop-cpu"):
+        d = _deployment(name)
+        assert all(s.get("timezone") == "UTC" for s in d["schedules"]), name
+        assert d["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}, name
+
+
 def test_evaluate_deployment_defaults_are_the_flows():
     from flows.evaluate import EvaluateParams
 

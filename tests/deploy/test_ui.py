@@ -1,0 +1,131 @@
+"""Prefect's UI in a real headless Chromium against the real server and workers (tests/deploy/conftest.py):
+log in (basic auth), fill and submit the `evaluate` form, then see the run's plot and rollout video on its
+page. A failing test leaves a screenshot (its path is printed; $ROBOLOOP_UI_SCREENSHOTS picks the folder)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.deploy.conftest import AUTH
+
+pytestmark = [pytest.mark.ui, pytest.mark.slow, pytest.mark.isaac]
+
+
+@pytest.fixture
+def browser(request, stack, tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert chromium and driver, "Chromium and its driver are missing: `make install` installs Debian's chromium " \
+                                "and chromium-driver"
+    opts = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2200",
+                "--autoplay-policy=no-user-gesture-required"):
+        opts.add_argument(arg)
+    opts.binary_location = chromium
+    d = webdriver.Chrome(service=Service(driver), options=opts)
+    d.implicitly_wait(0)
+    try:
+        yield d
+    finally:
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            out = Path(os.environ.get("ROBOLOOP_UI_SCREENSHOTS", tmp_path)) / f"{request.node.name}.png"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            d.save_screenshot(str(out))
+            print(f"screenshot of the failure: {out} (page {d.current_url})")
+        d.quit()
+
+
+def _until(fn, timeout: float = 30, what: str = ""):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _login(d, ui: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    d.get(f"{ui}/dashboard")
+    box = _until(lambda: d.find_elements(By.CSS_SELECTOR, "input[type=password]"), 30, "the login form")[0]
+    box.send_keys(":".join(AUTH))
+    d.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    _until(lambda: "/login" not in d.current_url, 30, "the login to succeed")
+
+
+def _field(d, label: str):
+    from selenium.webdriver.common.by import By
+
+    return d.find_element(By.XPATH, f"//label[starts-with(normalize-space(.), '{label}')]/following::*"
+                                    "[self::input or self::select or self::textarea][1]")
+
+
+def _set(el, value: str) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    el.send_keys(Keys.CONTROL, "a")
+    el.send_keys(Keys.DELETE)
+    el.send_keys(value)
+
+
+def test_evaluate_form_submits_a_named_run_whose_page_shows_the_plot_and_a_playable_video(stack, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    d, api, ui = browser, stack["api"], stack["ui"]
+    dep = httpx.get(f"{api}/deployments/name/evaluate/evaluate", auth=AUTH, timeout=10).json()
+    _login(d, ui)
+    d.get(f"{ui}/deployments/deployment/{dep['id']}/run")
+    _until(lambda: d.find_elements(By.TAG_NAME, "textarea"), 30, "the evaluate form")
+    labels = [e.text.split(" (")[0] for e in d.find_elements(By.TAG_NAME, "label")]
+    for shown in ("Policy", "Task", "Episodes", "Num Envs", "Device", "Seed", "Execute Steps", "Videos"):
+        assert shown in labels, labels
+    assert not {"Stop Against", "Output Dir", "Save Rollouts", "Policy Md5"} & set(labels), labels
+    tasks = [o.text for o in Select(_field(d, "Task")).options]
+    assert {"Roboloop-Reach-Color-v0", "Roboloop-Reach-Color-Vision-v0"} <= set(tasks), tasks  # a choice
+
+    _set(_field(d, "Policy"), "expert")
+    for label, value in (("Episodes", "6"), ("Num Envs", "6"), ("Videos", "1")):
+        _set(_field(d, label), value)
+    d.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+
+    def submitted():
+        runs = httpx.post(f"{api}/flow_runs/filter", auth=AUTH, timeout=30,
+                          json={"deployments": {"id": {"any_": [dep["id"]]}}}).json()
+        return [r for r in runs if r["parameters"].get("params", {}).get("eval", {}).get("episodes") == 6]
+
+    run = _until(submitted, 30, "the submitted run")[0]
+    final = _until(lambda: (s := httpx.get(f"{api}/flow_runs/{run['id']}", auth=AUTH, timeout=30).json())
+                   ["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED") and s, 600, "the run to finish")
+    assert final["state"]["type"] == "COMPLETED", (stack["tmp"] / "worker-cpu.log").read_text()[-4000:]
+    assert final["name"] == "evaluate expert on Roboloop-Reach-Color-v0"
+
+    d.get(f"{ui}/runs/flow-run/{run['id']}")
+    tab = _until(lambda: [t for t in d.find_elements(By.CSS_SELECTOR, "li.p-tab") if t.text.strip() == "Artifacts"],
+                 30, "the Artifacts tab")[0]
+    tab.click()
+    card = _until(lambda: [c for c in d.find_elements(By.XPATH, "//*[contains(text(), '-report')]")], 30,
+                  "the report artifact")[0]
+    card.click()
+    imgs = _until(lambda: d.execute_script("return Array.from(document.images).filter(i => i.complete && "
+                                           "i.naturalWidth > 0 && i.src.startsWith('data:image/png')).length"),
+                  30, "the evaluation plot to load")
+    assert imgs >= 1
+    video = _until(lambda: d.execute_script("const v = document.querySelector('video'); "
+                                            "return v && v.readyState >= 1 && v.duration > 0 && [v.duration]"),
+                   30, "a playable rollout video")
+    assert video[0] > 0.3  # seconds of rollout (the expert needs about 25-75 steps at 30 fps)
+    d.execute_script("document.querySelector('video').play()")
+    _until(lambda: d.execute_script("return document.querySelector('video').currentTime > 0.1"), 20,
+           "the video to play")
