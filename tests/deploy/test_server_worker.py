@@ -245,3 +245,30 @@ def test_registering_a_version_starts_its_evaluation_and_a_promotion_posts_a_rep
     # a whole 50-episode evaluation is not needed to show it started: cancel it
     httpx.post(f"{api}/flow_runs/{evals[0]['id']}/set_state", auth=AUTH, timeout=30,
                json={"state": {"type": "CANCELLING"}, "force": True})
+
+
+def test_a_dataset_arriving_in_the_watched_location_starts_the_closed_loop_on_it(stack):
+    """watch-datasets (run as its deployment) sees a new dataset folder and emits `roboloop.dataset.arrived`;
+    the closed-loop-cpu automation starts the loop with that folder as its source (cancelled once started:
+    the loop itself is tested elsewhere)."""
+    from roboloop.datasets.generate import GenSpec, generate_v21
+
+    api, tmp = stack["api"], stack["tmp"]
+    inbox = tmp / "incoming"
+    inbox.mkdir()
+    arrived = generate_v21(inbox / "arm-2026-11-23", GenSpec(num_episodes=2, min_length=8, max_length=10, seed=1))
+    _completed(stack, "watch-datasets/watch-datasets", {"params": {"location": str(inbox)}})
+    deadline, loops = time.time() + 120, []
+    while time.time() < deadline and not loops:
+        loops = [r for r in _runs_of(api, "closed-loop/closed-loop-cpu")
+                 if r["parameters"]["cfg"]["source"] == str(arrived.absolute())]
+        time.sleep(2)
+    assert loops, "no closed-loop-cpu run for the dataset that arrived"
+    cfg = loops[0]["parameters"]["cfg"]
+    assert cfg["collect_if_missing"] is None and cfg["train"]["steps"] == 1200  # the demo recipe, on that data
+    httpx.post(f"{api}/flow_runs/{loops[0]['id']}/set_state", auth=AUTH, timeout=30,
+               json={"state": {"type": "CANCELLING"}, "force": True})
+    _completed(stack, "watch-datasets/watch-datasets", {"params": {"location": str(inbox)}})  # seen: no new run
+    time.sleep(5)
+    assert len([r for r in _runs_of(api, "closed-loop/closed-loop-cpu")
+                if r["parameters"]["cfg"]["source"] == str(arrived.absolute())]) == 1
