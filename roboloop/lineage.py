@@ -98,10 +98,8 @@ class Lineage(BaseModel):
             ev["execute_steps"] = evaluation.execution.execute_steps
             if evaluation.outcomes is not None:
                 ev["outcomes"] = evaluation.outcomes
-        off = offline.model_dump(include={"dataset_md5", "episodes", "stride", "seed", "mse_norm", "per_episode"}) \
-            if offline is not None else None
         return cls(raw=raw, dataset=dataset, model=model, evaluation=evaluation, baseline=baseline, offline=offline,
-                   offline_eval=off,
+                   offline_eval=offline.gate_record() if offline is not None else None,
                    dataset_md5=dataset.md5, raw_dataset_md5=raw.md5 if raw else None, model_md5=model.md5,
                    config={**configs, "train": model.config}, seed=int(model.config.get("seed", 0)),
                    metrics={**model.metrics, "weights_sha256": model.weights_sha256}, eval=ev, **kw)

@@ -115,6 +115,10 @@ class OfflineSummary(Receipt):
     def identity(self) -> str:
         return self.report_sha256
 
+    def gate_record(self) -> dict[str, Any]:
+        """What the registry keeps for the promotion gate (lineage `offline_eval`)."""
+        return self.model_dump(include={"dataset_md5", "episodes", "stride", "seed", "mse_norm", "per_episode"})
+
 
 class Decision(Receipt):
     """What the registry did with a model: its version, and whether the promotion gate made it champion."""

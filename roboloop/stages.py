@@ -346,7 +346,6 @@ def _offline_rescorer(uri: str, name: str, lineage: Lineage) -> Callable[[int, d
         model = resolve_policy(f"registry:{uri}#{name}@{champion}")
         assert model is not None
         recipe = OfflineRecipe(stride=off.stride, seed=off.seed, plot_episodes=0)
-        s = evaluate_offline(model, data, recipe, episodes=off.episodes, cache=ReceiptCache())
-        return s.model_dump(include={"dataset_md5", "episodes", "stride", "seed", "mse_norm", "per_episode"})
+        return evaluate_offline(model, data, recipe, episodes=off.episodes, cache=ReceiptCache()).gate_record()
 
     return rescore

@@ -47,12 +47,15 @@ def retry_if_transient(task, task_run, state) -> bool:
     return False
 
 
+def _data_uri(path: Path, mime: str) -> str:
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode()}"
+
+
 def png_markdown(path: str | Path | None, alt: str, max_bytes: int = 400_000) -> str:
     """An image inlined as a data: URI, which the Prefect UI renders (a file:// link would be a broken image)."""
     if not path or not Path(path).is_file() or Path(path).stat().st_size > max_bytes:
         return ""
-    data = base64.b64encode(Path(path).read_bytes()).decode()
-    return f"![{alt}](data:image/png;base64,{data})"
+    return f"![{alt}]({_data_uri(Path(path), 'image/png')})"
 
 
 def video_markdown(path: str | Path | None, alt: str, max_bytes: int = 2_000_000) -> str:
@@ -60,10 +63,10 @@ def video_markdown(path: str | Path | None, alt: str, max_bytes: int = 2_000_000
     Chromium by tests/ui); a bigger file is named instead (its path is on the worker's disk)."""
     if not path or not Path(path).is_file():
         return ""
-    if Path(path).stat().st_size > max_bytes:
-        return f"`{Path(path).name}` ({Path(path).stat().st_size / 1e6:.1f} MB, on the worker: {path})"
-    data = base64.b64encode(Path(path).read_bytes()).decode()
-    return (f'<video src="data:video/mp4;base64,{data}" title="{alt}" controls muted loop playsinline '
+    size = Path(path).stat().st_size
+    if size > max_bytes:
+        return f"`{Path(path).name}` ({size / 1e6:.1f} MB, on the worker: {path})"
+    return (f'<video src="{_data_uri(Path(path), "video/mp4")}" title="{alt}" controls muted loop playsinline '
             'width="256"></video>')
 
 

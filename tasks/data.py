@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
@@ -11,7 +13,7 @@ from roboloop.datasets.report import DatasetDefectError, Report
 from roboloop.evaluation.config import CollectConfig
 from roboloop.receipts import DatasetRef
 from tasks.common import NO_CACHE, artifact_key, receipts, relay, retry_if_transient
-from tasks.events import dataset_added
+from tasks.events import dataset_added, dataset_arrived
 
 
 def _publish_report(source: str, report: Report) -> None:
@@ -47,3 +49,16 @@ def convert_task(raw: DatasetRef, cfg: ConvertConfig, track: bool = True) -> Dat
                              f"DVC md5 `{ref.md5}` (from `{raw.md5}`)", key=artifact_key("dataset", ref.md5[:12]))
     dataset_added(ref, "convert")
     return ref
+
+
+@task(name="watch", cache_policy=NO_CACHE)
+def watch_task(location: str) -> list[str]:
+    """New or changed datasets in `location` since the last look, each announced as `roboloop.dataset.arrived`."""
+    from roboloop.datasets.watch import changes
+    from roboloop.settings import settings
+
+    new = changes(location, Path(settings().cache_dir) / "watch" / f"{stages.slug(location, 64)}.json")
+    for path in new:
+        dataset_arrived(path, location)
+    print(f"{len(new)} new or changed dataset(s) in {location}" + "".join(f"\n  {p}" for p in new))
+    return new

@@ -35,3 +35,11 @@ def dataset_added(ref: DatasetRef, stage: str) -> None:
                resource={"prefect.resource.id": f"roboloop.dataset.{ref.md5}", "prefect.resource.name": ref.path,
                          "roboloop.path": ref.path, "roboloop.source": ref.source or ""},
                payload={"stage": stage, **ref.model_dump(mode="json")})
+
+
+def dataset_arrived(path: str, location: str) -> None:
+    from roboloop.stages import slug
+
+    emit_event("roboloop.dataset.arrived", resource={"prefect.resource.id": f"roboloop.location.{slug(path, 96)}",
+                                                     "prefect.resource.name": path, "roboloop.path": path},
+               payload={"location": location, "path": path})

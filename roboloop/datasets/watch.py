@@ -36,8 +36,11 @@ def scan(location: str) -> dict[str, str]:
     for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         if d.name.startswith(".") or not (d / "meta" / "info.json").is_file():  # hidden: a copy in progress
             continue
-        files = [(str(f.relative_to(d)), f.stat().st_size, str(f.stat().st_mtime_ns) if f.parts[-2] == "meta" else "")
-                 for f in d.rglob("*") if f.is_file() and not f.name.startswith(".")]
+        files = []
+        for f in d.rglob("*"):
+            if f.is_file() and not f.name.startswith("."):
+                rel, st = f.relative_to(d).as_posix(), f.stat()
+                files.append((rel, st.st_size, str(st.st_mtime_ns) if rel.startswith("meta/") else ""))
         out[str(d.absolute())] = _fingerprint(files)
     return out
 

@@ -131,7 +131,8 @@ def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int 
         if run.env_steps > max_env_steps:
             raise RuntimeError(f"{len(run.results)}/{episodes} episodes after {run.env_steps} env steps: an env "
                                "never ends")
-        if stop is not None and len(run.results) < episodes and (k := run.finished_prefix()) >= next_look:
+        if stop is not None and next_look <= len(run.results) < episodes and \
+                (k := run.finished_prefix()) >= next_look:
             k = k // look_every * look_every
             next_look = k + look_every
             if why := stop(run.outcomes(k)):
