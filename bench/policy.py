@@ -1,6 +1,7 @@
 """What the pipeline's policies reach at the demo's budget: collect -> train -> evaluate on both reach tasks.
 
     python bench/policy.py [--episodes 96] [--skip-vision | --skip-state] [--vision-steps 3000]
+                           [--vision-model '{"image_encoder": "keypoints", "keypoints": 16}']
 
 State task (`Roboloop-Reach-Color-v0`): the `make demo` recipe exactly (512 DART-noise demonstrations,
 state + language, 1,200 steps of 128 samples). Vision task (`Roboloop-Reach-Color-Vision-v0`, ball
@@ -29,6 +30,8 @@ def main() -> None:
     ap.add_argument("--skip-vision", action="store_true")
     ap.add_argument("--skip-state", action="store_true")
     ap.add_argument("--vision-steps", type=int, default=3000)
+    ap.add_argument("--vision-model", default="{}", help="JSON of ModelConfig fields for the vision policy "
+                    "(e.g. the keypoint image encoder)")
     ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-policy-")).absolute()
@@ -63,7 +66,9 @@ def main() -> None:
         run("Roboloop-Reach-Color-v0", base.train, "state_")
     if not args.skip_vision:
         run("Roboloop-Reach-Color-Vision-v0",
-            base.train.model_copy(update={"with_video": True, "steps": args.vision_steps}), "vision_")
+            base.train.model_copy(update={"with_video": True, "steps": args.vision_steps, "max_tokens": 8192,
+                                          "model_overrides": {**base.train.model_overrides,
+                                                              **json.loads(args.vision_model)}}), "vision_")
     out["random_success"] = out.get("state_random_success")
     out["expert_success"] = out.get("state_expert_success")
     out["train_minutes"] = out.get("state_train_minutes")

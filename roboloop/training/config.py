@@ -15,6 +15,10 @@ BYTE_VOCAB = 259  # 256 bytes + pad, bos, eos
 class ModelConfig(BaseModel):
     image_size: tuple[int, int] = Field((64, 64), description="(H, W) images are resized to")
     patch_size: int = Field(16, gt=0)
+    image_encoder: Literal["patch", "keypoints"] = Field(
+        "patch", description="from-scratch image encoder: ViT patches, or a conv stem with spatial-softmax "
+        "keypoints (one token per keypoint; localises small objects, see roboloop.training.vision)")
+    keypoints: int = Field(32, gt=0, description="keypoint tokens per image (image_encoder=keypoints)")
     max_cameras: int = Field(4, gt=0)
     vocab_size: int = BYTE_VOCAB
     max_text_len: int = Field(96, gt=0, description="instruction tokens kept (bytes by default)")
@@ -45,6 +49,8 @@ class ModelConfig(BaseModel):
 
     @property
     def tokens_per_image(self) -> int:
+        if self.image_encoder == "keypoints" and not self.vision_encoder:
+            return self.keypoints
         h, w = self.image_size
         return (h // self.patch_size) * (w // self.patch_size)
 

@@ -24,6 +24,7 @@ from torch import nn
 from roboloop.training.attention import Backend, cu_seqlens, varlen_attention
 from roboloop.training.config import ModelConfig
 from roboloop.training.packing import PackedBatch
+from roboloop.training.vision import KeypointEncoder, keypoint_flops, patchify_flops
 
 
 class Attention(nn.Module):
@@ -108,6 +109,8 @@ class VLAPolicy(nn.Module):
             from roboloop.training.hf import HFVisionEncoder
 
             self.vision: nn.Module = HFVisionEncoder(cfg.vision_encoder, d, cfg.tokens_per_image)
+        elif cfg.image_encoder == "keypoints":
+            self.vision = KeypointEncoder(d, cfg.keypoints)
         else:
             self.patch = nn.Conv2d(3, d, cfg.patch_size, stride=cfg.patch_size)
         self.patch_pos = nn.Parameter(torch.randn(cfg.tokens_per_image, d) * 0.02)
@@ -139,7 +142,7 @@ class VLAPolicy(nn.Module):
         total = int(cu[-1])
         x = b.states.new_zeros(total, cfg.dim, dtype=self.patch_pos.dtype)
         if b.images.shape[0]:
-            if cfg.vision_encoder:
+            if hasattr(self, "vision"):
                 vis = self.vision(b.images.to(self.patch_pos.dtype))  # (I, P, D)
             else:
                 vis = self.patch(b.images.to(self.patch.weight.dtype)).flatten(2).transpose(1, 2)  # (I, P, D)
@@ -251,9 +254,12 @@ def train_flops(cfg: ModelConfig, seq_lens: list[int], num_images: int) -> float
     inner_b = d
     inner_h = cfg.head_heads * (cfg.head_head_dim or dd // cfg.head_heads)
     bb_block = 4 * d * d + 2 * 4 * d * d  # qkv+out, mlp (ratio 4)
-    fwd = 2 * t * bb_block * cfg.layers
+    fwd = 2.0 * t * bb_block * cfg.layers
     fwd += 2 * 2 * inner_b * sum(s * s for s in seq_lens) * cfg.layers  # QK^T and PV
-    fwd += 2 * num_images * cfg.tokens_per_image * 3 * cfg.patch_size ** 2 * d
+    if cfg.image_encoder == "keypoints" and not cfg.vision_encoder:
+        fwd += keypoint_flops(num_images, *cfg.image_size, cfg.keypoints, d)
+    else:
+        fwd += patchify_flops(num_images, cfg.tokens_per_image, cfg.patch_size, d)
     if cfg.state_encoder == "per_dim":
         fwd += 2 * n * cfg.state_dim * (d + d * d)  # per-dimension tokens, shared MLP
     else:

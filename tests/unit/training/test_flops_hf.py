@@ -16,9 +16,9 @@ from roboloop.training.packing import Sample, collate
 from roboloop.training.train import train
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small"])
-def test_train_flops_matches_flop_counter(preset):
-    cfg = PRESETS[preset](state_dim=6, action_dim=7, image_size=(64, 64))
+@pytest.mark.parametrize("preset,encoder", [("tiny", "patch"), ("small", "patch"), ("tiny", "keypoints")])
+def test_train_flops_matches_flop_counter(preset, encoder):
+    cfg = PRESETS[preset](state_dim=6, action_dim=7, image_size=(64, 64), image_encoder=encoder)
     model = VLAPolicy(cfg)
     g = torch.Generator().manual_seed(0)
     samples = [Sample([torch.rand(3, 64, 64, generator=g) for _ in range(cams)], torch.randint(0, 256, (n,)),

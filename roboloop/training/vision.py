@@ -1,0 +1,74 @@
+"""Image encoders trained from scratch: ViT-style patches, or a conv stem with spatial-softmax keypoints.
+
+`patch` (the default) cuts an image into `patch_size` squares and projects each to a token. It is
+what GR00T's and pi0's ViTs start with, and it works when a pretrained vision model supplies the
+features. Trained from scratch on a few hundred demonstrations it does not localise small objects:
+on `Roboloop-Reach-Color-Vision-v0` (64x64 top-down camera, 3-pixel balls, 16 tokens of 16 px) the
+tiny policy's flow loss stalls at 0.43 (the state task reaches 0.15).
+
+`keypoints` is the visuomotor-policy encoder of Levine et al. (2016), also Diffusion Policy's:
+a small convolutional stem (at half resolution), then a spatial softmax turns each of its K feature
+maps into the expected image position (x, y) of that feature, plus how peaked the map is. Each
+keypoint becomes one token (its position and peak through an MLP, plus a learned keypoint
+embedding), so the backbone attends over K positions of "red-ball-like", "arm-like", ... features,
+and the instruction can pick the one it names. Coordinate channels (CoordConv) let the stem know
+where it is looking.
+
+Legend: I images, C channels, H x W pixels, K keypoints, D width.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _coords(h: int, w: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    ys = torch.linspace(-1.0, 1.0, h, device=device, dtype=dtype)
+    xs = torch.linspace(-1.0, 1.0, w, device=device, dtype=dtype)
+    return torch.meshgrid(ys, xs, indexing="ij")
+
+
+def spatial_softmax(f_ICHW: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """(I, C, 3): the expected x and y in [-1, 1] of each channel's softmax over the pixels, and its peak
+    (the largest probability times the number of pixels, log-scaled: 0 for a flat map)."""
+    i, c, h, w = f_ICHW.shape
+    p = torch.softmax(f_ICHW.reshape(i, c, h * w).float() / temperature, dim=-1)
+    yy, xx = _coords(h, w, p.device, p.dtype)
+    x = (p * xx.reshape(-1)).sum(-1)
+    y = (p * yy.reshape(-1)).sum(-1)
+    peak = torch.log(p.amax(-1) * (h * w))
+    return torch.stack([x, y, peak], dim=-1)
+
+
+class KeypointEncoder(nn.Module):
+    """(I, 3, H, W) images in [0, 1] -> (I, K, D) keypoint tokens."""
+
+    def __init__(self, out_dim: int, keypoints: int, width: int = 32):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(5, width, 5, padding=2, stride=2), nn.GELU(),
+            nn.Conv2d(width, width, 3, padding=1), nn.GELU(),
+            nn.Conv2d(width, keypoints, 1))
+        self.log_temperature = nn.Parameter(torch.zeros(()))
+        self.proj = nn.Sequential(nn.Linear(3, out_dim), nn.GELU(), nn.Linear(out_dim, out_dim))
+        self.emb = nn.Parameter(torch.randn(keypoints, out_dim) * 0.02)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        i, _, h, w = images.shape
+        yy, xx = _coords(h, w, images.device, images.dtype)
+        x = torch.cat([images * 2 - 1, xx.expand(i, 1, h, w), yy.expand(i, 1, h, w)], dim=1)
+        kp = spatial_softmax(self.stem(x), self.log_temperature.exp())
+        return self.proj(kp.to(images.dtype)) + self.emb
+
+
+def patchify_flops(num_images: int, tokens: int, patch: int, dim: int) -> float:
+    return 2.0 * num_images * tokens * 3 * patch * patch * dim
+
+
+def keypoint_flops(num_images: int, h: int, w: int, keypoints: int, dim: int, width: int = 32) -> float:
+    half = (h // 2) * (w // 2) * (5 * width * 25 + width * width * 9 + width * keypoints)
+    return 2.0 * num_images * (half + keypoints * (3 * dim + dim * dim))
+
+
+__all__ = ["KeypointEncoder", "spatial_softmax", "patchify_flops", "keypoint_flops"]
