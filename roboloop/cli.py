@@ -198,6 +198,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rl(args: argparse.Namespace) -> int:
+    from roboloop.rl.config import RLConfig
+    from roboloop.rl.run import progress_line, run
+
+    cfg = RLConfig.model_validate_json(Path(args.config).read_text()) if args.config else \
+        _model_from_args(RLConfig, args)
+    result = run(cfg, on_event=lambda e: print(progress_line(e), file=sys.stderr, flush=True))  # type: ignore[arg-type]
+    print(jsonline(result.__dict__))
+    return 0
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     from roboloop.evaluation.run import CollectConfig, collect
 
@@ -251,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Config modules only (pydantic): `roboloop --help` must not import torch, pandas or a simulator.
     from roboloop.datasets.config import ConvertConfig, GenSpec
     from roboloop.evaluation.config import CollectConfig, EvalConfig
+    from roboloop.rl.config import RLConfig
     from roboloop.training.config import LaunchConfig, TrainConfig
 
     p = argparse.ArgumentParser(prog="roboloop", description="Robot-learning closed loop: data, training, "
@@ -317,6 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("champion", help="evaluation run folder (report.json)")
     cp.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin on the success rate")
     cp.set_defaults(fn=cmd_compare)
+    rl = sub.add_parser("rl", help="RL fine-tuning (flow-noise PPO) of a model in Isaac Lab on Ray workers, sync or "
+                        "async; writes OUTPUT_DIR/model")
+    rl.add_argument("--config", help="an RLConfig JSON file")
+    _add_model_options(rl, RLConfig)
+    rl.set_defaults(fn=cmd_rl)
+
     co = sub.add_parser("collect", help="record scripted-expert episodes as a LeRobot v2.1 dataset")
     co.add_argument("dst")
     _add_model_options(co, CollectConfig, skip=frozenset({"dst"}))

@@ -1,6 +1,6 @@
 """`python -m roboloop.entry STAGE CONFIG.json`: the one entry of roboloop's child processes.
 
-torchrun ranks (`train`), simulator runs (`evaluate`) and demonstration recording (`collect`)
+torchrun ranks (`train`), simulator runs (`evaluate`), demonstration recording (`collect`) and RL (`rl`)
 start here with a config file. Unlike the user-facing CLI, nothing is parsed from flags and no
 launch setting is read from the environment: a rank can never start another torchrun, whatever
 the pod's environment says. The last stdout line is the stage's JSON result; failures exit 2
@@ -39,7 +39,17 @@ def _collect(path: Path) -> dict:
             "actor": report.policy}
 
 
-STAGES = {"train": _train, "evaluate": _evaluate, "collect": _collect}
+def _rl(path: Path) -> dict:
+    from roboloop.rl.config import RLConfig
+    from roboloop.rl.run import progress_line, run
+
+    def show(event: dict) -> None:
+        print("[progress] " + progress_line(event), file=sys.stderr, flush=True)
+
+    return run(RLConfig.model_validate_json(path.read_text()), on_event=show).__dict__
+
+
+STAGES = {"train": _train, "evaluate": _evaluate, "collect": _collect, "rl": _rl}
 
 
 def main(argv: list[str] | None = None) -> int:

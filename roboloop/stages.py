@@ -30,6 +30,7 @@ from roboloop.evaluation.config import CollectConfig, EvalConfig, EvalRecipe, Of
 from roboloop.hashing import MODEL_IGNORE, dir_md5, file_sha256
 from roboloop.lineage import Lineage
 from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
+from roboloop.rl.config import RLRecipe
 from roboloop.training.config import LaunchConfig, TrainConfig, TrainRecipe
 
 OnLine = Callable[[str], None]
@@ -308,6 +309,33 @@ def sweep_candidates(run: str | Path, include_final: bool = True) -> list[tuple[
     if not out:
         raise ValueError(f"{run}: no kept checkpoint and no final model to sweep")
     return out
+
+
+# ---------------------------------------------------------------- reinforcement learning
+RL_NOT_KEYED = {"checkpoint_every", "keep_last", "resume", "ray_address", "placement", "env_cpus", "learner_gpus",
+                "rollout_gpus"}
+
+
+def rl_finetune(parent: ModelRef, recipe: RLRecipe, cache: ReceiptCache | None = None,
+                output_dir: str | Path | None = None, track: bool = False, on_line: OnLine = print,
+                timeout_s: float | None = None) -> ModelRef:
+    """Flow-noise PPO from `parent` in Isaac Lab on Ray workers (a child process group; resumes its checkpoints).
+    Keyed on the parent's weights and the recipe; the result runs with the recipe's execute_steps."""
+    from roboloop.rl.config import RLConfig
+    from roboloop.rl.run import rl_in_subprocess
+
+    key = cache_key("rl", parent.weights_sha256, recipe.model_dump(exclude=RL_NOT_KEYED))
+    if cache and (hit := cache.get(key, ModelRef)):
+        return hit
+    out = Path(output_dir) if output_dir else artifacts_root() / "rl" / f"{slug(Path(parent.path).name, 32)}-" \
+        f"{recipe.mode}-{key.split('-')[-1][:12]}"
+    result = rl_in_subprocess(RLConfig(**recipe.model_dump(), policy=parent.path, output_dir=str(out)), on_line,
+                              timeout_s)
+    execution = ExecutionSettings(execute_steps=recipe.execute_steps, inference_steps=parent.execution.inference_steps)
+    ref = model_ref(result["model_dir"], parent.dataset_md5, execution, track)
+    if cache:
+        cache.put(key, ref)
+    return ref
 
 
 # ---------------------------------------------------------------- registry

@@ -128,11 +128,11 @@ class ModelPolicy:
             per_cam.append(x)
         return [[c[i] for c in per_cam] for i in range(obs.state.shape[0])]
 
-    @torch.no_grad()
-    def act(self, obs: Obs) -> torch.Tensor:
+    def batch(self, obs: Obs):
+        """The packed model input (normalised state, instruction tokens, resized images) for every env in `obs`."""
         from roboloop.training.packing import Sample, collate
 
-        sk, ak = self.data["state_key"], self.data["action_key"]
+        sk = self.data["state_key"]
         if obs.state.shape[1] != self.cfg.state_dim:
             raise ModelMismatchError(f"{self.dir}: the model takes a {self.cfg.state_dim}-dim state, the environment "
                                      f"gives {obs.state.shape[1]}: it was trained on another task's data")
@@ -142,10 +142,18 @@ class ModelPolicy:
         samples = [Sample(imgs[i], self._tokens(obs.instructions[i] if obs.instructions else ""),
                           torch.from_numpy(state[i]), torch.zeros(h, a), torch.ones(h, dtype=torch.bool))
                    for i in range(state.shape[0])]
-        batch = collate(samples, self.cfg.tokens_per_image, self.cfg.num_state_tokens).to(self.device)
-        chunk = self.model.sample_actions(batch, steps=self.steps, generator=self.g).cpu().numpy()
-        s = self.stats[ak]
-        return torch.from_numpy(chunk * np.maximum(s["std"], 1e-6) + s["mean"]).float()
+        return collate(samples, self.cfg.tokens_per_image, self.cfg.num_state_tokens).to(self.device)
+
+    def unnormalise(self, chunk: torch.Tensor) -> torch.Tensor:
+        """Normalised (N, H, A) model actions -> the env's units."""
+        s = self.stats[self.data["action_key"]]
+        std = torch.from_numpy(np.maximum(s["std"], 1e-6)).to(chunk.device)
+        return (chunk.float() * std + torch.from_numpy(s["mean"]).to(chunk.device)).cpu().float()
+
+    @torch.no_grad()
+    def act(self, obs: Obs) -> torch.Tensor:
+        chunk = self.model.sample_actions(self.batch(obs), steps=self.steps, generator=self.g)
+        return self.unnormalise(chunk)
 
 
 def make_policy(spec: str, env: BatchedEnv, device: str = "cpu", seed: int = 0):

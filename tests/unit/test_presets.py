@@ -67,3 +67,12 @@ def test_sweep_deployment_parameters_are_valid():
 
     params = SweepParams.model_validate(_deployment("checkpoint-sweep")["parameters"]["params"])
     assert params.eval.execute_steps is None  # the model's own execution settings
+
+
+def test_rl_deployment_parameters_are_valid():
+    from flows.rl_finetune import RLParams
+
+    params = RLParams.model_validate(_deployment("rl-finetune")["parameters"]["params"])
+    assert params.rl.mode == "async" and params.rl.learner_device == "cuda"
+    assert params.rl.learner_gpus == 1.0  # a CUDA learner reserves its GPU from Ray
+    assert params.eval.task == params.rl.task

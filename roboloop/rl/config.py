@@ -1,0 +1,85 @@
+"""Typed RL configuration: one pydantic model for the CLI, the flow (a Prefect form) and the run."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+
+class RLRecipe(BaseModel):
+    """How to fine-tune (the flow's parameter; the policy and output folder are added by `RLConfig`)."""
+
+    task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task the policy acts in")
+    mode: Literal["sync", "async"] = Field(
+        "async", description="sync: collect, then train, alternating; async: environments, action generation and "
+        "training overlap, rollouts carry their weights version and staleness is bounded")
+    env_steps: int = Field(40_000, ge=1, description="budget: environment steps (all envs) before the run stops")
+    env_workers: int = Field(2, ge=1, description="Isaac Lab processes (Ray actors)")
+    envs_per_worker: int = Field(16, ge=1, description="vectorised envs in each worker")
+    execute_steps: int = Field(4, ge=1, description="actions of each sampled chunk executed before re-planning")
+    segment_decisions: int = Field(8, ge=1, description="decisions (chunks) per env in one rollout segment")
+    segments_per_update: int = Field(2, ge=1, description="segments the learner trains on per update")
+    max_staleness: int = Field(1, ge=0, description="async: the most weights versions a rollout may lag the "
+                               "learner; older segments are dropped (sync is always 0)")
+    epochs: int = Field(4, ge=1, description="PPO passes over each update's data")
+    minibatch: int = Field(128, ge=1, description="decisions per gradient step")
+    lr: float = Field(3e-5, gt=0, description="learning rate of the VLA's weights")
+    value_lr: float = Field(1e-3, gt=0, description="learning rate of the value head and the noise scales")
+    gamma: float = Field(0.99, gt=0, le=1, description="discount per environment step")
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip")
+    is_cap: float = Field(2.0, ge=1, description="cap of the importance weight pi_prox / pi_behaviour (async)")
+    value_coef: float = Field(0.5, ge=0)
+    reward_scale: float = Field(0.1, gt=0, description="rewards are multiplied by this before GAE (the critic "
+                                "learns returns of order 1)")
+    entropy_coef: float = Field(0.0, ge=0, description="bonus on the injected noise's entropy")
+    target_kl: float = Field(0.05, gt=0, description="stop an update's epochs once the approximate KL exceeds it")
+    grad_clip: float = Field(1.0, gt=0)
+    noise: Literal["chain", "final"] = Field(
+        "final", description="where the policy's Gaussian noise goes: every denoising step (flow-noise, the whole "
+        "chain is the action) or only the executed actions after a deterministic denoising from x_0")
+    init_std: float = Field(0.1, gt=0, description="initial std of the noise injected at each denoising step "
+                            "(normalised action units)")
+    min_std: float = Field(0.02, gt=0)
+    max_std: float = Field(0.3, gt=0)
+    denoise_steps: int | None = Field(None, ge=1, description="K denoising steps (default: the model's)")
+    critic_warmup_updates: int = Field(2, ge=0, description="first updates train only the value head")
+    freeze_backbone: bool = Field(False, description="train only the action head, the noise and the value head")
+    seed: int = 0
+    learner_device: str = Field("cpu", description="cpu or cuda", json_schema_extra={"enum": ["cpu", "cuda"]})
+    rollout_device: str = Field("cpu", description="cpu or cuda", json_schema_extra={"enum": ["cpu", "cuda"]})
+    placement: Literal["colocated", "spread"] = Field(
+        "colocated", description="Ray placement of the workers: pack them on one node, or spread across nodes")
+    env_cpus: float = Field(1.0, gt=0, description="Ray CPUs reserved per environment worker")
+    learner_gpus: float = Field(0.0, ge=0, description="Ray GPUs for the learner (1 with learner_device=cuda)")
+    rollout_gpus: float = Field(0.0, ge=0, description="Ray GPUs for the rollout worker")
+    checkpoint_every: int = Field(5, ge=0, description="updates between checkpoints (0: only at the end)")
+    keep_last: int = Field(2, ge=1)
+    resume: bool = Field(True, description="continue from the newest checkpoint in output_dir")
+    ray_address: str | None = Field(None, description="an existing Ray cluster (ray://..., 'auto'); default: start "
+                                    "a local one for this run and stop it afterwards")
+
+    @model_validator(mode="after")
+    def _check(self) -> RLRecipe:
+        if self.min_std > self.max_std:
+            raise ValueError(f"min_std {self.min_std} > max_std {self.max_std}")
+        if self.learner_device == "cuda" and self.learner_gpus == 0:
+            self.learner_gpus = 1.0
+        if self.rollout_device == "cuda" and self.rollout_gpus == 0:
+            self.rollout_gpus = 1.0
+        return self
+
+    # what a resumed run may change (how long, how often to save, where it runs)
+    RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
+        "env_steps", "checkpoint_every", "keep_last", "resume", "ray_address", "placement", "env_cpus",
+        "learner_gpus", "rollout_gpus", "learner_device", "rollout_device", "output_dir"})
+
+
+class RLConfig(RLRecipe):
+    policy: str = Field(description="model folder or registry reference (registry:NAME@ALIAS|VERSION) to start from")
+    output_dir: str = Field("artifacts/rl", description="checkpoints, metrics and the fine-tuned model")
+
+    def changed_fields(self, saved: dict) -> list[str]:
+        now = self.model_dump(mode="json")
+        return sorted(k for k in now if k not in self.RESUMABLE_CHANGES and k in saved and saved[k] != now[k])

@@ -1,0 +1,361 @@
+"""An RL fine-tuning run on Ray: start the workers, alternate (sync) or overlap (async), checkpoint, publish.
+
+sync:  every env worker collects a segment with the current weights; the learner updates on
+       them; the new weights go to the rollout worker; repeat. Staleness is always 0.
+async: every env worker always has a segment in flight; whenever `segments_per_update` have
+       arrived and the learner is idle, it updates on them while the environments keep
+       playing; new weights are broadcast to the rollout worker as soon as they exist, so a
+       segment may mix versions (each decision carries its own). Launches are throttled so a
+       segment started at version v is due for an update no later than v + max_staleness
+       (at most (version + max_staleness + 1) x segments_per_update segments are ever launched);
+       a segment older than that when its update starts is dropped (and counted).
+
+Checkpoints (learner weights, optimizer, version, env steps) are written atomically every
+`checkpoint_every` updates to output_dir/checkpoints; a rerun with the same config resumes.
+The fine-tuned VLA is published as output_dir/model (model.safetensors, config.json with an
+`rl` section naming its parent, stats.json), which `roboloop evaluate` and the registry read.
+Ray is started locally unless `ray_address` names a cluster; every actor is killed and a local
+Ray stopped on exit, on error, and on SIGTERM (a cancelled flow run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from roboloop import fsutil
+from roboloop.errors import RoboloopError
+from roboloop.rl.config import RLConfig
+from roboloop.training import checkpoint as ckpt
+
+
+@dataclass
+class RLResult:
+    model_dir: str
+    parent: str
+    updates: int
+    env_steps: int
+    env_steps_per_s: float
+    wall_s: float
+    dropped_segments: int
+    staleness_max: int
+    rollout_success: list[float]
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__)
+
+
+def _model_dir(policy: str) -> Path:
+    if policy.startswith("registry:"):
+        from roboloop.registry import resolve_model_ref
+
+        return Path(resolve_model_ref(policy))
+    p = Path(policy)
+    if not (p / "model.safetensors").exists():
+        raise RoboloopError(f"{policy}: not a model folder (no model.safetensors) or registry reference")
+    return p
+
+
+def _start_ray(cfg: RLConfig) -> bool:
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address, log_to_driver=True)
+        return False
+    need = cfg.env_workers * cfg.env_cpus + 2
+    ray.init(num_cpus=max(int(need + 0.999), os.cpu_count() or 1), num_gpus=None, include_dashboard=False,
+             log_to_driver=False, object_store_memory=256 * 1024 ** 2, configure_logging=False)
+    return True
+
+
+class _Workers:
+    def __init__(self, cfg: RLConfig, model_dir: Path):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from roboloop.rl.workers import EnvWorker, Learner, RolloutWorker
+
+        data = json.loads((model_dir / "config.json").read_text()).get("data", {})
+        camera = bool(data.get("with_video", True) and data.get("video_keys"))
+        rl = cfg.model_dump()
+        bundles = [{"CPU": 1.0, "GPU": cfg.learner_gpus} if cfg.learner_gpus else {"CPU": 1.0},
+                   {"CPU": 1.0, "GPU": cfg.rollout_gpus} if cfg.rollout_gpus else {"CPU": 1.0}]
+        bundles += [{"CPU": cfg.env_cpus} for _ in range(cfg.env_workers)]
+        self.pg = placement_group(bundles, strategy="STRICT_PACK" if cfg.placement == "colocated" else "SPREAD")
+        ray.get(self.pg.ready(), timeout=300)
+
+        def at(i: int):
+            return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=i)
+
+        threads = os.cpu_count() if not cfg.ray_address else None
+        self.learner: Any = ray.remote(Learner).options(
+            num_cpus=1, num_gpus=cfg.learner_gpus, scheduling_strategy=at(0)).remote(
+            str(model_dir), rl, cfg.learner_device, cfg.seed, threads)
+        self.rollout: Any = ray.remote(RolloutWorker).options(
+            num_cpus=1, num_gpus=cfg.rollout_gpus, scheduling_strategy=at(1)).remote(
+            str(model_dir), rl, cfg.rollout_device, cfg.seed + 1)
+        env_cls = ray.remote(EnvWorker)
+        self.envs: list[Any] = [env_cls.options(num_cpus=cfg.env_cpus, scheduling_strategy=at(2 + i)).remote(
+            i, cfg.task, cfg.envs_per_worker, cfg.seed * 1000 + i, cfg.execute_steps, cfg.gamma, camera)
+            for i in range(cfg.env_workers)]
+        self.all: list[Any] = [self.learner, self.rollout, *self.envs]
+        ray.get([a.pid.remote() for a in self.all])  # every worker is up (Isaac Lab started)
+
+    def kill(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for a in self.all:
+            ray.kill(a, no_restart=True)
+        remove_placement_group(self.pg)
+
+
+def _claim(cfg: RLConfig, out: Path) -> Path | None:
+    """The checkpoint to resume from, after checking the folder is this run's (never another's)."""
+    marker = out / "rl_run.json"
+    if marker.exists():
+        saved = json.loads(marker.read_text())
+        changed = cfg.changed_fields(saved)
+        if changed:
+            raise RoboloopError(f"{out} holds another RL run (different {', '.join(changed)}); pick another "
+                                "output_dir")
+        return ckpt.latest(out / "checkpoints") if cfg.resume else None
+    if out.exists() and any(out.iterdir()):
+        raise RoboloopError(f"{out} exists and is not an RL run of roboloop's; refusing to write into it")
+    out.mkdir(parents=True, exist_ok=True)
+    fsutil.atomic_write_json(marker, cfg.model_dump(mode="json"))
+    return None
+
+
+class Run:
+    def __init__(self, cfg: RLConfig, on_event: Callable[[dict], None] = lambda e: None):
+        self.cfg, self.on_event = cfg, on_event
+        self.out = Path(cfg.output_dir).absolute()
+        self.version = self.env_steps = self.dropped = self.stale_max = 0
+        self.success: list[float] = []
+        self.active_s = 0.0
+
+    def _record(self, metrics: dict, segs: list) -> None:
+        eps = sum(s.episodes for s in segs)
+        rets = [r for s in segs for r in s.returns]
+        rate = sum(s.successes for s in segs) / eps if eps else None
+        if rate is not None:
+            self.success.append(round(rate, 4))
+        self.stale_max = max(self.stale_max, metrics["staleness_max"])
+        row = {**metrics, "collect_s": round(sum(g.finished - g.started for g in segs) / max(len(segs), 1), 3),
+               "env_steps": self.env_steps, "episodes": eps, "rollout_success": rate,
+               "mean_return": sum(rets) / len(rets) if rets else None, "dropped_segments": self.dropped,
+               "wall_s": round(self.active_s + time.time() - self._t0, 2)}
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.on_event(row)
+        every = self.cfg.checkpoint_every
+        if every and self.version % every == 0:
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        import ray
+
+        state = ray.get(self.w.learner.state.remote())
+        state.update(env_steps=self.env_steps, dropped=self.dropped, stale_max=self.stale_max,
+                     success=self.success, active_s=self.active_s + time.time() - self._t0)
+        ckpt.save(self.out / "checkpoints", self.version, state, self.cfg.keep_last)
+
+    def _broadcast(self) -> None:
+        """New weights to the rollout worker before anything else is launched: a segment launched at version v
+        then starts with v (its queued act calls finish first; a few ms)."""
+        import ray
+
+        ray.get(self.w.rollout.set_weights.remote(self.w.learner.weights.remote(), self.version))
+
+    def _critic_only(self) -> bool:
+        return self.version < self.cfg.critic_warmup_updates
+
+    def _sync(self) -> None:
+        import ray
+
+        cfg = self.cfg
+        while self.env_steps < cfg.env_steps:
+            segs: list = []
+            while len(segs) < cfg.segments_per_update:
+                segs += ray.get([e.collect.remote(self.w.rollout, cfg.segment_decisions) for e in self.w.envs])
+            self.env_steps += sum(s.env_steps for s in segs)
+            metrics = ray.get(self.w.learner.update.remote(segs, self._critic_only()))
+            self.version = metrics["version"]
+            self._broadcast()
+            self._record(metrics, segs)
+
+    def _async(self) -> None:
+        import ray
+
+        cfg, b, s = self.cfg, self.cfg.segments_per_update, self.cfg.max_staleness
+        inflight: dict = {}
+        idle = list(self.w.envs)
+        buffer: list = []
+        update_ref, update_segs = None, []
+        # Segment i (launch order) is consumed in round i // b, which starts once the learner has finished
+        # (rounds before it) - (rounds dropped whole) updates; launching i only while i < (updates done + s +
+        # whole drops + 1) * b keeps that round's staleness <= s. Arrival out of launch order can still exceed
+        # it: such a segment is dropped.
+        launched = whole_drops = 0
+        start_version = self.version
+        planned = 0  # env steps of the segments launched: stop launching once they cover the budget
+        per_seg = cfg.segment_decisions * cfg.execute_steps * cfg.envs_per_worker
+
+        def launch() -> None:
+            nonlocal launched, planned
+            due = (self.version - start_version + s + whole_drops + 1) * b
+            while idle and self.env_steps + planned < cfg.env_steps and launched < due:
+                e = idle.pop(0)
+                inflight[e.collect.remote(self.w.rollout, cfg.segment_decisions)] = e
+                launched += 1
+                planned += per_seg
+
+        launch()
+        while inflight or update_ref is not None or len(buffer) >= b:
+            if update_ref is None and len(buffer) >= b:
+                fresh = [g for g in buffer[:b] if self.version - int(g.version.min()) <= s]
+                self.dropped += b - len(fresh)
+                whole_drops += not fresh
+                buffer = buffer[b:]
+                if fresh:
+                    update_ref = self.w.learner.update.remote(fresh, self._critic_only())
+                    update_segs = fresh
+                launch()
+                continue
+            ready, _ = ray.wait([*inflight, *([update_ref] if update_ref is not None else [])], num_returns=1)
+            ref = ready[0]
+            if ref is update_ref:
+                metrics = ray.get(ref)
+                update_ref = None
+                self.version = metrics["version"]
+                self._broadcast()
+                self._record(metrics, update_segs)
+            else:
+                seg = ray.get(ref)
+                idle.append(inflight.pop(ref))
+                planned -= per_seg
+                self.env_steps += seg.env_steps
+                buffer.append(seg)
+            launch()
+
+    def run(self) -> RLResult:
+        import ray
+
+        cfg = self.cfg
+        model_dir = _model_dir(cfg.policy).absolute()
+        resume_from = _claim(cfg, self.out)
+        started = _start_ray(cfg)
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def _term(signum, frame):
+            raise KeyboardInterrupt("SIGTERM")
+
+        if hasattr(signal, "SIGTERM") and _is_main_thread():
+            signal.signal(signal.SIGTERM, _term)
+        self.w: Any = None
+        try:
+            self.w = _Workers(cfg, model_dir)
+            if resume_from is not None:
+                state = ckpt.load(resume_from)
+                self.version = ray.get(self.w.learner.load_state.remote(state))
+                self.env_steps, self.dropped = state["env_steps"], state["dropped"]
+                self.stale_max, self.success, self.active_s = state["stale_max"], state["success"], state["active_s"]
+                self.on_event({"resumed_from": str(resume_from), "version": self.version, "env_steps": self.env_steps})
+            self._broadcast()
+            self._t0 = time.time()
+            self._sync() if cfg.mode == "sync" else self._async()
+            wall = self.active_s + time.time() - self._t0
+            self._checkpoint()
+            weights = ray.get(self.w.learner.vla_weights.remote())
+            dst = self._publish(model_dir, weights)
+        finally:
+            if self.w is not None:
+                self.w.kill()
+            if started:
+                ray.shutdown()
+            if _is_main_thread():
+                signal.signal(signal.SIGTERM, previous)
+        return RLResult(str(dst), str(model_dir), self.version, self.env_steps,
+                        round(self.env_steps / max(wall, 1e-9), 2), round(wall, 2), self.dropped, self.stale_max,
+                        self.success)
+
+    def _publish(self, parent: Path, weights: dict) -> Path:
+        from safetensors.torch import save_file
+
+        dst = self.out / "model"
+        conf = json.loads((parent / "config.json").read_text())
+        conf["rl"] = {"parent": str(parent), "parent_config": conf.get("rl"), "updates": self.version,
+                      "env_steps": self.env_steps, "config": self.cfg.model_dump(mode="json")}
+        with fsutil.atomic_dir(dst, kind="rl-model", overwrite=True) as tmp:  # a previous one is moved aside
+            shutil.copy2(parent / "stats.json", tmp / "stats.json")
+            (tmp / "config.json").write_text(json.dumps(conf, indent=2))
+            save_file(weights, str(tmp / "model.safetensors"))
+        return dst
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def run(cfg: RLConfig, on_event: Callable[[dict], None] = lambda e: None) -> RLResult:
+    return Run(cfg, on_event).run()
+
+
+def progress_line(event: dict) -> str:
+    """One readable line per update (the flow's log and the CLI's stderr)."""
+    if "resumed_from" in event:
+        return (f"rl: resumed at version {event['version']} ({event['env_steps']} env steps) "
+                f"from {event['resumed_from']}")
+    rate = event.get("rollout_success")
+    return (f"rl: update {event['version']}{' (critic only)' if event.get('critic_only') else ''}, "
+            f"{event['env_steps']} env steps, rollout success {'-' if rate is None else f'{rate:.0%}'}, "
+            f"kl {event['approx_kl']:.3f}, staleness {event['staleness_max']}, noise {event['noise_std']:.3f}")
+
+
+def rl_in_subprocess(cfg: RLConfig, on_line=print, timeout_s: float | None = None) -> dict:
+    """Run RL in a child process group (its Ray workers die with it when the caller is cancelled); returns the
+    JSON result."""
+    from roboloop.evaluation.run import _run_entry
+
+    out = Path(cfg.output_dir).absolute()
+    work = out.parent / f".{out.name}.rl"
+    try:
+        return _run_entry("rl", cfg, work, on_line, timeout_s, f"RL fine-tuning of {cfg.policy} on {cfg.task}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def read_metrics(out: str | Path) -> list[dict]:
+    path = Path(out) / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def plot_metrics(rows: list[dict], png: Path, title: str) -> Path:
+    """Rollout success and mean episode return against environment steps (one point per update)."""
+    from roboloop import plots
+
+    fig, (a, b) = plots.subplots(1, 2, figsize=(9, 3.2))
+    pts = [(r["env_steps"], r["rollout_success"]) for r in rows if r.get("rollout_success") is not None]
+    a.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3)
+    a.set_ylim(0, 1.02)
+    a.set_xlabel("environment steps")
+    a.set_ylabel("rollout success (noisy policy)")
+    ret = [(r["env_steps"], r["mean_return"]) for r in rows if r.get("mean_return") is not None]
+    b.plot([p[0] for p in ret], [p[1] for p in ret], "o-", ms=3, color="tab:orange")
+    b.set_xlabel("environment steps")
+    b.set_ylabel("mean episode return")
+    fig.suptitle(title)
+    return plots.save(fig, png)
