@@ -313,7 +313,7 @@ def sweep_candidates(run: str | Path, include_final: bool = True) -> list[tuple[
 
 # ---------------------------------------------------------------- reinforcement learning
 RL_NOT_KEYED = {"checkpoint_every", "keep_last", "resume", "ray_address", "placement", "env_cpus", "learner_gpus",
-                "rollout_gpus"}
+                "rollout_gpus", "learner_threads"}
 
 
 def rl_finetune(parent: ModelRef, recipe: RLRecipe, cache: ReceiptCache | None = None,

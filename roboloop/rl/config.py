@@ -49,6 +49,9 @@ class RLRecipe(BaseModel):
     seed: int = 0
     learner_device: str = Field("cpu", description="cpu or cuda", json_schema_extra={"enum": ["cpu", "cuda"]})
     rollout_device: str = Field("cpu", description="cpu or cuda", json_schema_extra={"enum": ["cpu", "cuda"]})
+    learner_threads: int | None = Field(
+        None, ge=1, description="torch threads of a CPU learner (default: every core in sync mode, where it runs "
+        "alone; in async mode the cores the environment and rollout workers leave, at least 1)")
     placement: Literal["colocated", "spread"] = Field(
         "colocated", description="Ray placement of the workers: pack them on one node, or spread across nodes")
     env_cpus: float = Field(1.0, gt=0, description="Ray CPUs reserved per environment worker")
@@ -73,6 +76,7 @@ class RLRecipe(BaseModel):
     # what a resumed run may change (how long, how often to save, where it runs)
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
         "env_steps", "checkpoint_every", "keep_last", "resume", "ray_address", "placement", "env_cpus",
+        "learner_threads",
         "learner_gpus", "rollout_gpus", "learner_device", "rollout_device", "output_dir"})
 
 

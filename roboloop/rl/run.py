@@ -20,6 +20,7 @@ Ray stopped on exit, on error, and on SIGTERM (a cancelled flow run).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -63,6 +64,16 @@ def _model_dir(policy: str) -> Path:
     return p
 
 
+def get(refs: Any) -> Any:
+    """`ray.get` that returns to Python every second, so SIGTERM (a cancelled flow run) interrupts a wait."""
+    import ray
+
+    pending = list(refs) if isinstance(refs, list) else [refs]
+    while pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+    return ray.get(refs)
+
+
 def _start_ray(cfg: RLConfig) -> bool:
     import ray
 
@@ -92,12 +103,15 @@ class _Workers:
                    {"CPU": 1.0, "GPU": cfg.rollout_gpus} if cfg.rollout_gpus else {"CPU": 1.0}]
         bundles += [{"CPU": cfg.env_cpus} for _ in range(cfg.env_workers)]
         self.pg = placement_group(bundles, strategy="STRICT_PACK" if cfg.placement == "colocated" else "SPREAD")
-        ray.get(self.pg.ready(), timeout=300)
+        ray.get(self.pg.ready(), timeout=300)  # resources only: fails fast if the cluster lacks them
 
         def at(i: int):
             return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=i)
 
-        threads = os.cpu_count() if not cfg.ray_address else None
+        threads = cfg.learner_threads
+        if threads is None and not cfg.ray_address:  # a local cluster: share this machine's cores sensibly
+            cores = os.cpu_count() or 1
+            threads = cores if cfg.mode == "sync" else max(1, int(cores - cfg.env_workers * cfg.env_cpus - 1))
         self.learner: Any = ray.remote(Learner).options(
             num_cpus=1, num_gpus=cfg.learner_gpus, scheduling_strategy=at(0)).remote(
             str(model_dir), rl, cfg.learner_device, cfg.seed, threads)
@@ -109,15 +123,18 @@ class _Workers:
             i, cfg.task, cfg.envs_per_worker, cfg.seed * 1000 + i, cfg.execute_steps, cfg.gamma, camera)
             for i in range(cfg.env_workers)]
         self.all: list[Any] = [self.learner, self.rollout, *self.envs]
-        ray.get([a.pid.remote() for a in self.all])  # every worker is up (Isaac Lab started)
+        get([a.pid.remote() for a in self.all])  # every worker is up (Isaac Lab started)
 
     def kill(self) -> None:
+        """Best effort: after a SIGTERM to the process group the workers (and Ray's daemons) may be gone already."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
         for a in self.all:
-            ray.kill(a, no_restart=True)
-        remove_placement_group(self.pg)
+            with contextlib.suppress(Exception):  # already dead, or Ray is stopping
+                ray.kill(a, no_restart=True)
+        with contextlib.suppress(Exception):
+            remove_placement_group(self.pg)
 
 
 def _claim(cfg: RLConfig, out: Path) -> Path | None:
@@ -164,9 +181,7 @@ class Run:
             self._checkpoint()
 
     def _checkpoint(self) -> None:
-        import ray
-
-        state = ray.get(self.w.learner.state.remote())
+        state = get(self.w.learner.state.remote())
         state.update(env_steps=self.env_steps, dropped=self.dropped, stale_max=self.stale_max,
                      success=self.success, active_s=self.active_s + time.time() - self._t0)
         ckpt.save(self.out / "checkpoints", self.version, state, self.cfg.keep_last)
@@ -174,23 +189,19 @@ class Run:
     def _broadcast(self) -> None:
         """New weights to the rollout worker before anything else is launched: a segment launched at version v
         then starts with v (its queued act calls finish first; a few ms)."""
-        import ray
-
-        ray.get(self.w.rollout.set_weights.remote(self.w.learner.weights.remote(), self.version))
+        get(self.w.rollout.set_weights.remote(self.w.learner.weights.remote(), self.version))
 
     def _critic_only(self) -> bool:
         return self.version < self.cfg.critic_warmup_updates
 
     def _sync(self) -> None:
-        import ray
-
         cfg = self.cfg
         while self.env_steps < cfg.env_steps:
             segs: list = []
             while len(segs) < cfg.segments_per_update:
-                segs += ray.get([e.collect.remote(self.w.rollout, cfg.segment_decisions) for e in self.w.envs])
+                segs += get([e.collect.remote(self.w.rollout, cfg.segment_decisions) for e in self.w.envs])
             self.env_steps += sum(s.env_steps for s in segs)
-            metrics = ray.get(self.w.learner.update.remote(segs, self._critic_only()))
+            metrics = get(self.w.learner.update.remote(segs, self._critic_only()))
             self.version = metrics["version"]
             self._broadcast()
             self._record(metrics, segs)
@@ -233,7 +244,10 @@ class Run:
                     update_segs = fresh
                 launch()
                 continue
-            ready, _ = ray.wait([*inflight, *([update_ref] if update_ref is not None else [])], num_returns=1)
+            ready: list = []
+            while not ready:  # one-second waits: SIGTERM gets through
+                ready, _ = ray.wait([*inflight, *([update_ref] if update_ref is not None else [])], num_returns=1,
+                                    timeout=1.0)
             ref = ready[0]
             if ref is update_ref:
                 metrics = ray.get(ref)
@@ -258,7 +272,10 @@ class Run:
         started = _start_ray(cfg)
         previous = signal.getsignal(signal.SIGTERM)
 
+        terminated = []
+
         def _term(signum, frame):
+            terminated.append(signum)
             raise KeyboardInterrupt("SIGTERM")
 
         if hasattr(signal, "SIGTERM") and _is_main_thread():
@@ -268,7 +285,7 @@ class Run:
             self.w = _Workers(cfg, model_dir)
             if resume_from is not None:
                 state = ckpt.load(resume_from)
-                self.version = ray.get(self.w.learner.load_state.remote(state))
+                self.version = get(self.w.learner.load_state.remote(state))
                 self.env_steps, self.dropped = state["env_steps"], state["dropped"]
                 self.stale_max, self.success, self.active_s = state["stale_max"], state["success"], state["active_s"]
                 self.on_event({"resumed_from": str(resume_from), "version": self.version, "env_steps": self.env_steps})
@@ -277,10 +294,12 @@ class Run:
             self._sync() if cfg.mode == "sync" else self._async()
             wall = self.active_s + time.time() - self._t0
             self._checkpoint()
-            weights = ray.get(self.w.learner.vla_weights.remote())
+            weights = get(self.w.learner.vla_weights.remote())
             dst = self._publish(model_dir, weights)
         finally:
-            if self.w is not None:
+            # After SIGTERM to the process group (a cancelled flow run) Ray's own daemons got it too: killing
+            # actors through a dead GCS would wait out its reconnect timeout, so only stop the local Ray.
+            if self.w is not None and not terminated:
                 self.w.kill()
             if started:
                 ray.shutdown()

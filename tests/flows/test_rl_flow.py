@@ -22,7 +22,9 @@ def test_rl_flow_registers_a_child_of_the_champion(tmp_path, monkeypatch):
     dataset = {"path": str(tmp_path / "gone"), "md5": "d41d8cd98f00b204e9800998ecf8427e.dir", "format": "v3.0",
                "num_episodes": 8, "num_frames": 800, "fps": 30}
     lineage = {"git_commit": "abc", "dataset_md5": dataset["md5"], "dataset": dataset, "config": {"a": 1},
-               "metrics": {"final_loss": 1.0}}
+               "metrics": {"final_loss": 1.0}, "eval": {"task": "Roboloop-Reach-Color-v0", "seed": 0,
+                                                       "execute_steps": 4, "episodes": 4, "successes": 0,
+                                                       "outcomes": "0000"}}
     reg.promote("reach", reg.register("reach", _untrained_model(tmp_path / "bc"), lineage))
 
     rl = RLRecipe(mode="sync", env_steps=2 * 256, env_workers=2, envs_per_worker=4, segment_decisions=4,

@@ -91,19 +91,22 @@ def test_async_run_stays_within_staleness_resumes_and_shuts_down(tmp_path):
     # flow run) after its first new update ends it with nothing left behind
     (tmp_path / "cfg.json").write_text(_cfg(model, out, env_steps=40 * 256).model_dump_json())
     t1 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "roboloop.entry", "rl", str(tmp_path / "cfg.json")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     seen: list[str] = []
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if line.startswith("[progress] rl:"):
-                seen.append(line.strip())
-            if any("update" in s for s in seen):
-                break
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+    with subprocess.Popen([sys.executable, "-m", "roboloop.entry", "rl", str(tmp_path / "cfg.json")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                if line.startswith("[progress] rl:"):
+                    seen.append(line.strip())
+                if any("update" in s for s in seen):
+                    break
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.communicate(timeout=60)  # the driver stops Ray and exits on SIGTERM (no SIGKILL needed)
+            code = proc.returncode
+    assert code != 0
     assert seen and seen[0].startswith(f"[progress] rl: resumed at version {len(rows)}"), seen
     assert f"update {len(rows) + 1}" in seen[1], seen
     assert _none_left(t1) == [], "Ray processes outlived the cancelled run"
