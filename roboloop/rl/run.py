@@ -353,8 +353,10 @@ def rl_in_subprocess(cfg: RLConfig, on_line=print, timeout_s: float | None = Non
     work = out.parent / f".{out.name}.rl"
     try:
         return _run_entry("rl", cfg, work, on_line, timeout_s, f"RL fine-tuning of {cfg.policy} on {cfg.task}")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    finally:  # only the config file written there, and the folder if that leaves it empty
+        (work / "rl_config.json").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            work.rmdir()
 
 
 def read_metrics(out: str | Path) -> list[dict]:
