@@ -36,8 +36,8 @@ $(STAMP): pyproject.toml constraints/py312.txt
 demo: install  ## the whole closed loop on embedded defaults (ephemeral Prefect, local DVC remote and registry)
 	$(PY) -m flows.demo
 
-test: install  ## run the whole test suite (every marker this machine can run)
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+test: install  ## run the whole test suite (every marker this machine can run; one line per test, as it ends)
+	PYTHONUNBUFFERED=1 $(PY) -m pytest -v -p no:cacheprovider --durations=30
 
 test-fast: install  ## unit tests only
 	$(PY) -m pytest -q tests/unit -m "not slow"

@@ -105,3 +105,21 @@ def pytest_collection_modifyitems(config, items):
                 have = _cuda_devices() if have is None else have
                 if have < count:
                     item.add_marker(pytest.mark.skip(reason=f"needs {count} CUDA GPU(s), found {have}"))
+
+
+_SESSION_START = time.monotonic()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_report_teststatus(report, config):
+    """With -v, each test's line also says how long its call took and when (minutes into the session) it ended,
+    so a CI log cut short by a time limit still shows where the time went."""
+    outcome = yield
+    if report.when != "call":
+        return
+    category, letter, word = outcome.get_result()
+    note = f" ({report.duration:.0f} s, at {(time.monotonic() - _SESSION_START) / 60:.1f} min)"
+    if isinstance(word, tuple):
+        outcome.force_result((category, letter, (word[0] + note, word[1])))
+    elif word:
+        outcome.force_result((category, letter, word + note))

@@ -1,8 +1,16 @@
 """One real Prefect server (basic authentication on) with process workers for the `cpu` and `gpu` pools,
-every deployment of deployments/prefect.yaml registered, shared by the deploy and browser tests."""
+every deployment of deployments/prefect.yaml registered, shared by the deploy and browser tests.
+
+The stack lives only as long as the tests of this folder (package scope), and nothing it started may
+outlive it or compete with later tests for the cores: once the scheduler has shown it turns the cron
+into runs, every schedule is paused and its runs deleted (a nightly closed loop due at 02:00 UTC, or the
+10-minute dataset watch, must not start inside a CI run); at the end every unfinished flow run is
+cancelled and any process still carrying this stack's PREFECT_HOME is killed with its group (the
+process worker starts flow runs in sessions of their own, which killing the worker does not reach)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -30,7 +38,7 @@ def _spawn(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
         return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prefect-stack")
     port = _port()
@@ -62,18 +70,95 @@ def stack(tmp_path_factory):
         deploy = subprocess.run([*auth, PREFECT, "--no-prompt", "deploy", "--all", "--prefect-file",
                                  "deployments/prefect.yaml"], cwd=REPO, env=env, capture_output=True, text=True)
         assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+        registered, scheduled = _pause_schedules(api)
         for pool in ("cpu", "gpu"):
             procs.append(_spawn([*auth, PREFECT, "worker", "start", "--pool", pool, "--limit", "2"], env,
                                 tmp / f"worker-{pool}.log"))
-        yield {"api": api, "ui": api.removesuffix("/api"), "tmp": tmp,
+        yield {"api": api, "ui": api.removesuffix("/api"), "tmp": tmp, "registered": registered,
+               "scheduled": scheduled,
                "env": {**env, "PREFECT_API_AUTH_STRING": ":".join(AUTH)}}
     finally:
-        for p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
+        _cancel_unfinished(api)
+        _stop(procs)
+        _kill_leftovers(str(tmp / "home"))
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every group, then SIGKILL what is still there after 20 s; every child reaped (no "subprocess still
+    running" at the end of the session)."""
+    for p in reversed(procs):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in reversed(procs):
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+def _call(method: str, url: str, **kw) -> httpx.Response:
+    for _attempt in range(10):  # SQLite under load answers 503 now and then
+        r = httpx.request(method, url, auth=AUTH, timeout=30, **kw)
+        if r.status_code != 503:
+            return r
+        time.sleep(2)
+    return r
+
+
+def _runs_in(api: str, states: list[str]) -> list[dict]:
+    r = _call("POST", f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": states}}}})
+    r.raise_for_status()
+    return r.json()
+
+
+def _pause_schedules(api: str) -> tuple[dict[str, dict], list[dict]]:
+    """Wait (≤ 120 s) until the nightly cron has become scheduled runs, then pause every schedule and delete
+    every scheduled run. Returns the deployments as registered (name -> JSON) and the runs seen."""
+    deps = {f"{d['name']}": d for d in _call("POST", f"{api}/deployments/filter", json={}).json()}
+    nightly = [d["id"] for d in deps.values() if d["name"] == "closed-loop"]
+    deadline, scheduled = time.time() + 120, []
+    while time.time() < deadline and not scheduled:
+        scheduled = [r for r in _runs_in(api, ["SCHEDULED"]) if r["deployment_id"] in nightly]
+        time.sleep(1 if scheduled else 2)
+    for d in deps.values():
+        for sched in d["schedules"]:
+            r = _call("PATCH", f"{api}/deployments/{d['id']}/schedules/{sched['id']}", json={"active": False})
+            assert r.status_code in (200, 204), r.text
+    for run in _runs_in(api, ["SCHEDULED"]):
+        _call("DELETE", f"{api}/flow_runs/{run['id']}")
+    return deps, scheduled
+
+
+def _cancel_unfinished(api: str) -> None:
+    """Cancel every run not yet in a final state and give the workers ≤ 60 s to stop them."""
+    try:
+        live = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
+        for run in _runs_in(api, live):
+            _call("POST", f"{api}/flow_runs/{run['id']}/set_state",
+                  json={"state": {"type": "CANCELLING"}, "force": True})
+        deadline = time.time() + 60
+        while time.time() < deadline and _runs_in(api, ["PENDING", "RUNNING", "CANCELLING"]):
+            time.sleep(1)
+    except httpx.HTTPError:
+        pass  # a dead server: the sweep below still kills what is left
+
+
+def _kill_leftovers(prefect_home: str) -> None:
+    """Kill (with their groups) the processes whose environment names this stack's PREFECT_HOME."""
+    import psutil
+
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get("PREFECT_HOME") == prefect_home:
+                group = os.getpgid(p.pid)
+                if group == os.getpgrp():  # a child left in pytest's own group: that process only
+                    p.kill()
+                else:
+                    os.killpg(group, signal.SIGKILL)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
 
 
 @pytest.hookimpl(hookwrapper=True)

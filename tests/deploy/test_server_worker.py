@@ -58,22 +58,21 @@ def _wait(api: str, run_id: str, states: set[str], timeout: float) -> str:
 
 
 def test_deployments_registered_with_pools_and_cron(stack):
+    """Pools and cron as prefect.yaml says; the server turned the nightly cron into runs at 02:00 UTC (the
+    stack then paused every schedule, so none of them starts during the tests)."""
     api = stack["api"]
     names = {"closed-loop/closed-loop": "gpu", "evaluate/evaluate": "cpu", "ingest/ingest": "cpu",
              "convert/convert": "cpu", "train/train": "gpu"}
     for name, pool in names.items():
         assert _deployment(api, name)["work_pool_name"] == pool
-    dep = _deployment(api, "closed-loop/closed-loop")
-    assert dep["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
-    deadline, scheduled = time.time() + 120, []
-    while time.time() < deadline and not scheduled:
-        r = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}},
-                                                        "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}}},
-                       auth=AUTH)
-        scheduled = r.json()
-        time.sleep(2)
-    assert scheduled, "the cron schedule produced no scheduled runs"
-    assert all(run["expected_start_time"].endswith(("02:00:00Z", "02:00:00+00:00")) for run in scheduled)
+    registered = stack["registered"]
+    nightly = registered["closed-loop"]["schedules"][0]
+    assert nightly["schedule"]["cron"] == "0 2 * * *" and nightly["active"] is True
+    assert registered["closed-loop-cpu"]["schedules"][0]["active"] is False
+    assert stack["scheduled"], "the cron schedule produced no scheduled runs"
+    assert all(run["expected_start_time"].endswith(("02:00:00Z", "02:00:00+00:00")) for run in stack["scheduled"])
+    now = _deployment(api, "closed-loop/closed-loop")
+    assert [s["active"] for s in now["schedules"]] == [False]
 
 
 def _summaries(tmp: Path, policy: str) -> list[dict]:
@@ -126,9 +125,14 @@ def test_evaluate_deployment_defaults_with_champion_and_version_then_a_new_champ
 
     tmp = stack["tmp"]
     v1, v2 = _reach_models(tmp, tmp / "registry")
-    _completed(stack, "evaluate/evaluate", {})  # the deployment's own defaults: registry:reach-vla@champion
+    # the deployment's own defaults (registry:reach-vla@champion, its task and settings), as the UI's form sends
+    # them, but 8 of its 50 episodes: a whole default evaluation would add 4 minutes and test nothing more
+    defaults = _deployment(stack["api"], "evaluate/evaluate")["parameters"]["params"]
+    assert defaults["policy"] == "registry:reach-vla@champion" and defaults["eval"]["episodes"] == 50
+    shorter = {"params": {**defaults, "eval": {**defaults["eval"], "episodes": 8, "num_envs": 8}}}
+    _completed(stack, "evaluate/evaluate", shorter)
     champion = _summaries(tmp, "registry:reach-vla@champion")
-    assert champion and champion[-1]["policy_id"] == v1 and champion[-1]["episodes"] == 50
+    assert champion and champion[-1]["policy_id"] == v1 and champion[-1]["episodes"] == 8
     _completed(stack, "evaluate/evaluate", {"params": {"policy": "registry:reach-vla@2",
                                                        "eval": {"episodes": 4, "num_envs": 4, "videos": 0}}})
     assert _summaries(tmp, "registry:reach-vla@2")[-1]["policy_id"] == v2

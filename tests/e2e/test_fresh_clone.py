@@ -1,14 +1,20 @@
-"""The README's first command on a fresh clone of the committed tree, then `roboloop reproduce`.
+"""The README's first command, exactly as a new user runs it, on a fresh clone of the committed tree.
 
 Last round every test passed while `make demo` failed on a fresh clone (an ignore rule made
-DVC refuse the stage outputs). This runs `.ci/fresh-clone-demo`: clone HEAD into a temporary
-folder, fresh PREFECT_HOME, `make demo` with the `ci` preset (every stage, tiny budget), then
-reproduce the registered version and require a match. Uncommitted changes are not in it: that
-is the point.
+DVC refuse the stage outputs), and the policy it trained solved 23% of its task. This runs
+`.ci/fresh-clone-demo`: clone HEAD into a temporary folder, fresh PREFECT_HOME, `make demo` with
+its default `demo` preset (install, 512 recorded demonstrations, 1,200 training steps, 48 held-out
+evaluation episodes, registration), and requires the summary's policy to succeed with a Wilson lower
+bound >= 0.7 (measured: 44/48, 80-97%; the recipe before the ablations reached 62%, Wilson 52-71%).
+`roboloop reproduce` is skipped here (it would retrain for 3 more minutes): the closed-loop flow test
+reproduces a registered version bit for bit. Uncommitted changes are not in it: that is the point.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -18,11 +24,40 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.isaac]
 
 
-def test_make_demo_on_a_fresh_clone_then_reproduce():
+@pytest.mark.timeout(1500)
+def test_make_demo_on_a_fresh_clone_trains_a_policy_that_succeeds(tmp_path):
     if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode != 0:
         pytest.skip("not a git checkout")
-    proc = subprocess.run([str(ROOT / ".ci/fresh-clone-demo")], cwd=ROOT, capture_output=True, text=True,
-                          timeout=1800)
-    tail = (proc.stdout + proc.stderr)[-6000:]
+    # its own session: on a timeout the whole tree (make, the demo, its Prefect server and workers) is killed,
+    # so nothing keeps the cores busy for the tests after it
+    proc = subprocess.Popen([str(ROOT / ".ci/fresh-clone-demo")], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path), "ROBOLOOP_DEMO_PRESET": "demo",
+                                 "ROBOLOOP_FRESH_CLONE_REPRODUCE": "0"})
+    try:
+        out, _ = proc.communicate(timeout=1200)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail("make demo on a fresh clone did not finish in 20 minutes:\n" + out[-6000:])
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_leftovers(str(tmp_path))
+    tail = out[-6000:]
     assert proc.returncode == 0, tail
-    assert "closed loop finished in" in proc.stdout and "fresh-clone demo and reproduce: OK" in proc.stdout, tail
+    assert "closed loop finished in" in out and "fresh-clone demo: OK" in out, tail
+    summary = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    assert summary["registry_version"] == 1 and summary["ci"][0] >= 0.7, summary
+
+
+def _kill_leftovers(marker: str) -> None:
+    """Processes started in sessions of their own (training ranks, Prefect's) that still run from the clone."""
+    import psutil
+
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and marker in " ".join(p.cmdline()) + " " + p.environ().get("PREFECT_HOME", ""):
+                p.kill()
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
