@@ -5,7 +5,7 @@ The stack lives only as long as the tests of this folder (package scope), and no
 outlive it or compete with later tests for the cores: once the scheduler has shown it turns the cron
 into runs, every schedule is paused and its runs deleted (a nightly closed loop due at 02:00 UTC, or the
 10-minute dataset watch, must not start inside a CI run); at the end every unfinished flow run is
-cancelled and any process still carrying this stack's PREFECT_HOME is killed with its group (the
+cancelled and any process still naming this stack's folder (its PREFECT_HOME) is killed with its group (the
 process worker starts flow runs in sessions of their own, which killing the worker does not reach)."""
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.processes import kill_leftovers
 
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -80,7 +82,7 @@ def stack(tmp_path_factory):
     finally:
         _cancel_unfinished(api)
         _stop(procs)
-        _kill_leftovers(str(tmp / "home"))
+        kill_leftovers(str(tmp))
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
@@ -98,7 +100,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait(10)
 
 
-def _call(method: str, url: str, **kw) -> httpx.Response:
+def api_call(method: str, url: str, **kw) -> httpx.Response:
     for _attempt in range(10):  # SQLite under load answers 503 now and then
         r = httpx.request(method, url, auth=AUTH, timeout=30, **kw)
         if r.status_code != 503:
@@ -108,7 +110,7 @@ def _call(method: str, url: str, **kw) -> httpx.Response:
 
 
 def _runs_in(api: str, states: list[str]) -> list[dict]:
-    r = _call("POST", f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": states}}}})
+    r = api_call("POST", f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": states}}}})
     r.raise_for_status()
     return r.json()
 
@@ -116,49 +118,33 @@ def _runs_in(api: str, states: list[str]) -> list[dict]:
 def _pause_schedules(api: str) -> tuple[dict[str, dict], list[dict]]:
     """Wait (≤ 120 s) until the nightly cron has become scheduled runs, then pause every schedule and delete
     every scheduled run. Returns the deployments as registered (name -> JSON) and the runs seen."""
-    deps = {f"{d['name']}": d for d in _call("POST", f"{api}/deployments/filter", json={}).json()}
+    deps = {d["name"]: d for d in api_call("POST", f"{api}/deployments/filter", json={}).json()}
     nightly = [d["id"] for d in deps.values() if d["name"] == "closed-loop"]
     deadline, scheduled = time.time() + 120, []
-    while time.time() < deadline and not scheduled:
+    while time.time() < deadline:
         scheduled = [r for r in _runs_in(api, ["SCHEDULED"]) if r["deployment_id"] in nightly]
-        time.sleep(1 if scheduled else 2)
+        if scheduled:
+            break
+        time.sleep(2)
     for d in deps.values():
         for sched in d["schedules"]:
-            r = _call("PATCH", f"{api}/deployments/{d['id']}/schedules/{sched['id']}", json={"active": False})
+            r = api_call("PATCH", f"{api}/deployments/{d['id']}/schedules/{sched['id']}", json={"active": False})
             assert r.status_code in (200, 204), r.text
     for run in _runs_in(api, ["SCHEDULED"]):
-        _call("DELETE", f"{api}/flow_runs/{run['id']}")
+        api_call("DELETE", f"{api}/flow_runs/{run['id']}")
     return deps, scheduled
 
 
 def _cancel_unfinished(api: str) -> None:
     """Cancel every run not yet in a final state and give the workers ≤ 60 s to stop them."""
-    try:
+    with contextlib.suppress(httpx.HTTPError):  # a dead server: the process sweep still kills what is left
         live = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
         for run in _runs_in(api, live):
-            _call("POST", f"{api}/flow_runs/{run['id']}/set_state",
+            api_call("POST", f"{api}/flow_runs/{run['id']}/set_state",
                   json={"state": {"type": "CANCELLING"}, "force": True})
         deadline = time.time() + 60
         while time.time() < deadline and _runs_in(api, ["PENDING", "RUNNING", "CANCELLING"]):
             time.sleep(1)
-    except httpx.HTTPError:
-        pass  # a dead server: the sweep below still kills what is left
-
-
-def _kill_leftovers(prefect_home: str) -> None:
-    """Kill (with their groups) the processes whose environment names this stack's PREFECT_HOME."""
-    import psutil
-
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != os.getpid() and p.environ().get("PREFECT_HOME") == prefect_home:
-                group = os.getpgid(p.pid)
-                if group == os.getpgrp():  # a child left in pytest's own group: that process only
-                    p.kill()
-                else:
-                    os.killpg(group, signal.SIGKILL)
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
 
 
 @pytest.hookimpl(hookwrapper=True)

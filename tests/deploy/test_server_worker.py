@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.deploy.conftest import AUTH
+from tests.deploy.conftest import AUTH, api_call
 
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
@@ -28,23 +28,13 @@ def _deployment(api: str, name: str) -> dict:
 
 def _run(api: str, name: str, parameters: dict) -> str:
     dep = _deployment(api, name)
-    for _attempt in range(10):  # SQLite under load answers 503 now and then
-        r = httpx.post(f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": parameters},
-                       auth=AUTH, timeout=30)
-        if r.status_code != 503:
-            break
-        time.sleep(2)
+    r = api_call("POST", f"{api}/deployments/{dep['id']}/create_flow_run", json={"parameters": parameters})
     assert r.status_code in (200, 201), r.text
     return r.json()["id"]
 
 
 def _state(api: str, run_id: str) -> str:
-    for _attempt in range(10):  # SQLite under load answers 503 now and then
-        r = httpx.get(f"{api}/flow_runs/{run_id}", auth=AUTH, timeout=30)
-        if r.status_code != 503:
-            break
-        time.sleep(2)
-    return r.json()["state"]["type"]
+    return api_call("GET", f"{api}/flow_runs/{run_id}").json()["state"]["type"]
 
 
 def _wait(api: str, run_id: str, states: set[str], timeout: float) -> str:
@@ -165,13 +155,8 @@ def test_cancelling_training_leaves_no_rank_behind(stack):
     while time.time() < deadline and len(_ranks(out)) < 3:  # torchrun + 2 ranks
         time.sleep(1)
     assert len(_ranks(out)) >= 3, (tmp / "worker-gpu.log").read_text()[-4000:]
-    for _attempt in range(10):  # SQLite under load answers 503 now and then
-        r = httpx.post(f"{stack['api']}/flow_runs/{run}/set_state",
-                       json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}, auth=AUTH,
-                           timeout=30)
-        if r.status_code != 503:
-            break
-        time.sleep(2)
+    r = api_call("POST", f"{stack['api']}/flow_runs/{run}/set_state",
+              json={"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
     assert r.status_code in (200, 201), r.text
     # Prefect 3.8.8's process worker reports the run Cancelled when its control channel acknowledged the
     # intent and Crashed ("aborted by a termination signal") otherwise; either way it must end, ranks dead.

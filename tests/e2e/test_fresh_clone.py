@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import kill_leftovers
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.isaac]
 
@@ -43,21 +45,10 @@ def test_make_demo_on_a_fresh_clone_trains_a_policy_that_succeeds(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        _kill_leftovers(str(tmp_path))
+        kill_leftovers(str(tmp_path))
     tail = out[-6000:]
     assert proc.returncode == 0, tail
     assert "closed loop finished in" in out and "fresh-clone demo: OK" in out, tail
     summary = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     assert summary["registry_version"] == 1 and summary["ci"][0] >= 0.7, summary
 
-
-def _kill_leftovers(marker: str) -> None:
-    """Processes started in sessions of their own (training ranks, Prefect's) that still run from the clone."""
-    import psutil
-
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if p.pid != os.getpid() and marker in " ".join(p.cmdline()) + " " + p.environ().get("PREFECT_HOME", ""):
-                p.kill()
-        except (psutil.Error, ProcessLookupError, PermissionError):
-            continue
