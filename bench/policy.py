@@ -1,11 +1,12 @@
 """What the pipeline's policies reach at the demo's budget: collect -> train -> evaluate on both reach tasks.
 
-    python bench/policy.py [--episodes 96] [--skip-vision | --skip-state] [--vision-steps 3000]
-                           [--vision-model '{"image_encoder": "keypoints", "keypoints": 16}']
+    python bench/policy.py [--episodes 96] [--skip-vision | --skip-state] [--vision-steps N]
+                           [--vision-model '{"keypoints": 32}'] [--vision-recipe '{"aux_target": null}']
 
 State task (`Roboloop-Reach-Color-v0`): the `make demo` recipe exactly (512 DART-noise demonstrations,
 state + language, 1,200 steps of 128 samples). Vision task (`Roboloop-Reach-Color-Vision-v0`, ball
-positions only in the camera image): the same demonstrations recipe on that task, trained with video.
+positions only in the camera image): the `vision` loop preset (`roboloop.loop.vision`: the same
+recording with the camera and the privileged ball positions, a keypoint encoder, an auxiliary target).
 Each policy, the scripted expert and a random policy are evaluated on the same `--episodes`
 test-split episodes (Wilson 95% CI). Ends with one JSON line: state_success, state_ci_low,
 vision_success, vision_ci_low, expert_success, random_success, train_minutes, vision_train_minutes.
@@ -29,9 +30,10 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=96)
     ap.add_argument("--skip-vision", action="store_true")
     ap.add_argument("--skip-state", action="store_true")
-    ap.add_argument("--vision-steps", type=int, default=3000)
-    ap.add_argument("--vision-model", default="{}", help="JSON of ModelConfig fields for the vision policy "
-                    "(e.g. the keypoint image encoder)")
+    ap.add_argument("--vision-steps", type=int, help="default: the vision preset's")
+    ap.add_argument("--vision-model", default="{}", help="JSON of ModelConfig fields to change in the vision preset")
+    ap.add_argument("--vision-recipe", default="{}", help="JSON of TrainRecipe fields to change in the vision preset "
+                    "(e.g. {\"aux_target\": null} for the ablation without the auxiliary target)")
     ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-policy-")).absolute()
@@ -41,14 +43,13 @@ def main() -> None:
     from roboloop import stages
     from roboloop.datasets.config import ConvertConfig
     from roboloop.evaluation.config import EvalRecipe
-    from roboloop.loop import demo
+    from roboloop.loop import demo, vision
 
     quiet = lambda line: None  # noqa: E731
     base = demo()
     out: dict = {"bench": "policy", "eval_episodes": args.episodes}
 
-    def run(task: str, recipe, prefix: str) -> None:
-        collect = base.collect_if_missing.model_copy(update={"task": task, "camera": recipe.with_video})  # type: ignore[union-attr]
+    def run(task: str, recipe, prefix: str, collect) -> None:
         ev = EvalRecipe(task=task, episodes=args.episodes, num_envs=16, execute_steps=base.eval.execute_steps,
                         videos=0)
         raw = stages.ingest(str(work / f"demos-{prefix}"), collect=collect, on_line=quiet)
@@ -63,12 +64,15 @@ def main() -> None:
         print(json.dumps({k: v for k, v in out.items() if k.startswith(prefix)}), flush=True)
 
     if not args.skip_state:
-        run("Roboloop-Reach-Color-v0", base.train, "state_")
+        run("Roboloop-Reach-Color-v0", base.train, "state_", base.collect_if_missing)
     if not args.skip_vision:
-        run("Roboloop-Reach-Color-Vision-v0",
-            base.train.model_copy(update={"with_video": True, "steps": args.vision_steps, "max_tokens": 8192,
-                                          "model_overrides": {**base.train.model_overrides,
-                                                              **json.loads(args.vision_model)}}), "vision_")
+        v = vision()
+        recipe = v.train.model_copy(update={**({"steps": args.vision_steps} if args.vision_steps else {}),
+                                            **json.loads(args.vision_recipe),
+                                            "model_overrides": {**v.train.model_overrides,
+                                                                **json.loads(args.vision_model)}})
+        out["vision_recipe"] = recipe.model_dump(mode="json", exclude_defaults=True)
+        run(v.eval.task, recipe, "vision_", v.collect_if_missing)
     out["random_success"] = out.get("state_random_success")
     out["expert_success"] = out.get("state_expert_success")
     out["train_minutes"] = out.get("state_train_minutes")

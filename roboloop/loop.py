@@ -80,6 +80,25 @@ def demo() -> LoopConfig:
                       eval=EvalRecipe(episodes=48, num_envs=16, execute_steps=4))
 
 
+def vision() -> LoopConfig:
+    """The vision-only reach task (`Roboloop-Reach-Color-Vision-v0`: the state is the arm's joints, the balls are only
+    in the 64x64 camera image) on CPU: `demo()`'s recording with the camera, a keypoint image encoder whose
+    keypoints also feed the state token, and the balls' and fingertip's positions (recorded by `collect` as
+    observation.environment_state) as an auxiliary target of the image tokens during training only.
+    `bench/policy.py` runs it (collect -> train -> evaluate); a closed loop takes it as its `LoopConfig`."""
+    task = "Roboloop-Reach-Color-Vision-v0"
+    d = demo()
+    return LoopConfig(source="data-vision", model_name="reach-vision-vla",
+                      collect_if_missing=d.collect_if_missing.model_copy(update={"task": task, "camera": True}),  # type: ignore[union-attr]
+                      train=d.train.model_copy(update={
+                          "with_video": True, "steps": 4500, "max_tokens": 8192,  # 15 min on 2 CPU cores
+                          "aux_target": "observation.environment_state", "aux_weight": 1.0,
+                          "checkpoint_every_steps": 500,
+                          "model_overrides": {**d.train.model_overrides, "image_encoder": "keypoints", "keypoints": 16,
+                                              "keypoints_to_state": 1}}),
+                      eval=d.eval.model_copy(update={"task": task}))
+
+
 def ci() -> LoopConfig:
     """`make demo` on a tiny budget, for CI's fresh-clone check: every stage runs."""
     return LoopConfig(collect_if_missing=CollectConfig(episodes=12, num_envs=12),

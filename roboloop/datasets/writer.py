@@ -20,11 +20,13 @@ from roboloop import fsutil
 from roboloop.datasets import layout, stats, video
 from roboloop.datasets.generate import _arrow_column, _write_jsonl
 
+ENV_STATE = "observation.environment_state"  # LeRobot's key for the scene's (privileged) state
+
 
 class EpisodeWriterV21:
     def __init__(self, root: str | Path, fps: int, state_names: list[str], action_names: list[str],
                  cameras: dict[str, tuple[int, int]], robot_type: str = "roboloop", chunks_size: int = 1000,
-                 crf: int = 23):
+                 crf: int = 23, env_state_names: list[str] | None = None):
         self.root = Path(root)
         if self.root.exists():
             raise FileExistsError(f"{self.root} already exists")
@@ -33,16 +35,23 @@ class EpisodeWriterV21:
         self.tmp = fsutil.make_dir(fsutil.temp_sibling(self.root))  # umask permissions; swept if we die
         self.fps, self.cameras, self.robot_type = fps, dict(cameras), robot_type
         self.state_names, self.action_names, self.chunks_size, self.crf = state_names, action_names, chunks_size, crf
+        self.env_state_names = env_state_names  # observation.environment_state (privileged sim state), if recorded
         self.tasks: dict[str, int] = {}
         self.episodes: list[dict] = []
         self.stats_rows: list[dict] = []
         self.frames = 0
 
-    def add_episode(self, states: np.ndarray, actions: np.ndarray, images: dict[str, np.ndarray], task: str) -> int:
-        """states (T, S), actions (T, A), images {camera: (T, H, W, 3) uint8}; returns the episode index."""
+    def add_episode(self, states: np.ndarray, actions: np.ndarray, images: dict[str, np.ndarray], task: str,
+                    env_state: np.ndarray | None = None) -> int:
+        """states (T, S), actions (T, A), images {camera: (T, H, W, 3) uint8}, env_state (T, E) if the writer
+        declares env_state_names; returns the episode index."""
         ep, length = len(self.episodes), len(states)
         if length == 0 or len(actions) != length or any(len(v) != length for v in images.values()):
             raise ValueError(f"episode {ep}: states, actions and frames must have the same non-zero length")
+        if (env_state is None) != (self.env_state_names is None) or env_state is not None and (
+                len(env_state) != length or np.shape(env_state)[1:] != (len(self.env_state_names or []),)):
+            raise ValueError(f"episode {ep}: observation.environment_state must be ({length}, "
+                             f"{len(self.env_state_names or [])}) when declared, and absent otherwise")
         if set(images) != set(self.cameras):
             raise ValueError(f"episode {ep}: cameras {sorted(images)} != declared {sorted(self.cameras)}")
         task_index = self.tasks.setdefault(task, len(self.tasks))
@@ -50,6 +59,7 @@ class EpisodeWriterV21:
         cols: dict[str, np.ndarray] = {
             "observation.state": np.asarray(states, dtype=np.float32),
             "action": np.asarray(actions, dtype=np.float32),
+            **({ENV_STATE: np.asarray(env_state, dtype=np.float32)} if env_state is not None else {}),
             "timestamp": (np.arange(length) / self.fps).astype(np.float32),
             "frame_index": np.arange(length, dtype=np.int64),
             "episode_index": np.full(length, ep, dtype=np.int64),
@@ -81,6 +91,9 @@ class EpisodeWriterV21:
         feats["observation.state"] = {"dtype": "float32", "shape": [len(self.state_names)],
                                       "names": list(self.state_names)}
         feats["action"] = {"dtype": "float32", "shape": [len(self.action_names)], "names": list(self.action_names)}
+        if self.env_state_names is not None:
+            feats[ENV_STATE] = {"dtype": "float32", "shape": [len(self.env_state_names)],
+                                "names": list(self.env_state_names)}
         feats["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
         for key in ("frame_index", "episode_index", "index", "task_index"):
             feats[key] = {"dtype": "int64", "shape": [1], "names": None}

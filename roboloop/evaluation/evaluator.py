@@ -94,6 +94,8 @@ class Recorder:
         c["states"].append(obs.state[i].cpu().numpy())
         c["actions"].append(action[i].cpu().numpy())
         c["task"] = obs.instructions[i] if obs.instructions else ""
+        if obs.env_state is not None:
+            c.setdefault("env_state", []).append(obs.env_state[i].cpu().numpy())
         if self.keep_frames:
             for k, v in obs.images.items():
                 c["images"].setdefault(k, []).append(v[i].cpu().numpy())

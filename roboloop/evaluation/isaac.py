@@ -6,8 +6,9 @@ Isaac Lab's simulation context lives once per process: open an `IsaacLabEnv` wit
 cluster can point it at NVIDIA's server or a mirror).
 
 Observation adapter: the task's `policy` observation is the state; any (N, H, W, 3|4) image
-observation becomes a camera (`observation.images.<name>`, alpha dropped); instructions come
-from the env's `instructions()` if it has one. Success comes from `extras["success"]`, else
+observation becomes a camera (`observation.images.<name>`, alpha dropped); a `privileged` one is
+the simulator state recorded as `observation.environment_state` (a training target, never a policy
+input); instructions come from the env's `instructions()` if it has one. Success comes from `extras["success"]`, else
 from a `success` termination term (manager-based tasks), else a timeout counts as success
 (survival tasks such as Cartpole) if `success_on_timeout` is set.
 """
@@ -79,7 +80,8 @@ class IsaacLabEnv:
         state = raw["policy"]
         images = {}
         for k, v in raw.items():
-            if k != "policy" and isinstance(v, torch.Tensor) and v.ndim == 4 and v.shape[-1] in (3, 4):
+            if k not in ("policy", "privileged") and isinstance(v, torch.Tensor) and v.ndim == 4 \
+                    and v.shape[-1] in (3, 4):
                 img = v[..., :3]
                 if img.dtype != torch.uint8:
                     img = (img.float().clamp(0, 1) * 255).to(torch.uint8) if img.is_floating_point() else \
@@ -90,7 +92,8 @@ class IsaacLabEnv:
         if isinstance(state, dict):  # manager-based groups with concatenation off
             state = torch.cat([t.flatten(1) for t in state.values()], dim=-1)
         instr = self.u.instructions() if hasattr(self.u, "instructions") else [""] * self.num_envs
-        return Obs(state.float().cpu(), images, instr)
+        env_state = raw["privileged"].float().cpu() if "privileged" in raw else None
+        return Obs(state.float().cpu(), images, instr, env_state)
 
     def reset(self, seed: int | None = None) -> Obs:
         if hasattr(self.u, "episodes_started"):

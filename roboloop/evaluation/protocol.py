@@ -20,11 +20,15 @@ class Obs:
     state: torch.Tensor  # (N, S) float32
     images: dict[str, torch.Tensor] = field(default_factory=dict)  # camera -> (N, H, W, 3) uint8
     instructions: list[str] = field(default_factory=list)  # N instructions ("" when the task has none)
+    # (N, E) privileged simulator state (LeRobot's observation.environment_state): recorded with demonstrations
+    # as a training target, never given to a policy
+    env_state: torch.Tensor | None = None
 
     def select(self, mask: torch.Tensor) -> Obs:
         idx = mask.nonzero().flatten()
         return Obs(self.state[idx], {k: v[idx] for k, v in self.images.items()},
-                   [self.instructions[i] for i in idx.tolist()])
+                   [self.instructions[i] for i in idx.tolist()],
+                   None if self.env_state is None else self.env_state[idx])
 
 
 @dataclass

@@ -73,10 +73,15 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
         keep = [t for t in trajs if t["success"] or not cfg.only_success or dagger]
         names, action_names = _feature_names(cfg.task)
         dst = write_v21(keep, cfg.dst, env.fps, robot_type="roboloop_reach_arm", state_names=names,
-                        action_names=action_names)
+                        action_names=action_names,
+                        env_state_names=ENV_STATE_NAMES if cfg.task in ROBOLOOP_TASKS else None)
         return dst, report
     finally:
         env.close()
+
+
+# what a Roboloop task's `privileged` observation holds (see ReachColorEnvCfg.privileged_obs)
+ENV_STATE_NAMES = ["red_x", "red_y", "green_x", "green_y", "blue_x", "blue_y", "tip_x", "tip_y"]
 
 
 def _feature_names(task: str) -> tuple[list[str] | None, list[str] | None]:

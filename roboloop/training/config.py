@@ -19,6 +19,10 @@ class ModelConfig(BaseModel):
         "patch", description="from-scratch image encoder: ViT patches, or a conv stem with spatial-softmax "
         "keypoints (one token per keypoint; localises small objects, see roboloop.training.vision)")
     keypoints: int = Field(32, gt=0, description="keypoint tokens per image (image_encoder=keypoints)")
+    keypoints_to_state: bool = Field(False, description="image_encoder=keypoints: the keypoints' coordinates also "
+                                     "feed the state token's MLP (state_encoder=mlp)")
+    aux_dim: int = Field(0, ge=0, description="size of the auxiliary target the image tokens learn to predict "
+                         "(set from the recipe's aux_target; 0: none)")
     max_cameras: int = Field(4, gt=0)
     vocab_size: int = BYTE_VOCAB
     max_text_len: int = Field(96, gt=0, description="instruction tokens kept (bytes by default)")
@@ -93,6 +97,10 @@ class TrainRecipe(BaseModel):
     max_tokens: int = Field(2048, gt=0, description="backbone token budget of one packed batch (per rank)")
     max_samples: int = Field(64, gt=0, description="at most this many samples per pack")
     lr: float = Field(1e-3, gt=0, description="peak learning rate (AdamW)")
+    aux_target: str | None = Field(None, description="a dataset feature the image encoder also learns to predict, "
+                                   "e.g. observation.environment_state (privileged simulator state recorded by "
+                                   "`collect`): a training signal only, never a policy input")
+    aux_weight: float = Field(0.3, ge=0, description="weight of the auxiliary target's L1 loss (normalised units)")
     warmup_steps: int = Field(20, ge=0, description="linear warm-up steps before the cosine decay")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
@@ -118,8 +126,8 @@ class TrainRecipe(BaseModel):
     prefetch: bool = Field(True, description="prepare the next batch (decode, pin, copy) during the step")
     deterministic: bool = Field(False, description="deterministic kernels (exact resume comparisons)")
 
-    def model_config_resolved(self, state_dim: int, action_dim: int) -> ModelConfig:
-        over = dict(self.model_overrides)
+    def model_config_resolved(self, state_dim: int, action_dim: int, aux_dim: int = 0) -> ModelConfig:
+        over: dict = {"aux_dim": aux_dim, **self.model_overrides}
         if "image_size" in over and isinstance(over["image_size"], list):
             over["image_size"] = tuple(over["image_size"])  # type: ignore[assignment]
         cfg = PRESETS[self.preset](**{"state_dim": state_dim, "action_dim": action_dim, **over})

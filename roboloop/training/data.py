@@ -77,23 +77,28 @@ class V3Dataset:
     """Random access to (state, action chunk, task) of a v3 dataset; video through `decode_window`."""
 
     def __init__(self, root: str | Path, horizon: int = 16, state_key: str = "observation.state",
-                 action_key: str = "action"):
+                 action_key: str = "action", aux_key: str | None = None):
         self.meta = load_meta(root)
         if self.meta.version != layout.V30:
             raise ValueError(f"{root} is {self.meta.version}: convert it to v3.0 first (roboloop convert)")
         self.root = Path(root)
         self.horizon = horizon
-        self.state_key, self.action_key = state_key, action_key
+        self.state_key, self.action_key, self.aux_key = state_key, action_key, aux_key
+        if aux_key is not None and aux_key not in self.meta.info.features:
+            raise ValueError(f"{root}: the auxiliary target {aux_key!r} is not a feature of this dataset (it has "
+                             f"{sorted(self.meta.info.features)}); record it (roboloop collect records "
+                             "observation.environment_state for the -Vision- task) or drop aux_target")
         files = sorted({(ep.data_chunk_index, ep.data_file_index) for ep in self.meta.episodes})
         tables = []
         for chunk, file in files:
             path = self.root / self.meta.info.data_path.format(chunk_index=chunk, file_index=file)
-            tables.append(read_table(path, columns=[state_key, action_key, "index", "episode_index",
-                                                       "frame_index", "task_index"], memory_map=True))
+            tables.append(read_table(path, columns=[state_key, action_key, *([aux_key] if aux_key else []), "index",
+                                                       "episode_index", "frame_index", "task_index"], memory_map=True))
         table = pa.concat_tables(tables)
         order = np.argsort(np_col(table["index"]))
         self.state = _column_2d(table, state_key)[order]
         self.action = _column_2d(table, action_key)[order]
+        self.aux = _column_2d(table, aux_key)[order] if aux_key else None
         self.episode_index = np_col(table["episode_index"])[order]
         self.frame_index = np_col(table["frame_index"])[order]
         self.task_index = np_col(table["task_index"])[order]
@@ -266,12 +271,16 @@ class SampleStream:
             images = [torch.from_numpy(frames[k][j]).permute(2, 0, 1).float().div_(255) for k in ds.video_keys]
         actions, pad = ds.action_chunk(key)
         state = ds.state[key]
+        aux = ds.aux[key] if ds.aux is not None else None
         if self.norm is not None:
             actions, state = self.norm(ds.action_key, actions), self.norm(ds.state_key, state)
+            if aux is not None and ds.aux_key in self.norm.mean:
+                aux = self.norm(ds.aux_key, aux)
         return Sample(images=images, instruction=self._tokens[int(ds.task_index[key])],
                       state=torch.from_numpy(np.ascontiguousarray(state, dtype=np.float32)),
                       actions=torch.from_numpy(np.ascontiguousarray(actions, dtype=np.float32)),
-                      action_mask=torch.from_numpy(~pad))
+                      action_mask=torch.from_numpy(~pad),
+                      aux=None if aux is None else torch.from_numpy(np.ascontiguousarray(aux, dtype=np.float32)))
 
     def __iter__(self) -> Iterator[Sample]:
         while True:

@@ -117,12 +117,22 @@ class VLAPolicy(nn.Module):
         self.camera_emb = nn.Embedding(cfg.max_cameras, d)
         self.tok_emb = nn.Embedding(cfg.vocab_size, d)
         self.tok_pos = nn.Embedding(cfg.max_text_len, d)
+        if cfg.keypoints_to_state and (cfg.image_encoder != "keypoints" or cfg.vision_encoder
+                                       or cfg.state_encoder != "mlp"):
+            raise ValueError("keypoints_to_state needs image_encoder=keypoints (no vision_encoder) and "
+                             "state_encoder=mlp")
+        # keypoints_to_state: the state MLP also reads every camera slot's keypoints (zeros for an absent camera)
+        self.kp_state_dim = cfg.max_cameras * cfg.keypoints * 3 if cfg.keypoints_to_state else 0
+        if cfg.aux_dim:  # privileged-state head on one image's tokens (training only; see roboloop.training.vision)
+            self.aux_head = nn.Sequential(nn.Linear(cfg.tokens_per_image * d, 256), nn.GELU(),
+                                          nn.Linear(256, cfg.aux_dim))
         if cfg.state_encoder == "per_dim":  # token j = s_j * w_j + e_j, then a shared MLP
             self.state_dir = nn.Parameter(torch.randn(cfg.state_dim, d) * 0.02)
             self.state_emb = nn.Parameter(torch.randn(cfg.state_dim, d) * 0.02)
             self.state_proj = nn.Sequential(nn.GELU(), nn.Linear(d, d))
         else:
-            self.state_proj = nn.Sequential(nn.Linear(cfg.state_dim, d), nn.GELU(), nn.Linear(d, d))
+            self.state_proj = nn.Sequential(nn.Linear(cfg.state_dim + self.kp_state_dim, d), nn.GELU(),
+                                            nn.Linear(d, d))
         self.blocks = nn.ModuleList([BackboneBlock(d, cfg.heads) for _ in range(cfg.layers)])
         self.ln_out = nn.LayerNorm(d)
         self.action_in = nn.Linear(cfg.action_dim, dd)
@@ -136,16 +146,30 @@ class VLAPolicy(nn.Module):
     # ------------------------------------------------------------------ backbone
     def encode(self, b: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Backbone tokens (T, D) of the packed batch, its cu_seqlens and longest sample."""
+        ctx, cu, max_len, _ = self.encode_with_aux(b)
+        return ctx, cu, max_len
+
+    def encode_with_aux(self, b: PackedBatch) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+        """`encode`, plus each image's auxiliary prediction (I, aux_dim) when the model has an aux head."""
         cfg = self.cfg
         p = cfg.tokens_per_image
         cu = cu_seqlens(b.seq_lens, device=b.states.device)
         total = int(cu[-1])
         x = b.states.new_zeros(total, cfg.dim, dtype=self.patch_pos.dtype)
+        aux = None
+        kp_state = b.states.new_zeros(b.num_samples, cfg.max_cameras, cfg.keypoints * 3) if self.kp_state_dim else None
         if b.images.shape[0]:
-            if hasattr(self, "vision"):
+            if isinstance(getattr(self, "vision", None), KeypointEncoder):
+                kp = self.vision.keypoints(b.images.to(self.patch_pos.dtype))  # (I, K, 3)
+                vis = self.vision.tokens(kp)
+                if kp_state is not None:
+                    kp_state = kp_state.index_put((b.image_sample, b.image_camera), kp.flatten(1).to(kp_state.dtype))
+            elif hasattr(self, "vision"):
                 vis = self.vision(b.images.to(self.patch_pos.dtype))  # (I, P, D)
             else:
                 vis = self.patch(b.images.to(self.patch.weight.dtype)).flatten(2).transpose(1, 2)  # (I, P, D)
+            if hasattr(self, "aux_head"):
+                aux = self.aux_head(vis.flatten(1))
             vis = vis + self.patch_pos + self.camera_emb(b.image_camera)[:, None]
             start = cu[b.image_sample].long() + b.image_camera * p
             dest = start[:, None] + torch.arange(p, device=start.device)
@@ -156,11 +180,14 @@ class VLAPolicy(nn.Module):
             txt = self.tok_emb(b.tokens) + self.tok_pos(b.token_pos)
             dest = cu[b.token_sample].long() + num_images[b.token_sample] * p + b.token_pos
             x = x.index_put((dest,), txt)
-        x = x.index_put((self._state_positions(cu),), self._state_tokens(b.states.to(x.dtype)))
+        states = b.states.to(x.dtype)
+        if kp_state is not None:
+            states = torch.cat([states, kp_state.flatten(1).to(x.dtype)], dim=-1)
+        x = x.index_put((self._state_positions(cu),), self._state_tokens(states))
         max_len = int(b.seq_lens.max())
         for blk in self.blocks:
             x = blk(x, cu, max_len, cfg.attention)
-        return self.ln_out(x), cu, max_len
+        return self.ln_out(x), cu, max_len, aux
 
     def _state_tokens(self, s_NS: torch.Tensor) -> torch.Tensor:
         """(N * state tokens, D): the last tokens of each sample."""
@@ -193,15 +220,32 @@ class VLAPolicy(nn.Module):
         `denominator` (default: this batch's valid steps) lets data-parallel ranks divide by
         the global count, so the mean of rank losses equals the single-process loss.
         """
-        err = self.step_errors(b, generator, noise, u)
+        err, aux_err = self._errors(b, generator, noise, u)
         mask = b.action_mask.to(err.dtype)
         denom = denominator if denominator is not None else mask.sum().clamp_min(1.0)
-        return (err * mask).sum() / denom
+        loss = (err * mask).sum() / denom
+        if aux_err is not None:
+            loss = loss + self.aux_weight * aux_err
+            self.last_aux_loss = aux_err.detach()  # logged by the trainer beside the total
+        return loss
+
+    aux_weight: float = 0.3  # the trainer sets the recipe's
+    last_aux_loss: torch.Tensor | None = None
+
+    def aux_loss(self, aux_pred: torch.Tensor | None, b: PackedBatch) -> torch.Tensor | None:
+        """Mean L1 error of each image's privileged-state prediction against its sample's target (normalised)."""
+        if aux_pred is None or b.aux.shape[-1] == 0:
+            return None
+        return (aux_pred.float() - b.aux[b.image_sample].float()).abs().mean()
 
     def step_errors(self, b: PackedBatch, generator: torch.Generator | None = None,
                     noise: torch.Tensor | None = None, u: torch.Tensor | None = None) -> torch.Tensor:
         """(N, H) squared velocity error per chunk step (padded steps included)."""
-        ctx, cu, max_len = self.encode(b)
+        return self._errors(b, generator, noise, u)[0]
+
+    def _errors(self, b: PackedBatch, generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
+                u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        ctx, cu, max_len, aux_pred = self.encode_with_aux(b)
         actions = b.actions.to(torch.float32)
         if noise is None:
             noise = torch.randn(actions.shape, generator=generator, device=actions.device)
@@ -213,7 +257,7 @@ class VLAPolicy(nn.Module):
         noise = noise.to(actions.device)
         x_t = t[:, None, None] * actions + (1 - t[:, None, None]) * noise
         v = self.velocity(ctx, cu, max_len, x_t, t).float()
-        return ((v - (actions - noise)) ** 2).mean(-1)
+        return ((v - (actions - noise)) ** 2).mean(-1), self.aux_loss(aux_pred, b)
 
     def forward(self, b: PackedBatch, noise: torch.Tensor, u: torch.Tensor, denominator: float) -> torch.Tensor:
         """The training loss (DDP wraps `forward`, so data-parallel training calls this)."""

@@ -11,7 +11,7 @@ per sample from its own action chunk, masked where the chunk runs past the episo
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,7 @@ class Sample:
     state: torch.Tensor  # (S,) float
     actions: torch.Tensor  # (H, A) float, the chunk to predict
     action_mask: torch.Tensor  # (H,) bool, False past the episode end
+    aux: torch.Tensor | None = None  # (E,) auxiliary training target (privileged state), if the recipe has one
 
     def num_tokens(self, tokens_per_image: int, state_tokens: int = 1) -> int:
         return len(self.images) * tokens_per_image + int(self.instruction.numel()) + state_tokens
@@ -44,6 +45,7 @@ class PackedBatch:
     actions: torch.Tensor  # (N, H, A)
     action_mask: torch.Tensor  # (N, H)
     seq_lens: torch.Tensor  # (N,) backbone tokens per sample
+    aux: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0))  # (N, E) auxiliary targets; E = 0: none
 
     @property
     def num_samples(self) -> int:
@@ -77,6 +79,8 @@ def collate(samples: Sequence[Sample], tokens_per_image: int, state_tokens: int 
         actions=torch.stack([s.actions for s in samples]),
         action_mask=torch.stack([s.action_mask for s in samples]),
         seq_lens=torch.tensor([s.num_tokens(tokens_per_image, state_tokens) for s in samples], dtype=torch.int32),
+        aux=torch.stack([s.aux for s in samples]) if samples and samples[0].aux is not None
+        else torch.zeros(len(samples), 0),
     )
 
 

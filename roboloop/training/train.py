@@ -104,8 +104,9 @@ class Trainer:
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
-        self.ds = ds = V3Dataset(cfg.dataset)
-        self.mcfg = mcfg = cfg.model_config_resolved(ds.state.shape[1], ds.action.shape[1])
+        self.ds = ds = V3Dataset(cfg.dataset, aux_key=cfg.aux_target if cfg.with_video else None)
+        aux_dim = ds.aux.shape[1] if ds.aux is not None else 0
+        self.mcfg = mcfg = cfg.model_config_resolved(ds.state.shape[1], ds.action.shape[1], aux_dim)
         ds.horizon = mcfg.horizon
         self.train_episodes, self.val_episodes = split_episodes([e.episode_index for e in ds.meta.episodes],
                                                                 cfg.val_fraction, cfg.seed)
@@ -118,6 +119,10 @@ class Trainer:
             self.stats = {k: {s: v.tolist() for s, v in st[k].items()} for k in (ds.state_key, ds.action_key)
                           if k in st}
         norm = Normalizer.from_stats(self.stats, [ds.state_key, ds.action_key], ds.root)
+        if ds.aux_key:  # a training target only: normalised by this dataset's stats, not stored with the model
+            aux_norm = Normalizer.from_meta(ds.meta, [ds.aux_key])
+            norm.mean[ds.aux_key], norm.std[ds.aux_key] = aux_norm.mean[ds.aux_key], aux_norm.std[ds.aux_key]
+        self.model.aux_weight = cfg.aux_weight
         self.model.to(self.device)
         precision.apply_fp8(self.model, self.prec)
         self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
@@ -219,6 +224,8 @@ class Trainer:
                "samples_per_s": len(ready.keys) / dt, "tokens_per_s": tokens * env.world_size / dt,
                "nonpad_fraction": tokens / cfg.max_tokens, "data_wait_fraction": min(1.0, wait / dt),
                "mfu": flops / dt / (self.peak * env.world_size) if self.peak else None}
+        if self.model.last_aux_loss is not None:  # this rank's auxiliary-target L1 (normalised units)
+            row["aux_loss"] = float(self.model.last_aux_loss)
         return value, row
 
     def log(self, step: int, loss: float, row: dict, bar: tqdm) -> None:

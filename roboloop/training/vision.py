@@ -12,12 +12,23 @@ maps into the expected image position (x, y) of that feature, plus how peaked th
 keypoint becomes one token (its position and peak through an MLP, plus a learned keypoint
 embedding), so the backbone attends over K positions of "red-ball-like", "arm-like", ... features,
 and the instruction can pick the one it names. Coordinate channels (CoordConv) let the stem know
-where it is looking.
+where it is looking. With `keypoints_to_state` the keypoints' coordinates also enter the state
+token's MLP, next to the joints: where a ball lies relative to the fingertip is then arithmetic on
+one vector, as in the state task, instead of a lookup across tokens.
+
+Trained only through the flow-matching loss, the keypoints learn slowly: the action error says
+little about where a 3-pixel ball is. `aux_dim` adds a head that predicts privileged simulator
+state (ball and fingertip positions, recorded by `collect` as observation.environment_state) from
+the image tokens, a training signal only (the policy never sees that state). Measured on the
+vision reach task (512 demonstrations, 600 steps): flow loss 0.46 without it, 0.30 with it and the
+keypoints in the state token (0.25 with the true ball positions given as state).
 
 Legend: I images, C channels, H x W pixels, K keypoints, D width.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -46,20 +57,29 @@ class KeypointEncoder(nn.Module):
 
     def __init__(self, out_dim: int, keypoints: int, width: int = 32):
         super().__init__()
+        # GroupNorm keeps the maps at unit scale and the temperature starts at 0.2, so a softmax over ~1,000
+        # pixels can single out a 3-pixel ball from the first steps (with raw maps at temperature 1 the logits
+        # must first grow ~10x; localising the balls took ~3x the steps).
         self.stem = nn.Sequential(
-            nn.Conv2d(5, width, 5, padding=2, stride=2), nn.GELU(),
-            nn.Conv2d(width, width, 3, padding=1), nn.GELU(),
-            nn.Conv2d(width, keypoints, 1))
-        self.log_temperature = nn.Parameter(torch.zeros(()))
+            nn.Conv2d(5, width, 5, padding=2, stride=2), nn.GroupNorm(8, width), nn.GELU(),
+            nn.Conv2d(width, width, 3, padding=1), nn.GroupNorm(8, width), nn.GELU(),
+            nn.Conv2d(width, keypoints, 1), nn.GroupNorm(1, keypoints, affine=False))
+        self.log_temperature = nn.Parameter(torch.tensor(math.log(0.2)))
         self.proj = nn.Sequential(nn.Linear(3, out_dim), nn.GELU(), nn.Linear(out_dim, out_dim))
         self.emb = nn.Parameter(torch.randn(keypoints, out_dim) * 0.02)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
+    def keypoints(self, images: torch.Tensor) -> torch.Tensor:
+        """(I, K, 3): each keypoint's x, y in [-1, 1] and peak."""
         i, _, h, w = images.shape
         yy, xx = _coords(h, w, images.device, images.dtype)
         x = torch.cat([images * 2 - 1, xx.expand(i, 1, h, w), yy.expand(i, 1, h, w)], dim=1)
-        kp = spatial_softmax(self.stem(x), self.log_temperature.exp())
-        return self.proj(kp.to(images.dtype)) + self.emb
+        return spatial_softmax(self.stem(x), self.log_temperature.exp())
+
+    def tokens(self, kp: torch.Tensor) -> torch.Tensor:
+        return self.proj(kp.to(self.emb.dtype)) + self.emb
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.tokens(self.keypoints(images))
 
 
 def patchify_flops(num_images: int, tokens: int, patch: int, dim: int) -> float:

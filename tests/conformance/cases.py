@@ -117,6 +117,26 @@ def lerobot_writer(cameras: dict[str, tuple[int, int]], images: dict[str, tuple[
     return build
 
 
+# ---------------------------------------------------------------- roboloop's own recorder (collect, rollouts)
+def roboloop_recorder(num_episodes: int = 3) -> Callable[[Path], None]:
+    """What `roboloop collect` writes for the -Vision- task: a camera, the state, and the privileged scene state as
+    observation.environment_state (LeRobot's key for it)."""
+    def build(dst: Path) -> None:
+        from roboloop.datasets.writer import EpisodeWriterV21
+
+        rng = np.random.default_rng(9)
+        w = EpisodeWriterV21(dst, 30, ["q0", "q1", "qd0", "qd1"], ["dx", "dy"], {TOP: (32, 32)},
+                             env_state_names=["red_x", "red_y", "tip_x", "tip_y"])
+        for e in range(num_episodes):
+            n = 8 + 3 * e
+            w.add_episode(rng.normal(size=(n, 4)), rng.normal(size=(n, 2)),
+                          {TOP: rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8)}, UNICODE_TASKS[e % 2],
+                          env_state=rng.normal(size=(n, 4)))
+        tmp = w.close()
+        assert tmp == dst
+    return build
+
+
 # ---------------------------------------------------------------- quirks and faults
 def nested_state_names(d: Path) -> None:  # the Unitree G1 dataset: [[...26 names...]]
     set_feature("observation.state", names=[[f"joint_{i}" for i in range(6)]])(d)
@@ -217,6 +237,7 @@ CASES = [
     Case("lerobot-writer: video + image features, metadata quirks edited in",
          then(lerobot_writer({TOP: (32, 48)}, {"observation.images.gripper": (16, 16)}, UNICODE_TASKS[:2]),
               nested_state_names, set_info(robot_type=None), unknown_keys), True),
+    Case("roboloop recorder: camera + observation.environment_state", roboloop_recorder(), True),
     Case("v2.1 names as a list", v21(), True),
     Case("v2.1 names as a dict of lists",
          then(v21(), set_feature("observation.state", names={"motors": [f"m{i}" for i in range(6)]})), True),

@@ -18,12 +18,34 @@ def test_variant_expert_solves_it_and_collect_records_its_features(tmp_path, tas
 
     r = roboloop("collect", str(tmp_path / "demos"), "--task", task, "--episodes", "16", "--num-envs", "16")
     assert r["expert_success_rate"] >= 0.95, r
-    feats = load_meta(tmp_path / "demos").info.features
+    meta = load_meta(tmp_path / "demos")
+    feats = meta.info.features
     assert list(feats["observation.state"].shape) == [state_dim]
     assert list(feats["action"].names) == actions
+    if task.endswith("-Vision-v0"):  # the privileged scene state is recorded beside (never inside) the state
+        _check_environment_state(tmp_path / "demos", meta)
+    else:
+        assert "observation.environment_state" not in feats
     rand = roboloop("evaluate", "--task", task, "--policy", "random", "--episodes", "16", "--num-envs", "16",
                     "--videos", "0", "--output-dir", str(tmp_path / "r"))
     assert rand["success_rate"] <= 0.25, rand
+
+
+def _check_environment_state(root, meta) -> None:
+    """observation.environment_state holds the true ball and fingertip positions: the clean EE expert's recorded
+    action is exactly its command toward the named ball computed from them."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    feat = meta.info.features["observation.environment_state"]
+    assert list(feat.names) == ["red_x", "red_y", "green_x", "green_y", "blue_x", "blue_y", "tip_x", "tip_y"]
+    for ep in meta.episodes[:4]:
+        path = root / meta.info.data_path.format(episode_chunk=0, episode_index=ep.episode_index)
+        t = pq.read_table(path).to_pydict()
+        env, action = np.array(t["observation.environment_state"]), np.array(t["action"])
+        colour = next(i for i, c in enumerate(["red", "green", "blue"]) if c in meta.tasks[t["task_index"][0]])
+        v = (env[:, 2 * colour: 2 * colour + 2] - env[:, 6:8]) / 0.10
+        np.testing.assert_allclose(action, v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1.0), atol=1e-4)
 
 
 def test_dagger_collection_records_the_experts_labels_at_the_states_another_policy_visits(tmp_path):

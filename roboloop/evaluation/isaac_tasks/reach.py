@@ -118,6 +118,9 @@ class ReachColorEnvCfg(DirectRLEnvCfg):
     ik_damping = 0.05  # damped least squares: lambda (m) near the singularities
     max_joint_step = 0.2  # rad: the most the IK moves a joint target in one policy step
     state_mode = "full"  # "full": joints, fingertip and balls (12, +6); "proprio": joint positions and velocities (4)
+    # Also observe the privileged scene state (balls' and fingertip's xy, 8) as `privileged`, which `collect` records
+    # as observation.environment_state: a training target for the image encoder, never a policy input.
+    privileged_obs = False
     relative_balls = True  # "full" also carries ball - fingertip (6): the egocentric vectors, as in Isaac Lab's tasks
     # The expert's linear zone (ee: metres of fingertip error, joint: rad of joint error) where its command is
     # proportional; beyond it the command saturates at |action| = 1.
@@ -151,6 +154,7 @@ class ReachColorJointEnvCfg(ReachColorEnvCfg):
 class ReachColorVisionEnvCfg(ReachColorEnvCfg):
     observation_space = 4
     state_mode = "proprio"
+    privileged_obs = True
 
 
 class ReachColorEnv(DirectRLEnv):
@@ -211,6 +215,8 @@ class ReachColorEnv(DirectRLEnv):
                 parts.append((self.ball_xy - tip[:, None]).reshape(self.num_envs, 6))
             state = torch.cat(parts, dim=-1)
         obs = {"policy": state}
+        if self.cfg.privileged_obs:
+            obs["privileged"] = torch.cat([self.ball_xy.reshape(self.num_envs, 6), self.fingertip()], dim=-1)
         if "camera" in self.scene.keys():  # noqa: SIM118 (InteractiveScene has no __contains__)
             obs["rgb"] = self.scene["camera"].data.output["rgb"].torch[..., :3]
         return obs

@@ -79,15 +79,15 @@ def test_checkpoints_keep_last_k(tiny_v3, tmp_path):
 
 
 def test_nan_loss_stops_without_final_model(tiny_v3, tmp_path, monkeypatch):
-    real = VLAPolicy.step_errors
+    real = VLAPolicy._errors  # (flow errors, auxiliary error): what the loss is made of
     calls = {"n": 0}
 
     def poisoned(self, b, generator=None, noise=None, u=None):
         calls["n"] += 1
-        err = real(self, b, generator, noise, u)
-        return err * float("nan") if calls["n"] == 3 else err
+        err, aux = real(self, b, generator, noise, u)
+        return (err * float("nan") if calls["n"] == 3 else err), aux
 
-    monkeypatch.setattr(VLAPolicy, "step_errors", poisoned)
+    monkeypatch.setattr(VLAPolicy, "_errors", poisoned)
     with pytest.raises(NonFiniteLossError, match="at step 2"):
         train(_cfg(tiny_v3, tmp_path, steps=10))
     assert not (tmp_path / "model.safetensors").exists()
@@ -170,3 +170,38 @@ def test_resume_needs_steps_beyond_the_latest_checkpoint(tiny_v3, tmp_path):
     with pytest.raises(OutputOwnershipError, match="latest checkpoint is already at step 10"):
         outdir.plan(cfg.model_copy(update={"steps": 10}), outdir.dataset_fingerprint(tiny_v3))
     assert outdir.plan(cfg, outdir.dataset_fingerprint(tiny_v3)).action == "resume"
+
+
+def test_auxiliary_target_trains_from_recorded_environment_state_and_is_named_when_missing(tiny_v3, tmp_path):
+    """A dataset recorded with observation.environment_state (as `collect` does for the -Vision- task) trains with it
+    as the image tokens' auxiliary target: the model gets the head, metrics log its loss, and the policy acts
+    without it. A dataset without that feature is refused by name before anything is written."""
+    import torch
+
+    from roboloop.datasets.writer import EpisodeWriterV21
+    from roboloop.evaluation.policies import ModelPolicy
+    from roboloop.evaluation.protocol import Obs
+
+    rng = np.random.default_rng(1)
+    w = EpisodeWriterV21(tmp_path / "rec", 30, ["q0", "q1"], ["dx", "dy"], {"observation.images.top": (32, 32)},
+                         env_state_names=["ball_x", "ball_y", "tip_x"])
+    for n in (14, 17, 20):
+        w.add_episode(rng.normal(size=(n, 2)), rng.normal(size=(n, 2)),
+                      {"observation.images.top": rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8)}, "reach",
+                      env_state=rng.normal(size=(n, 3)))
+    v3 = convert(w.close(), tmp_path / "v3", ConvertConfig(progress=False))
+    over = {**OVERRIDES, "image_encoder": "keypoints", "keypoints": 4, "keypoints_to_state": 1}
+    out = tmp_path / "out"
+    train(_cfg(v3, out, steps=4, aux_target="observation.environment_state", model_overrides=over))
+    saved = json.loads((out / "config.json").read_text())["model"]
+    assert saved["aux_dim"] == 3 and saved["keypoints_to_state"] is True
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["aux_loss"] > 0 for r in rows)
+    policy = ModelPolicy(out)
+    obs = Obs(torch.zeros(2, 2), {"observation.images.top": torch.zeros(2, 32, 32, 3, dtype=torch.uint8)},
+              ["reach", "reach"])
+    assert policy.act(obs).shape[0] == 2
+    with pytest.raises(ValueError, match="observation.environment_state.*not a feature"):
+        train(_cfg(tiny_v3, tmp_path / "refused", steps=1, aux_target="observation.environment_state",
+                   model_overrides=over))
+    assert not (tmp_path / "refused" / "model.safetensors").exists()
