@@ -48,8 +48,8 @@ class EpisodeWriterV21:
         ep, length = len(self.episodes), len(states)
         if length == 0 or len(actions) != length or any(len(v) != length for v in images.values()):
             raise ValueError(f"episode {ep}: states, actions and frames must have the same non-zero length")
-        if (env_state is None) != (self.env_state_names is None) or env_state is not None and (
-                len(env_state) != length or np.shape(env_state)[1:] != (len(self.env_state_names or []),)):
+        want = None if self.env_state_names is None else (length, len(self.env_state_names))
+        if (None if env_state is None else np.shape(env_state)) != want:
             raise ValueError(f"episode {ep}: observation.environment_state must be ({length}, "
                              f"{len(self.env_state_names or [])}) when declared, and absent otherwise")
         if set(images) != set(self.cameras):
