@@ -1,12 +1,13 @@
 """What the pipeline's policies reach at the demo's budget: collect -> train -> evaluate on both reach tasks.
 
     python bench/policy.py [--episodes 96] [--skip-vision | --skip-state] [--vision-steps N]
-                           [--vision-model '{"keypoints": 32}'] [--vision-recipe '{"aux_target": null}']
+                           [--vision-model '{"aux_to_state": 0}'] [--vision-recipe '{"aux_weight": 0.3}']
 
 State task (`Roboloop-Reach-Color-v0`): the `make demo` recipe exactly (512 DART-noise demonstrations,
 state + language, 1,200 steps of 128 samples). Vision task (`Roboloop-Reach-Color-Vision-v0`, ball
 positions only in the camera image): the `vision` loop preset (`roboloop.loop.vision`: the same
-recording with the camera and the privileged ball positions, a keypoint encoder, an auxiliary target).
+recording with the camera and the privileged ball positions, a keypoint encoder, an auxiliary target
+whose prediction also feeds the state token).
 Each policy, the scripted expert and a random policy are evaluated on the same `--episodes`
 test-split episodes (Wilson 95% CI). Ends with one JSON line: state_success, state_ci_low,
 vision_success, vision_ci_low, expert_success, random_success, train_minutes, vision_train_minutes.

@@ -84,7 +84,9 @@ def vision() -> LoopConfig:
     """The vision-only reach task (`Roboloop-Reach-Color-Vision-v0`: the state is the arm's joints, the balls are only
     in the 64x64 camera image) on CPU: `demo()`'s recording with the camera, a keypoint image encoder whose
     keypoints also feed the state token, and the balls' and fingertip's positions (recorded by `collect` as
-    observation.environment_state) as an auxiliary target of the image tokens during training only.
+    observation.environment_state) as an auxiliary target of the image tokens; the head's (detached) prediction of
+    them feeds the state token too, so the policy acts on where it sees the balls (the simulator's positions are
+    only a training target, never an input).
     `bench/policy.py` runs it (collect -> train -> evaluate); a closed loop takes it as its `LoopConfig`."""
     task = "Roboloop-Reach-Color-Vision-v0"
     d = demo()
@@ -95,7 +97,7 @@ def vision() -> LoopConfig:
                           "aux_target": "observation.environment_state", "aux_weight": 1.0,
                           "checkpoint_every_steps": 500,
                           "model_overrides": {**d.train.model_overrides, "image_encoder": "keypoints", "keypoints": 16,
-                                              "keypoints_to_state": 1}}),
+                                              "keypoints_to_state": 1, "aux_to_state": 1}}),
                       eval=d.eval.model_copy(update={"task": task}))
 
 

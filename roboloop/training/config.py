@@ -23,6 +23,9 @@ class ModelConfig(BaseModel):
                                      "feed the state token's MLP (state_encoder=mlp)")
     aux_dim: int = Field(0, ge=0, description="size of the auxiliary target the image tokens learn to predict "
                          "(set from the recipe's aux_target; 0: none)")
+    aux_to_state: bool = Field(False, description="aux_dim > 0: each camera slot's auxiliary prediction (detached) "
+                               "also feeds the state token's MLP, so the policy acts on what it perceived "
+                               "(state_encoder=mlp)")
     max_cameras: int = Field(4, gt=0)
     vocab_size: int = BYTE_VOCAB
     max_text_len: int = Field(96, gt=0, description="instruction tokens kept (bytes by default)")

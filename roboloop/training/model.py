@@ -123,7 +123,11 @@ class VLAPolicy(nn.Module):
                              "state_encoder=mlp")
         # keypoints_to_state: the state MLP also reads every camera slot's keypoints (zeros for an absent camera)
         self.kp_state_dim = cfg.max_cameras * cfg.keypoints * 3 if cfg.keypoints_to_state else 0
-        if cfg.aux_dim:  # privileged-state head on one image's tokens (training only; see roboloop.training.vision)
+        if cfg.aux_to_state and (not cfg.aux_dim or cfg.state_encoder != "mlp"):
+            raise ValueError("aux_to_state needs an auxiliary target (aux_dim > 0) and state_encoder=mlp")
+        # aux_to_state: the state MLP also reads every camera slot's auxiliary prediction (zeros for an absent camera)
+        self.aux_state_dim = cfg.max_cameras * cfg.aux_dim if cfg.aux_to_state else 0
+        if cfg.aux_dim:  # privileged-state head on one image's tokens (see roboloop.training.vision)
             self.aux_head = nn.Sequential(nn.Linear(cfg.tokens_per_image * d, 256), nn.GELU(),
                                           nn.Linear(256, cfg.aux_dim))
         if cfg.state_encoder == "per_dim":  # token j = s_j * w_j + e_j, then a shared MLP
@@ -131,8 +135,8 @@ class VLAPolicy(nn.Module):
             self.state_emb = nn.Parameter(torch.randn(cfg.state_dim, d) * 0.02)
             self.state_proj = nn.Sequential(nn.GELU(), nn.Linear(d, d))
         else:
-            self.state_proj = nn.Sequential(nn.Linear(cfg.state_dim + self.kp_state_dim, d), nn.GELU(),
-                                            nn.Linear(d, d))
+            state_in = cfg.state_dim + self.kp_state_dim + self.aux_state_dim
+            self.state_proj = nn.Sequential(nn.Linear(state_in, d), nn.GELU(), nn.Linear(d, d))
         self.blocks = nn.ModuleList([BackboneBlock(d, cfg.heads) for _ in range(cfg.layers)])
         self.ln_out = nn.LayerNorm(d)
         self.action_in = nn.Linear(cfg.action_dim, dd)
@@ -158,6 +162,7 @@ class VLAPolicy(nn.Module):
         x = b.states.new_zeros(total, cfg.dim, dtype=self.patch_pos.dtype)
         aux = None
         kp_state = b.states.new_zeros(b.num_samples, cfg.max_cameras, cfg.keypoints * 3) if self.kp_state_dim else None
+        aux_state = b.states.new_zeros(b.num_samples, cfg.max_cameras, cfg.aux_dim) if self.aux_state_dim else None
         if b.images.shape[0]:
             if isinstance(getattr(self, "vision", None), KeypointEncoder):
                 kp = self.vision.keypoints(b.images.to(self.patch_pos.dtype))  # (I, K, 3)
@@ -170,6 +175,8 @@ class VLAPolicy(nn.Module):
                 vis = self.patch(b.images.to(self.patch.weight.dtype)).flatten(2).transpose(1, 2)  # (I, P, D)
             if hasattr(self, "aux_head"):
                 aux = self.aux_head(vis.flatten(1))
+                if aux_state is not None:  # detached: the flow loss does not move what the head perceives
+                    aux_state = aux_state.index_put((b.image_sample, b.image_camera), aux.detach().to(aux_state.dtype))
             vis = vis + self.patch_pos + self.camera_emb(b.image_camera)[:, None]
             start = cu[b.image_sample].long() + b.image_camera * p
             dest = start[:, None] + torch.arange(p, device=start.device)
@@ -181,8 +188,9 @@ class VLAPolicy(nn.Module):
             dest = cu[b.token_sample].long() + num_images[b.token_sample] * p + b.token_pos
             x = x.index_put((dest,), txt)
         states = b.states.to(x.dtype)
-        if kp_state is not None:
-            states = torch.cat([states, kp_state.flatten(1).to(x.dtype)], dim=-1)
+        extra = [t.flatten(1).to(x.dtype) for t in (kp_state, aux_state) if t is not None]
+        if extra:
+            states = torch.cat([states, *extra], dim=-1)
         x = x.index_put((self._state_positions(cu),), self._state_tokens(states))
         max_len = int(b.seq_lens.max())
         for blk in self.blocks:

@@ -23,6 +23,12 @@ the image tokens, a training signal only (the policy never sees that state). Mea
 vision reach task (512 demonstrations, 600 steps): flow loss 0.46 without it, 0.30 with it and the
 keypoints in the state token (0.25 with the true ball positions given as state).
 
+`aux_to_state` closes the remaining gap: the head's prediction (detached, so only the auxiliary
+loss shapes it) also enters the state token's MLP, so the policy reads "where I see the red ball"
+as numbers, as the state task reads the simulator's. At inference the prediction is all there
+is; the simulator's positions were only ever a target. On the vision reach task (4,500 steps,
+96 test episodes): 49.0% without it, 70.8% with it.
+
 Legend: I images, C channels, H x W pixels, K keypoints, D width.
 """
 

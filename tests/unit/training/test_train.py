@@ -190,11 +190,11 @@ def test_auxiliary_target_trains_from_recorded_environment_state_and_is_named_wh
                       {"observation.images.top": rng.integers(0, 255, (n, 32, 32, 3), dtype=np.uint8)}, "reach",
                       env_state=rng.normal(size=(n, 3)))
     v3 = convert(w.close(), tmp_path / "v3", ConvertConfig(progress=False))
-    over = {**OVERRIDES, "image_encoder": "keypoints", "keypoints": 4, "keypoints_to_state": 1}
+    over = {**OVERRIDES, "image_encoder": "keypoints", "keypoints": 4, "keypoints_to_state": 1, "aux_to_state": 1}
     out = tmp_path / "out"
     train(_cfg(v3, out, steps=4, aux_target="observation.environment_state", model_overrides=over))
     saved = json.loads((out / "config.json").read_text())["model"]
-    assert saved["aux_dim"] == 3 and saved["keypoints_to_state"] is True
+    assert saved["aux_dim"] == 3 and saved["keypoints_to_state"] is True and saved["aux_to_state"] is True
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["aux_loss"] > 0 for r in rows)
     policy = ModelPolicy(out)

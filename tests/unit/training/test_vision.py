@@ -91,3 +91,30 @@ def test_keypoints_to_state_feeds_each_cameras_keypoints_to_the_state_mlp():
     for bad in ({"image_encoder": "patch"}, {"state_encoder": "per_dim"}):
         with pytest.raises(ValueError, match="keypoints_to_state needs"):
             VLAPolicy(cfg.model_copy(update=bad))
+
+
+def test_aux_to_state_feeds_each_cameras_detached_prediction_to_the_state_mlp():
+    """The policy acts on what its head perceived: the state MLP reads the auxiliary prediction of each camera slot
+    (after the keypoints), detached, so only the auxiliary loss trains the head."""
+    torch.manual_seed(0)
+    cfg = tiny(state_dim=4, action_dim=2, image_encoder="keypoints", keypoints=8, horizon=4, keypoints_to_state=True,
+               aux_dim=5, aux_to_state=True)
+    model = VLAPolicy(cfg)
+    kp_dim = cfg.max_cameras * 8 * 3
+    assert model.state_proj[0].in_features == 4 + kp_dim + cfg.max_cameras * 5
+    b = _batch(cfg, aux_dim=5)
+    seen = []
+    orig = model._state_tokens
+    model._state_tokens = lambda x: seen.append(x) or orig(x)  # type: ignore[method-assign]
+    with torch.no_grad():
+        _, _, _, pred = model.encode_with_aux(b)
+    slots = seen[0][:, 4 + kp_dim:].reshape(3, cfg.max_cameras, 5)
+    torch.testing.assert_close(slots[:, 0], pred)  # camera 0 of each sample: its image's prediction
+    assert slots[:, 1:].abs().sum() == 0
+    model.aux_weight = 0.0  # the flow loss alone: it must not reach the head through the state path
+    model.loss(b).backward()
+    assert model.aux_head[0].weight.grad is None or model.aux_head[0].weight.grad.abs().sum() == 0
+    assert model.state_proj[0].weight.grad[:, 4 + kp_dim:].abs().sum() > 0  # but the state MLP does use it
+    for bad in ({"aux_dim": 0}, {"state_encoder": "per_dim", "keypoints_to_state": False}):
+        with pytest.raises(ValueError, match="aux_to_state needs"):
+            VLAPolicy(cfg.model_copy(update=bad))
