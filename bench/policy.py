@@ -34,7 +34,8 @@ def main() -> None:
     ap.add_argument("--vision-steps", type=int, help="default: the vision preset's")
     ap.add_argument("--vision-model", default="{}", help="JSON of ModelConfig fields to change in the vision preset")
     ap.add_argument("--vision-recipe", default="{}", help="JSON of TrainRecipe fields to change in the vision preset "
-                    "(e.g. {\"aux_target\": null} for the ablation without the auxiliary target)")
+                    "(e.g. {\"aux_target\": null} with --vision-model '{\"aux_to_state\": 0}' for the ablation "
+                    "without the auxiliary target)")
     ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-policy-")).absolute()
