@@ -39,6 +39,11 @@ class RLRecipe(BaseModel):
     noise: Literal["chain", "final"] = Field(
         "final", description="where the policy's Gaussian noise goes: every denoising step (flow-noise, the whole "
         "chain is the action) or only the executed actions after a deterministic denoising from x_0")
+    x0: Literal["sample", "zero"] = Field(
+        "sample", description="where each chunk's denoising starts: a draw from N(0, I), as behaviour cloning "
+        "samples (the draw is not scored, so which mode it picks is not credited), or 0: the policy is then "
+        "a Gaussian around one deterministic chunk and all its exploration is the scored noise; the fine-tuned "
+        "model keeps acting from 0 (its config's initial_noise)")
     init_std: float = Field(0.1, gt=0, description="initial std of the noise injected at each denoising step "
                             "(normalised action units)")
     min_std: float = Field(0.02, gt=0)

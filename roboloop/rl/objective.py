@@ -25,6 +25,13 @@ stochastic policy: grad J = E[sum_t grad log pi_theta(c_t | s_t) A(s_t, c_t)], a
 same return as that of the marginal policy over chunks. No approximation of the chunk's
 marginal likelihood is involved; the noise only has to stay > 0 (hence min_std).
 
+**Where x_0 comes from** (`x0`). Drawn from N(0, I) as behaviour cloning samples, x_0 is part of
+the chain but its density does not depend on theta, so which mode of the cloned distribution it
+picks (which ball, say) is exploration the gradient never credits: only the scored noise is. With
+`x0=zero` the denoising starts at 0, the policy is a Gaussian around one deterministic chunk
+(classic PPO for a continuous policy) and all its exploration is scored; the published model then
+acts from 0 too (`ModelConfig.initial_noise`), so what is evaluated is what was trained.
+
 **What is optimised** (per decision t of an env, i.e. one executed chunk):
 - reward r_t = sum_{i < E} gamma^i r_{t,i} over the E executed env steps, with the task's reward
   (Roboloop-Reach: -distance to the named ball every step, +5 on success), discount gamma^E

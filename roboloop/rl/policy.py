@@ -36,11 +36,13 @@ def _segment_mean(x_TD: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
 class FlowNoisePolicy(nn.Module):
     def __init__(self, vla: VLAPolicy, denoise_steps: int | None = None, init_std: float = 0.05,
                  min_std: float = 0.01, max_std: float = 0.5, freeze_backbone: bool = False,
-                 noise: str = "chain", executed: int | None = None):
+                 noise: str = "chain", executed: int | None = None, x0: str = "sample"):
         super().__init__()
         if noise not in ("chain", "final"):
             raise ValueError(f"noise must be 'chain' or 'final', not {noise!r}")
-        self.vla, self.noise = vla, noise
+        if x0 not in ("sample", "zero"):
+            raise ValueError(f"x0 must be 'sample' or 'zero', not {x0!r}")
+        self.vla, self.noise, self.x0 = vla, noise, x0
         self.k = denoise_steps or vla.cfg.inference_steps
         self.executed = min(executed or vla.cfg.horizon, vla.cfg.horizon)
         a = vla.cfg.action_dim
@@ -91,7 +93,9 @@ class FlowNoisePolicy(nn.Module):
         chain: (N, K+1, H, A) x_0..x_K (noise `chain`), or (N, 2, H, A) x_0 and the noisy chunk (`final`)."""
         ctx, cu, max_len = self.vla.encode(b)
         n, cfg = b.num_samples, self.vla.cfg
-        x = torch.randn((n, cfg.horizon, cfg.action_dim), generator=generator, device=ctx.device)
+        shape = (n, cfg.horizon, cfg.action_dim)
+        x = torch.zeros(shape, device=ctx.device) if self.x0 == "zero" else \
+            torch.randn(shape, generator=generator, device=ctx.device)
         log_std = self.stds()
         if self.noise == "final":
             mean = self._denoise(ctx, cu, max_len, x)

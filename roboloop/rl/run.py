@@ -314,6 +314,7 @@ class Run:
 
         dst = self.out / "model"
         conf = json.loads((parent / "config.json").read_text())
+        conf["model"]["initial_noise"] = self.cfg.x0  # it acts from the x_0 it was fine-tuned with
         conf["rl"] = {"parent": str(parent), "parent_config": conf.get("rl"), "updates": self.version,
                       "env_steps": self.env_steps, "config": self.cfg.model_dump(mode="json")}
         with fsutil.atomic_dir(dst, kind="rl-model", overwrite=True) as tmp:  # a previous one is moved aside

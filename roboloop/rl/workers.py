@@ -58,7 +58,7 @@ def _policy(model_dir: str, device: str, rl: dict):
     mp = ModelPolicy(model_dir, device)
     pol = FlowNoisePolicy(mp.model, rl.get("denoise_steps"), rl["init_std"], rl["min_std"], rl["max_std"],
                           rl.get("freeze_backbone", False), rl.get("noise", "chain"),
-                          rl["execute_steps"]).to(mp.device)
+                          rl["execute_steps"], rl.get("x0", "sample")).to(mp.device)
     return mp, pol
 
 

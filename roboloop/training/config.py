@@ -40,6 +40,9 @@ class ModelConfig(BaseModel):
     head_heads: int = Field(4, ge=1)
     head_head_dim: int | None = Field(None, description="per-head dim of the DiT (GR00T: 48)")
     inference_steps: int = Field(4, ge=1, description="Euler steps K at inference")
+    initial_noise: Literal["sample", "zero"] = Field(
+        "sample", description="x_0 of the denoising at inference: a draw from N(0, I) (the flow's distribution), "
+        "or 0 (its deterministic centre: what a policy RL-fine-tuned with x0=zero was trained to act from)")
     state_encoder: Literal["mlp", "per_dim"] = Field(
         "mlp", description="proprioceptive state as one token (an MLP of the whole vector) or one token per "
         "dimension (value x learned direction + learned dimension embedding), which lets attention pick out "

@@ -276,7 +276,9 @@ class VLAPolicy(nn.Module):
                        generator: torch.Generator | None = None) -> torch.Tensor:
         ctx, cu, max_len = self.encode(b)
         n = b.num_samples
-        x = torch.randn((n, self.cfg.horizon, self.cfg.action_dim), generator=generator, device=ctx.device)
+        shape = (n, self.cfg.horizon, self.cfg.action_dim)
+        x = torch.zeros(shape, device=ctx.device) if self.cfg.initial_noise == "zero" else \
+            torch.randn(shape, generator=generator, device=ctx.device)
         k = steps or self.cfg.inference_steps
         for i in range(k):
             t = torch.full((n,), i / k, device=ctx.device)

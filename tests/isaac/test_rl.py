@@ -62,7 +62,7 @@ def _cfg(model, out, env_steps):
 
     return RLConfig(policy=str(model), output_dir=str(out), mode="async", env_steps=env_steps, env_workers=2,
                     envs_per_worker=4, segment_decisions=4, segments_per_update=2, max_staleness=1,
-                    epochs=1, minibatch=32, critic_warmup_updates=1, checkpoint_every=1)
+                    epochs=1, minibatch=32, critic_warmup_updates=1, checkpoint_every=1, x0="zero")
 
 
 def test_async_run_stays_within_staleness_resumes_and_shuts_down(tmp_path):
@@ -85,6 +85,7 @@ def test_async_run_stays_within_staleness_resumes_and_shuts_down(tmp_path):
     assert conf["rl"]["parent"] == str(model) and conf["rl"]["updates"] == len(rows)
     assert (out / "model" / "model.safetensors").read_bytes() != (model / "model.safetensors").read_bytes()
     assert published.cfg.state_dim == 18
+    assert published.cfg.initial_noise == "zero"  # it acts from the x_0 it was fine-tuned with
     assert _none_left(t0) == [], "Ray processes outlived the run"
 
     # a second run with a larger budget resumes at the last checkpoint; SIGTERM to its group (a cancelled

@@ -131,3 +131,30 @@ def test_final_noise_scores_only_the_executed_actions():
     assert torch.allclose(lp, logp, atol=1e-4)
     assert math.isclose(ent.item(), 2 * 2 * (math.log(std) + 0.5 * (1 + math.log(2 * math.pi))), rel_tol=1e-5)
     assert abs(logp.mean().item() + ent.item()) < 0.05  # 4 dims, standard error ~0.014
+
+
+def test_x0_zero_makes_a_gaussian_policy_around_one_chunk_and_the_model_acts_from_it():
+    """x0=zero: denoising starts at 0, so the only randomness is the scored noise (its log-density is re-scored
+    exactly); a model whose config says initial_noise=zero acts from the same deterministic chunk."""
+    cfg = tiny(state_dim=2, action_dim=2, horizon=4, inference_steps=3)
+    torch.manual_seed(0)
+    vla = VLAPolicy(cfg)
+    pol = FlowNoisePolicy(vla, init_std=0.2, noise="final", executed=2, x0="zero")
+    b = collate([Sample([], torch.tensor([1, 2, 3]), torch.randn(2), torch.zeros(4, 2),
+                        torch.ones(4, dtype=torch.bool)) for _ in range(5)], cfg.tokens_per_image)
+    c1, lp1, _ = pol.sample(b, generator=torch.Generator().manual_seed(1))
+    c2, _, _ = pol.sample(b, generator=torch.Generator().manual_seed(2))
+    assert c1[:, 0].abs().sum() == 0 and c2[:, 0].abs().sum() == 0
+    torch.testing.assert_close(c1[:, 1, 2:], c2[:, 1, 2:])  # unexecuted positions: the deterministic chunk
+    assert not torch.allclose(c1[:, 1, :2], c2[:, 1, :2])  # executed ones: noisy
+    lp, _, _ = pol.evaluate(b, c1)
+    torch.testing.assert_close(lp, lp1, atol=1e-4, rtol=0)
+    vla.eval()
+    acting = VLAPolicy(cfg.model_copy(update={"initial_noise": "zero"}))
+    acting.load_state_dict(vla.state_dict())
+    a1 = acting.sample_actions(b, generator=torch.Generator().manual_seed(1))
+    a2 = acting.sample_actions(b, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(a1, a2)
+    torch.testing.assert_close(a1[:, 2:], c1[:, 1, 2:])  # the same chunk the RL policy is centred on
+    sampled = vla.sample_actions(b, generator=torch.Generator().manual_seed(1))
+    assert not torch.allclose(sampled, a1)  # the default still draws x_0
