@@ -238,5 +238,5 @@ class Learner:
         return {"version": self.version, "decisions": m, "policy_loss": mean(stats["policy"]),
                 "value_loss": mean(stats["value"]), "approx_kl": mean(stats["kl"]),
                 "clip_fraction": mean(stats["clip"]), "kl_stop": stopped, "critic_only": critic_only,
-                "staleness_max": max(stale), "noise_std": float(self.policy.stds().exp().mean()),
+                "staleness_max": max(stale), "noise_std": float(self.policy.stds().detach().exp().mean()),
                 "learn_s": round(time.time() - t0, 3)}

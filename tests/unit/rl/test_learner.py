@@ -1,0 +1,57 @@
+"""The PPO learner and rollout worker, in process (no Ray, no simulator), on a one-step contextual bandit:
+the reward is minus the distance of the first executed action from a target the state gives. The learner's
+update (GAE, decoupled clipped objective, weights handed to the rollout worker) must raise the mean reward."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import save_file
+
+from roboloop.evaluation.protocol import Obs
+from roboloop.rl.config import RLRecipe
+from roboloop.rl.workers import Learner, RolloutWorker, Segment
+from roboloop.training.config import tiny
+from roboloop.training.model import VLAPolicy
+
+
+def _model(path):
+    torch.manual_seed(0)
+    cfg = tiny(state_dim=4, action_dim=2, horizon=4)
+    path.mkdir()
+    save_file(VLAPolicy(cfg).state_dict(), str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps({"model": cfg.model_dump(mode="json"), "train": {}, "data": {
+        "state_key": "observation.state", "action_key": "action", "video_keys": [], "with_video": False}}))
+    (path / "stats.json").write_text(json.dumps({"observation.state": {"mean": [0.0] * 4, "std": [1.0] * 4},
+                                                 "action": {"mean": [0.0, 0.0], "std": [1.0, 1.0]}}))
+    return path
+
+
+def test_ppo_updates_raise_the_reward_of_a_contextual_bandit(tmp_path):
+    model = _model(tmp_path / "m")
+    rl = RLRecipe(lr=1e-4, init_std=0.3, x0="zero", minibatch=64, critic_warmup_updates=0).model_dump()
+    learner = Learner(str(model), rl, "cpu", 0, threads=2)
+    rollout = RolloutWorker(str(model), rl, "cpu", 1)
+    g = torch.Generator().manual_seed(0)
+    n, t_len = 64, 4
+    mean_reward = []
+    for _ in range(20):
+        obs, chains, logps, rewards, versions = [], [], [], [], []
+        for _ in range(t_len):
+            s = torch.randn(n, 4, generator=g)
+            o = Obs(s, {}, ["reach"] * n)
+            out = rollout.act(o)
+            rewards.append(-(out["actions"][:, 0] - s[:, :2]).norm(dim=-1))
+            obs.append(o)
+            chains.append(out["chain"])
+            logps.append(out["logp"])
+            versions.append(out["version"])
+        seg = Segment(0, obs, obs[-1], torch.stack(chains), torch.stack(logps), torch.tensor(versions),
+                      torch.stack(rewards), torch.ones(t_len, n, dtype=torch.bool), t_len * n, t_len * n, 0)
+        m = learner.update([seg])
+        assert m["staleness_max"] == 0 and m["version"] == len(mean_reward) + 1
+        rollout.set_weights(learner.weights(), m["version"])
+        mean_reward.append(torch.stack(rewards).mean().item())
+    first, last = sum(mean_reward[:3]) / 3, sum(mean_reward[-3:]) / 3
+    assert last > first + 0.4, mean_reward  # measured: -1.81 -> -1.07 (one update's noise: ~0.05)
