@@ -92,10 +92,7 @@ class FlowNoisePolicy(nn.Module):
 
         chain: (N, K+1, H, A) x_0..x_K (noise `chain`), or (N, 2, H, A) x_0 and the noisy chunk (`final`)."""
         ctx, cu, max_len = self.vla.encode(b)
-        n, cfg = b.num_samples, self.vla.cfg
-        shape = (n, cfg.horizon, cfg.action_dim)
-        x = torch.zeros(shape, device=ctx.device) if self.x0 == "zero" else \
-            torch.randn(shape, generator=generator, device=ctx.device)
+        x = self.vla.initial_chunk(b.num_samples, ctx.device, generator, self.x0)
         log_std = self.stds()
         if self.noise == "final":
             mean = self._denoise(ctx, cu, max_len, x)

@@ -271,14 +271,20 @@ class VLAPolicy(nn.Module):
         """The training loss (DDP wraps `forward`, so data-parallel training calls this)."""
         return self.loss(b, noise=noise, u=u, denominator=denominator)
 
+    def initial_chunk(self, n: int, device: torch.device, generator: torch.Generator | None = None,
+                      how: str = "sample") -> torch.Tensor:
+        """x_0 (N, H, A) of the denoising: a draw from N(0, I), or zeros (`how="zero"`)."""
+        shape = (n, self.cfg.horizon, self.cfg.action_dim)
+        if how == "zero":
+            return torch.zeros(shape, device=device)
+        return torch.randn(shape, generator=generator, device=device)
+
     @torch.no_grad()
     def sample_actions(self, b: PackedBatch, steps: int | None = None,
                        generator: torch.Generator | None = None) -> torch.Tensor:
         ctx, cu, max_len = self.encode(b)
         n = b.num_samples
-        shape = (n, self.cfg.horizon, self.cfg.action_dim)
-        x = torch.zeros(shape, device=ctx.device) if self.cfg.initial_noise == "zero" else \
-            torch.randn(shape, generator=generator, device=ctx.device)
+        x = self.initial_chunk(n, ctx.device, generator, self.cfg.initial_noise)
         k = steps or self.cfg.inference_steps
         for i in range(k):
             t = torch.full((n,), i / k, device=ctx.device)

@@ -13,26 +13,14 @@ import time
 
 import pytest
 
+from tests.models import untrained_model
+
 pytestmark = [pytest.mark.isaac, pytest.mark.slow]
 
 
 def _untrained_model(path):
     """A randomly initialised tiny VLA for the reach task (18-dim state, 2-dim actions): RL mechanics only."""
-    import torch
-    from safetensors.torch import save_file
-
-    from roboloop.training.config import tiny
-    from roboloop.training.model import VLAPolicy
-
-    torch.manual_seed(0)
-    cfg = tiny(state_dim=18, action_dim=2, horizon=8)
-    path.mkdir()
-    save_file(VLAPolicy(cfg).state_dict(), str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({"model": cfg.model_dump(mode="json"), "train": {}, "data": {
-        "state_key": "observation.state", "action_key": "action", "video_keys": [], "with_video": False}}))
-    (path / "stats.json").write_text(json.dumps({"observation.state": {"mean": [0.0] * 18, "std": [0.3] * 18},
-                                                 "action": {"mean": [0.0, 0.0], "std": [0.5, 0.5]}}))
-    return path
+    return untrained_model(path, state_dim=18, action_dim=2, horizon=8, state_std=0.3, action_std=0.5)
 
 
 def _ray_processes(since: float) -> list[str]:

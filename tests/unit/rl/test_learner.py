@@ -4,32 +4,16 @@ update (GAE, decoupled clipped objective, weights handed to the rollout worker) 
 
 from __future__ import annotations
 
-import json
-
 import torch
-from safetensors.torch import save_file
 
 from roboloop.evaluation.protocol import Obs
 from roboloop.rl.config import RLRecipe
 from roboloop.rl.workers import Learner, RolloutWorker, Segment
-from roboloop.training.config import tiny
-from roboloop.training.model import VLAPolicy
-
-
-def _model(path):
-    torch.manual_seed(0)
-    cfg = tiny(state_dim=4, action_dim=2, horizon=4)
-    path.mkdir()
-    save_file(VLAPolicy(cfg).state_dict(), str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({"model": cfg.model_dump(mode="json"), "train": {}, "data": {
-        "state_key": "observation.state", "action_key": "action", "video_keys": [], "with_video": False}}))
-    (path / "stats.json").write_text(json.dumps({"observation.state": {"mean": [0.0] * 4, "std": [1.0] * 4},
-                                                 "action": {"mean": [0.0, 0.0], "std": [1.0, 1.0]}}))
-    return path
+from tests.models import untrained_model
 
 
 def test_ppo_updates_raise_the_reward_of_a_contextual_bandit(tmp_path):
-    model = _model(tmp_path / "m")
+    model = untrained_model(tmp_path / "m", state_dim=4, action_dim=2, horizon=4)
     rl = RLRecipe(lr=1e-4, init_std=0.3, x0="zero", minibatch=64, critic_warmup_updates=0).model_dump()
     learner = Learner(str(model), rl, "cpu", 0, threads=2)
     rollout = RolloutWorker(str(model), rl, "cpu", 1)
