@@ -31,6 +31,10 @@ class RLRecipe(BaseModel):
     clip: float = Field(0.2, gt=0, description="PPO ratio clip")
     is_cap: float = Field(2.0, ge=1, description="cap of the importance weight pi_prox / pi_behaviour (async)")
     value_coef: float = Field(0.5, ge=0)
+    reward: Literal["auto", "task", "progress"] = Field(
+        "auto", description="task: the task's own reward; progress (Roboloop-Reach tasks): the decrease of the "
+        "distance to the named ball each step, plus the success bonus (potential-based shaping of the task's "
+        "-distance reward: same optimal policies, far less variance); auto: progress where the task has it")
     reward_scale: float = Field(0.1, gt=0, description="rewards are multiplied by this before GAE (the critic "
                                 "learns returns of order 1)")
     entropy_coef: float = Field(0.0, ge=0, description="bonus on the injected noise's entropy")

@@ -120,7 +120,7 @@ class _Workers:
             str(model_dir), rl, cfg.rollout_device, cfg.seed + 1)
         env_cls = ray.remote(EnvWorker)
         self.envs: list[Any] = [env_cls.options(num_cpus=cfg.env_cpus, scheduling_strategy=at(2 + i)).remote(
-            i, cfg.task, cfg.envs_per_worker, cfg.seed * 1000 + i, cfg.execute_steps, cfg.gamma, camera)
+            i, cfg.task, cfg.envs_per_worker, cfg.seed * 1000 + i, cfg.execute_steps, cfg.gamma, camera, cfg.reward)
             for i in range(cfg.env_workers)]
         self.all: list[Any] = [self.learner, self.rollout, *self.envs]
         get([a.pid.remote() for a in self.all])  # every worker is up (Isaac Lab started)

@@ -51,6 +51,17 @@ class Segment:
     returns: list[float] = field(default_factory=list)  # undiscounted return of each finished episode
 
 
+def reward_mode(task: str, reward: str) -> str:
+    """The reward an RL run trains on: `progress` exists on the Roboloop-Reach tasks only."""
+    has_progress = task.startswith("Roboloop-Reach")
+    if reward == "progress" and not has_progress:
+        from roboloop.errors import RoboloopError
+
+        raise RoboloopError(f"reward=progress: {task} has no progress reward (Roboloop-Reach-* tasks do); "
+                            "use reward=task")
+    return "progress" if reward == "auto" and has_progress else ("task" if reward == "auto" else reward)
+
+
 def _policy(model_dir: str, device: str, rl: dict):
     from roboloop.evaluation.policies import ModelPolicy
     from roboloop.rl.policy import FlowNoisePolicy
@@ -64,12 +75,14 @@ def _policy(model_dir: str, device: str, rl: dict):
 
 class EnvWorker:
     def __init__(self, index: int, task: str, num_envs: int, seed: int, execute_steps: int, gamma: float,
-                 camera: bool):
+                 camera: bool, reward: str = "task"):
         from roboloop.evaluation.gym_env import make_env
 
         self.index, self.e, self.gamma = index, execute_steps, gamma
         # training layouts: RL never sees the episodes an evaluation (the test split) will count
         overrides = {"layout_split": "train"} if task.startswith("Roboloop-") else None
+        if reward_mode(task, reward) == "progress":
+            overrides = {**(overrides or {}), "reward_mode": "progress"}
         self.env = make_env(task, num_envs, "cpu", seed, camera=camera, overrides=overrides)
         self.obs = self.env.reset(seed=seed)
         self.ep_return = torch.zeros(self.env.num_envs)

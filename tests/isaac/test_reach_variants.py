@@ -107,3 +107,44 @@ def test_episodes_counted_do_not_depend_on_num_envs_and_never_replay_a_demo_layo
             rows.append(np.round(np.asarray(t["observation.state"][idx][6:12]), 4))  # the ball layout
         firsts.append({tuple(r) for r in rows})
     assert not firsts[0] & firsts[1]
+
+
+
+PROGRESS_SCRIPT = r"""
+import json, sys, torch
+from roboloop.evaluation.isaac import IsaacLabEnv
+from roboloop.evaluation.isaac_tasks.controllers import fingertip
+env = IsaacLabEnv("Roboloop-Reach-Color-v0", num_envs=4, camera=False, overrides={"reward_mode": "progress"})
+env.reset(seed=3)
+e = env.env.unwrapped
+d0 = e._distance().clone()
+ret, ended, out = torch.zeros(4), torch.zeros(4, dtype=torch.bool), []
+while not ended.all():
+    res = env.step(e.expert_action().cpu())
+    ret += torch.where(ended, torch.zeros(4), res.reward)
+    out += [{"ret": float(ret[i]), "d0": float(d0[i]), "success": bool(res.success[i])}
+            for i in torch.nonzero(res.done & ~ended).flatten().tolist()]
+    ended |= res.done
+# the envs that have just auto-reset measure their next step's progress from their new episode's start
+last = res.done.to(e.device)
+start = torch.linalg.norm(fingertip(e.start_q.to(e.device)) - e.goal(), dim=-1)
+print(json.dumps({"episodes": out, "reset_gap": float((e.last_distance - start)[last].abs().max()),
+                  "radius": e.cfg.success_radius, "ee_step": e.cfg.ee_step, "bonus": e.cfg.success_bonus}))
+"""
+
+
+def test_progress_reward_telescopes_to_the_distance_covered():
+    """reward_mode=progress (what RL trains on): an episode's rewards sum to (start distance - end distance) / ee_step
+    plus the success bonus, and an auto-reset env's next progress starts from its new episode's distance."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", PROGRESS_SCRIPT], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(r["episodes"]) == 4 and r["reset_gap"] < 1e-4, r
+    for ep in r["episodes"]:
+        assert ep["success"], ep
+        covered = ep["ret"] - r["bonus"]  # (d0 - d_end) / ee_step with 0 <= d_end < success_radius
+        assert (ep["d0"] - r["radius"]) / r["ee_step"] - 1e-3 < covered <= ep["d0"] / r["ee_step"] + 1e-3, (ep, r)

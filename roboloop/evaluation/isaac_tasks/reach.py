@@ -127,6 +127,12 @@ class ReachColorEnvCfg(DirectRLEnvCfg):
     expert_zone = 0.10
     success_radius = 0.045  # m
     success_hold = 5  # policy steps
+    # "distance": -distance to the named ball every step; "progress": its decrease this step in units of `ee_step`
+    # (potential-based shaping with potential -distance / ee_step: the same optimal policies, Ng et al. 1999, but
+    # the action's effect is the reward itself instead of a small change on top of a state-dependent level).
+    # Both add `success_bonus` on success. RL fine-tuning picks one (`RLRecipe.reward`); evaluation counts success.
+    reward_mode = "distance"
+    success_bonus = 5.0
     reach_min, reach_max = 0.22, 0.50  # ball distance from the shoulder (m)
     min_separation = 0.14  # between balls (m)
     # Episodes an env plays on one ball layout and start pose, each naming another colour (1: a new layout every
@@ -169,6 +175,7 @@ class ReachColorEnv(DirectRLEnv):
         self.target = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         self.hold = torch.zeros(self.num_envs, dtype=torch.long, device=self.device)
         self.success = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        self.last_distance = torch.zeros(self.num_envs, device=self.device)
         self.q_target = torch.zeros(self.num_envs, 2, device=self.device)
         self.colour_order = torch.zeros(self.num_envs, 3, dtype=torch.long)
         self.start_q = torch.zeros(self.num_envs, 2)
@@ -225,7 +232,15 @@ class ReachColorEnv(DirectRLEnv):
         return torch.linalg.norm(self.fingertip() - self.goal(), dim=-1)
 
     def _get_rewards(self) -> torch.Tensor:
-        return -self._distance() + 5.0 * self.success.float()
+        d = self._distance()
+        bonus = self.cfg.success_bonus * self.success.float()
+        if self.cfg.reward_mode == "distance":
+            return -d + bonus
+        if self.cfg.reward_mode != "progress":
+            raise ValueError(f"reward_mode must be 'distance' or 'progress', not {self.cfg.reward_mode!r}")
+        progress = (self.last_distance - d) / self.cfg.ee_step
+        self.last_distance = d
+        return progress + bonus
 
     def expert_action(self) -> torch.Tensor:
         """The scripted expert's action (N, 2) for every env's current state (privileged: true ball positions)."""
@@ -253,6 +268,7 @@ class ReachColorEnv(DirectRLEnv):
         self.arm.write_joint_velocity_to_sim_index(velocity=torch.zeros_like(q), joint_ids=self.joint_ids,
                                                    env_ids=ids)
         self.arm.set_joint_position_target_index(target=q, joint_ids=self.joint_ids, env_ids=ids)
+        self.last_distance[ids] = torch.linalg.norm(fingertip(q) - self.goal()[ids], dim=-1)
         origins = self.scene.env_origins[ids]
         for k, ball in enumerate(self.balls):
             pose = torch.zeros(n, 7, device=self.device)
