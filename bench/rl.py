@@ -1,6 +1,6 @@
 """RL fine-tuning on the reach task (CPU): sync against async at the same budget, and what RL adds.
 
-    python bench/rl.py [--env-steps 40000] [--bc-steps 200] [--episodes 96] [--dataset V3_DIR] [--learner-device cpu]
+    python bench/rl.py [--env-steps 400000] [--bc-steps 200] [--episodes 96] [--dataset V3_DIR] [--learner-device cpu]
 
 1. A deliberately under-trained behaviour-cloned policy: the demo's demonstrations recipe (collected
    here unless --dataset gives a v3 folder), `--bc-steps` steps of the demo's training recipe.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--env-steps", type=int, default=40_000)
+    ap.add_argument("--env-steps", type=int, default=400_000)
     ap.add_argument("--bc-steps", type=int, default=200)
     ap.add_argument("--episodes", type=int, default=96)
     ap.add_argument("--dataset", help="a v3 dataset of the reach task (default: collect the demo's demonstrations)")

@@ -48,6 +48,8 @@ class FlowNoisePolicy(nn.Module):
         a = vla.cfg.action_dim
         self.log_std = nn.Parameter(torch.full((self.k if noise == "chain" else 1, a), math.log(init_std)))
         self.min_log, self.max_log = math.log(min_std), math.log(max_std)
+        # a schedule's current cap on the std (a buffer: it travels with the weights to the rollout worker)
+        self.register_buffer("log_std_cap", torch.tensor(self.max_log))
         d = vla.cfg.dim
         self.value_head = nn.Sequential(nn.Linear(2 * d, d), nn.Tanh(), nn.Linear(d, 1))
         self.freeze_backbone = freeze_backbone
@@ -58,7 +60,10 @@ class FlowNoisePolicy(nn.Module):
 
     def stds(self) -> torch.Tensor:
         """(K, A) (chain) or (1, A) (final) clamped log standard deviations."""
-        return self.log_std.clamp(self.min_log, self.max_log)
+        return torch.minimum(self.log_std.clamp(self.min_log, self.max_log), self.log_std_cap)
+
+    def set_std_cap(self, std: float) -> None:
+        self.log_std_cap.fill_(max(self.min_log, min(self.max_log, math.log(std))))
 
     def _context(self, b: PackedBatch):
         if self.freeze_backbone:

@@ -120,7 +120,8 @@ class _Workers:
             str(model_dir), rl, cfg.rollout_device, cfg.seed + 1)
         env_cls = ray.remote(EnvWorker)
         self.envs: list[Any] = [env_cls.options(num_cpus=cfg.env_cpus, scheduling_strategy=at(2 + i)).remote(
-            i, cfg.task, cfg.envs_per_worker, cfg.seed * 1000 + i, cfg.execute_steps, cfg.gamma, camera, cfg.reward)
+            i, cfg.task, cfg.envs_per_worker, cfg.seed * 1000 + i, cfg.execute_steps, cfg.discount(), camera,
+            cfg.reward)
             for i in range(cfg.env_workers)]
         self.all: list[Any] = [self.learner, self.rollout, *self.envs]
         get([a.pid.remote() for a in self.all])  # every worker is up (Isaac Lab started)
@@ -187,8 +188,9 @@ class Run:
         ckpt.save(self.out / "checkpoints", self.version, state, self.cfg.keep_last)
 
     def _broadcast(self) -> None:
-        """New weights to the rollout worker before anything else is launched: a segment launched at version v
-        then starts with v (its queued act calls finish first; a few ms)."""
+        """New weights (and the annealed noise cap for the budget spent so far) to the rollout worker before anything
+        else is launched: a segment launched at version v then starts with v (its queued act calls finish first)."""
+        get(self.w.learner.anneal.remote(self.env_steps / self.cfg.env_steps))
         get(self.w.rollout.set_weights.remote(self.w.learner.weights.remote(), self.version))
 
     def _critic_only(self) -> bool:

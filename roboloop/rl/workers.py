@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -196,6 +197,16 @@ class Learner:
         n = obs.state.shape[0]
         return torch.cat([self.policy.value(self.mp.batch(take(obs, torch.arange(i, min(i + chunk, n)))))
                           for i in range(0, n, chunk)]).cpu()
+
+    def anneal(self, done_fraction: float) -> float:
+        """Set the noise's std cap for `done_fraction` of the budget (`final_std`); takes effect with the next
+        broadcast, so the segments collected afterwards are scored by the cap they were drawn with."""
+        rl = self.rl
+        if rl.get("final_std") is None:
+            return float(self.policy.stds().detach().exp().mean())
+        f = min(max(done_fraction, 0.0), 1.0)
+        self.policy.set_std_cap(math.exp((1 - f) * math.log(rl["init_std"]) + f * math.log(rl["final_std"])))
+        return float(self.policy.stds().detach().exp().mean())
 
     def update(self, segments: list[Segment], critic_only: bool = False) -> dict:
         from roboloop.rl.objective import gae, ppo_loss

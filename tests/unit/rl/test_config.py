@@ -42,3 +42,17 @@ def test_a_foreign_output_folder_is_refused(tmp_path):
     other = _cfg(tmp_path / "m", run, 10).model_copy(update={"lr": 1e-3})
     with pytest.raises(RoboloopError, match="different lr"):
         _claim(other, run)
+
+
+def test_reward_and_discount_resolve_per_task():
+    from roboloop.errors import RoboloopError
+    from roboloop.rl.workers import reward_mode
+
+    reach = RLConfig(policy="m")  # Roboloop-Reach-Color-v0, reward auto: progress with a short horizon
+    assert reward_mode(reach.task, reach.reward) == "progress" and reach.gamma == 0.5
+    other = RLConfig(policy="m", task="Isaac-Cartpole-Direct-v0")
+    assert reward_mode(other.task, other.reward) == "task" and other.gamma == 0.99
+    assert RLConfig(policy="m", reward="task").gamma == 0.99
+    assert RLConfig(policy="m", reward="task", gamma=0.9).discount() == 0.9
+    with pytest.raises(RoboloopError, match="Isaac-Cartpole-Direct-v0 has no progress reward"):
+        reward_mode("Isaac-Cartpole-Direct-v0", "progress")

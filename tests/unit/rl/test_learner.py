@@ -39,3 +39,21 @@ def test_ppo_updates_raise_the_reward_of_a_contextual_bandit(tmp_path):
         mean_reward.append(torch.stack(rewards).mean().item())
     first, last = sum(mean_reward[:3]) / 3, sum(mean_reward[-3:]) / 3
     assert last > first + 0.4, mean_reward  # measured: -1.81 -> -1.07 (one update's noise: ~0.05)
+
+
+def test_noise_annealing_reaches_the_rollout_worker_with_the_weights(tmp_path):
+    """final_std: the std cap falls log-linearly from init_std to final_std over the budget; it is part of the
+    weights the rollout worker receives, so segments are drawn (and scored) with the cap in force."""
+    model = untrained_model(tmp_path / "m", state_dim=4, action_dim=2, horizon=4)
+    rl = RLRecipe(init_std=0.5, final_std=0.05, x0="zero").model_dump()
+    learner = Learner(str(model), rl, "cpu", 0, threads=1)
+    rollout = RolloutWorker(str(model), rl, "cpu", 1)
+    assert abs(learner.anneal(0.0) - 0.5) < 1e-6 and abs(learner.anneal(1.0) - 0.05) < 1e-6
+    assert abs(learner.anneal(0.5) - (0.5 * 0.05) ** 0.5) < 1e-6
+    rollout.set_weights(learner.weights(), 1)
+    obs = Obs(torch.zeros(4096, 4), {}, ["reach"] * 4096)
+    out = rollout.act(obs)
+    spread = (out["chain"][:, 1, :4] - out["chain"][:, 1, :4].mean(0)).std()  # x0=zero: one mean per state
+    assert abs(float(spread) - (0.5 * 0.05) ** 0.5) < 0.01, spread
+    plain = Learner(str(model), RLRecipe(init_std=0.5).model_dump(), "cpu", 0, threads=1)
+    assert abs(plain.anneal(1.0) - 0.5) < 1e-6  # no final_std: no schedule
