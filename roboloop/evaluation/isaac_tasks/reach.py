@@ -128,8 +128,9 @@ class ReachColorEnvCfg(DirectRLEnvCfg):
     success_radius = 0.045  # m
     success_hold = 5  # policy steps
     # "distance": -distance to the named ball every step; "progress": its decrease this step in units of `ee_step`
-    # (potential-based shaping with potential -distance / ee_step: the same optimal policies, Ng et al. 1999, but
-    # the action's effect is the reward itself instead of a small change on top of a state-dependent level).
+    # (potential-based shaping, Ng et al. 1999, with potential -distance / ee_step: undiscounted, an episode's
+    # rewards sum to the distance it closed; the action's effect is the reward itself instead of a small change
+    # on top of a state-dependent level).
     # Both add `success_bonus` on success. RL fine-tuning picks one (`RLRecipe.reward`); evaluation counts success.
     reward_mode = "distance"
     success_bonus = 5.0
