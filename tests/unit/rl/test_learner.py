@@ -4,12 +4,22 @@ update (GAE, decoupled clipped objective, weights handed to the rollout worker) 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from roboloop.evaluation.protocol import Obs
 from roboloop.rl.config import RLRecipe
 from roboloop.rl.workers import Learner, RolloutWorker, Segment
 from tests.models import untrained_model
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """Learner(threads=N) sets torch's process-wide thread count; later in-process tests (the bit-identical resume
+    check compares an in-process run with a subprocess) must see the default again."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
 
 
 def test_ppo_updates_raise_the_reward_of_a_contextual_bandit(tmp_path):
