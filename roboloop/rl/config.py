@@ -7,6 +7,17 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, Field, model_validator
 
 
+def reward_mode(task: str, reward: str) -> str:
+    """The reward an RL run trains on ("task" or "progress"): `progress` exists on the Roboloop-Reach tasks only."""
+    has_progress = task.startswith("Roboloop-Reach")
+    if reward == "progress" and not has_progress:
+        from roboloop.errors import RoboloopError
+
+        raise RoboloopError(f"reward=progress: {task} has no progress reward (Roboloop-Reach-* tasks do); "
+                            "use reward=task")
+    return "progress" if reward == "auto" and has_progress else ("task" if reward == "auto" else reward)
+
+
 class RLRecipe(BaseModel):
     """How to fine-tune (the flow's parameter; the policy and output folder are added by `RLConfig`)."""
 
@@ -85,8 +96,7 @@ class RLRecipe(BaseModel):
         if self.min_std > self.max_std:
             raise ValueError(f"min_std {self.min_std} > max_std {self.max_std}")
         if self.gamma is None:
-            self.gamma = 0.5 if self.reward == "progress" or (
-                self.reward == "auto" and self.task.startswith("Roboloop-Reach")) else 0.99
+            self.gamma = 0.5 if reward_mode(self.task, self.reward) == "progress" else 0.99
         if self.learner_device == "cuda" and self.learner_gpus == 0:
             self.learner_gpus = 1.0
         if self.rollout_device == "cuda" and self.rollout_gpus == 0:

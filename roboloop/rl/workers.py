@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from roboloop.evaluation.protocol import Obs
+from roboloop.rl.config import reward_mode
 
 
 def cat_obs(parts: list[Obs]) -> Obs:
@@ -50,17 +51,6 @@ class Segment:
     started: float = 0.0
     finished: float = 0.0
     returns: list[float] = field(default_factory=list)  # undiscounted return of each finished episode
-
-
-def reward_mode(task: str, reward: str) -> str:
-    """The reward an RL run trains on: `progress` exists on the Roboloop-Reach tasks only."""
-    has_progress = task.startswith("Roboloop-Reach")
-    if reward == "progress" and not has_progress:
-        from roboloop.errors import RoboloopError
-
-        raise RoboloopError(f"reward=progress: {task} has no progress reward (Roboloop-Reach-* tasks do); "
-                            "use reward=task")
-    return "progress" if reward == "auto" and has_progress else ("task" if reward == "auto" else reward)
 
 
 def _policy(model_dir: str, device: str, rl: dict):

@@ -46,7 +46,7 @@ def test_a_foreign_output_folder_is_refused(tmp_path):
 
 def test_reward_and_discount_resolve_per_task():
     from roboloop.errors import RoboloopError
-    from roboloop.rl.workers import reward_mode
+    from roboloop.rl.config import reward_mode
 
     reach = RLConfig(policy="m")  # Roboloop-Reach-Color-v0, reward auto: progress with a short horizon
     assert reward_mode(reach.task, reach.reward) == "progress" and reach.gamma == 0.5
