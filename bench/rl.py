@@ -8,6 +8,11 @@
 3. Every policy evaluated by the same Evaluator on the same `--episodes` test-split episodes.
 
 Ends with one JSON line: sync_env_steps_per_s, async_env_steps_per_s, async_speedup (target >= 1.4),
+{mode}_cpu_busy (the share of all this machine's cores busy during the run's updates),
+{mode}_core_s_per_kstep (core-seconds per 1,000 environment steps: busy x cores x wall / steps) and,
+with a CPU learner, async_speedup_ceiling = async_speedup / async_cpu_busy: the speedup async would
+reach at its measured CPU cost per step with every core busy, the most any better overlap can give on
+this machine (a GPU learner moves work off the CPU, and there the ceiling does not apply),
 success_before, success_after (async), success_after_sync (success at equal env steps for both modes),
 gain (points), and the Wilson intervals.
 """
@@ -70,7 +75,12 @@ def main() -> None:
         rows = read_metrics(Path(model.path).parent)
         last = rows[-1]
         after = stages.evaluate(model, ev, on_line=quiet)
+        spans = [b["wall_s"] - a["wall_s"] for a, b in zip([{"wall_s": 0.0}, *rows], rows, strict=False)]
+        busy = sum(r["cpu_busy"] * d for r, d in zip(rows, spans, strict=True)) / max(sum(spans), 1e-9)
         out.update({f"{mode}_env_steps_per_s": round(last["env_steps"] / last["wall_s"], 1),
+                    f"{mode}_cpu_busy": round(busy, 3),
+                    f"{mode}_core_s_per_kstep": round(1000 * busy * (os.cpu_count() or 1) * sum(spans)
+                                                      / max(last["env_steps"], 1), 3),
                     f"{mode}_updates": last["version"], f"{mode}_dropped_segments": last["dropped_segments"],
                     f"{mode}_staleness_max": max(r["staleness_max"] for r in rows),
                     f"{mode}_wall_minutes": round((time.time() - t0) / 60, 2),
@@ -79,6 +89,9 @@ def main() -> None:
         print(json.dumps(out), flush=True)
     if "sync_env_steps_per_s" in out and "async_env_steps_per_s" in out:
         out["async_speedup"] = round(out["async_env_steps_per_s"] / out["sync_env_steps_per_s"], 3)
+        if args.learner_device == "cpu":
+            # async's CPU cost per step with no core idle: what a perfect overlap could reach on these cores
+            out["async_speedup_ceiling"] = round(out["async_speedup"] / max(out["async_cpu_busy"], 1e-9), 3)
     last_mode = args.modes.split(",")[-1]
     out["success_after"] = out.get(f"success_after_{last_mode}")
     if out["success_after"] is not None:

@@ -162,6 +162,7 @@ class Run:
         self.version = self.env_steps = self.dropped = self.stale_max = 0
         self.success: list[float] = []
         self.active_s = 0.0
+        self._cpu_mark = _cpu_times()
 
     def _record(self, metrics: dict, segs: list) -> None:
         eps = sum(s.episodes for s in segs)
@@ -170,7 +171,11 @@ class Run:
         if rate is not None:
             self.success.append(round(rate, 4))
         self.stale_max = max(self.stale_max, metrics["staleness_max"])
+        now = _cpu_times()
+        busy = (now[0] - self._cpu_mark[0]) / max(now[1] - self._cpu_mark[1], 1e-9)
+        self._cpu_mark = now
         row = {**metrics, "collect_s": round(sum(g.finished - g.started for g in segs) / max(len(segs), 1), 3),
+               "cpu_busy": round(busy, 3),
                "env_steps": self.env_steps, "episodes": eps, "rollout_success": rate,
                "mean_return": sum(rets) / len(rets) if rets else None, "dropped_segments": self.dropped,
                "wall_s": round(self.active_s + time.time() - self._t0, 2)}
@@ -292,7 +297,7 @@ class Run:
                 self.stale_max, self.success, self.active_s = state["stale_max"], state["success"], state["active_s"]
                 self.on_event({"resumed_from": str(resume_from), "version": self.version, "env_steps": self.env_steps})
             self._broadcast()
-            self._t0 = time.time()
+            self._t0, self._cpu_mark = time.time(), _cpu_times()
             self._sync() if cfg.mode == "sync" else self._async()
             wall = self.active_s + time.time() - self._t0
             self._checkpoint()
@@ -324,6 +329,17 @@ class Run:
             (tmp / "config.json").write_text(json.dumps(conf, indent=2))
             save_file(weights, str(tmp / "model.safetensors"))
         return dst
+
+
+def _cpu_times() -> tuple[float, float]:
+    """(busy, total) CPU seconds of this machine, all cores, as psutil counts them for `cpu_percent`. A row's
+    `cpu_busy` is their ratio over its update: how much of the cores' time the run's workers (and anything else
+    running) used; where sync already keeps them busy, no overlap (async) can add throughput on them."""
+    import psutil
+
+    t = psutil.cpu_times()
+    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # guest time is also in user time
+    return total - t.idle - getattr(t, "iowait", 0.0), total
 
 
 def _is_main_thread() -> bool:

@@ -66,6 +66,7 @@ def test_async_run_stays_within_staleness_resumes_and_shuts_down(tmp_path):
     assert [r["version"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 3, rows
     assert all(r["staleness_max"] <= 1 for r in rows), [r["staleness_max"] for r in rows]
     assert rows[0]["critic_only"] and not rows[-1]["critic_only"]
+    assert all(0 < r["cpu_busy"] <= 1 for r in rows), [r["cpu_busy"] for r in rows]  # the workers used the cores
     assert result["updates"] == len(rows) and result["env_steps"] >= 5 * 256 and result["staleness_max"] <= 1
     assert any(ln.startswith("[progress] rl: update") for ln in lines)
     published = ModelPolicy(result["model_dir"])  # loads like any trained model
