@@ -10,6 +10,9 @@ its training held out, and the promotion gate pairs it with the champion over th
 With `rounds` > 1 the loop closes: the policy acts, the scripted expert labels the states it
 visited, the labels join the data as a new dataset version, training continues from the
 previous weights, and the result is evaluated and put through the promotion gate again.
+
+With `rl` set, the last model is then fine-tuned with RL in the simulator (Ray workers, see
+`flows/rl_finetune.py`), evaluated, and registered as a child of its version through the same gate.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from tasks.dagger import aggregate_task, dagger_collect_task, rounds_artifact
 from tasks.data import convert_task, ingest_task
 from tasks.evaluate import evaluate_offline_task, evaluate_task
 from tasks.register import register_task
+from tasks.rl import register_rl_task, rl_task
 from tasks.train import train_task
 
 
@@ -64,7 +68,15 @@ def closed_loop(cfg: LoopConfig = demo()) -> LoopSummary:  # noqa: B008 (the UI 
         evaluation = evaluate_task(model, cfg.eval, cfg.model_name, cfg.margin)
         decision = register_task(model, _lineage(cfg, raw, data, model, evaluation, baseline, r, parent),
                                  cfg.model_name, margin=cfg.margin)
-        rounds.append(_round(r, data, model, evaluation, decision))
+        rounds.append(_round(r, data, model, evaluation, decision, "dagger"))
+    if cfg.rl is not None:
+        parent = model.model_copy(update={"registry": decision.registry, "name": decision.name,
+                                          "version": decision.version})
+        model = rl_task(parent, cfg.rl, track=cfg.track)
+        evaluation = evaluate_task(model, cfg.eval.model_copy(update={"execute_steps": cfg.rl.execute_steps}),
+                                   cfg.model_name, cfg.margin)
+        decision = register_rl_task(model, parent, evaluation, cfg.rl, cfg.model_name, cfg.margin)
+        rounds.append(_round(len(rounds), data, model, evaluation, decision, "rl"))
     if len(rounds) > 1:
         rounds_artifact(rounds, str(Path(evaluation.run_dir)))
     return report(data.md5, data.path, model, evaluation, baseline, decision, rounds)
@@ -89,8 +101,9 @@ def _lineage(cfg: LoopConfig, raw: DatasetRef, data: DatasetRef, model: ModelRef
     return Lineage.of(raw, data, model, ev, baseline=baseline, configs=configs, parents=parents, offline=offline)
 
 
-def _round(r: int, data: DatasetRef, model: ModelRef, ev: EvalSummary, d: Decision) -> RoundResult:
-    return RoundResult(round=r, dataset_md5=data.md5, episodes=data.num_episodes, model=model.path,
+def _round(r: int, data: DatasetRef, model: ModelRef, ev: EvalSummary, d: Decision,
+           kind: str = "demonstrations") -> RoundResult:
+    return RoundResult(round=r, kind=kind, dataset_md5=data.md5, episodes=data.num_episodes, model=model.path,
                        weights_sha256=model.weights_sha256, success_rate=ev.success_rate, ci_low=ev.ci_low,
                        ci_high=ev.ci_high, successes=ev.successes, evaluated=ev.episodes, version=d.version,
                        promoted=d.promoted)

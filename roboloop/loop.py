@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from roboloop.datasets.config import ConvertConfig
 from roboloop.evaluation.config import CollectConfig, EvalRecipe, OfflineRecipe
+from roboloop.rl.config import RLRecipe
 from roboloop.training.config import LaunchConfig, TrainRecipe
 
 
@@ -51,6 +52,10 @@ class LoopConfig(BaseModel):
     rounds: int = Field(1, ge=1, description="1: one pass; N: N-1 DAgger rounds after it (Roboloop tasks with a "
                         "scripted expert, a v2.x source)")
     dagger: DaggerConfig = Field(default_factory=DaggerConfig, description="what each DAgger round does")
+    rl: RLRecipe | None = Field(
+        None, description="after the rounds, fine-tune the last model with RL (flow-noise PPO on Ray) in the task "
+        "the loop evaluates in; the result is evaluated and put through the promotion gate like a round, its "
+        "lineage naming the version it started from (empty: no RL)")
 
     @model_validator(mode="after")
     def _offline_needs_held_out_episodes(self) -> LoopConfig:
@@ -61,6 +66,11 @@ class LoopConfig(BaseModel):
             if self.rounds > 1:
                 raise ValueError("rounds > 1 (DAgger) needs a simulator and a scripted expert; evaluation 'offline' "
                                  "has neither")
+            if self.rl is not None:
+                raise ValueError("rl fine-tunes in a simulator; evaluation 'offline' has none (leave rl empty)")
+        if self.rl is not None and self.rl.task != self.eval.task:
+            raise ValueError(f"rl.task {self.rl.task!r} differs from eval.task {self.eval.task!r}: the loop fine-tunes "
+                             "in the task it evaluates in and gates on")
         return self
 
 

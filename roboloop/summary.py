@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -10,12 +11,14 @@ from roboloop.receipts import Decision, OfflineSummary
 
 
 class RoundResult(BaseModel):
-    """One pass of the loop: round 0 trains on the source; round r > 0 on the data of round r-1 plus the expert's
-    labels at the states round r-1's policy visited."""
+    """One pass of the loop: round 0 trains on the source; a DAgger round r > 0 on the data of round r-1 plus the
+    expert's labels at the states round r-1's policy visited; an RL round fine-tunes the previous round's model in
+    the simulator (its data columns are that model's)."""
 
     model_config = ConfigDict(frozen=True)
 
     round: int
+    kind: Literal["demonstrations", "dagger", "rl"] = "demonstrations"
     dataset_md5: str
     episodes: int = Field(description="episodes in the data this round trained on")
     model: str
@@ -37,10 +40,10 @@ def plot_rounds(rounds: list[RoundResult], png: Path) -> Path:
     plots.success_curve(ax, [r.round for r in rounds], [r.success_rate for r in rounds],
                         [r.ci_low for r in rounds], [r.ci_high for r in rounds])
     for r in rounds:
-        ax.annotate(f"{r.episodes} eps", (r.round, r.success_rate), textcoords="offset points", xytext=(6, -12),
-                    fontsize=7)
+        ax.annotate("RL" if r.kind == "rl" else f"{r.episodes} eps", (r.round, r.success_rate),
+                    textcoords="offset points", xytext=(6, -12), fontsize=7)
     ax.set_xticks([r.round for r in rounds])
-    ax.set_xlabel("round (0: demonstrations; then DAgger)")
+    ax.set_xlabel("round (0: demonstrations; then DAgger" + (", RL" if rounds[-1].kind == "rl" else "") + ")")
     return plots.save(fig, png)
 
 
@@ -77,7 +80,8 @@ class LoopSummary(BaseModel):
             lines.append(f"| random policy | {self.random_success_rate:.1%} |")
         lines.append(f"| registry | `{d.name}` v{d.version} in `{d.registry}`; promoted: {d.promoted} |")
         if len(self.rounds) > 1:
-            lines += ["", "| round | episodes | success (95% CI) | registry |", "|---|---|---|---|"]
-            lines += [f"| {r.round} | {r.episodes} | {r.success_rate:.1%} ({r.ci_low:.1%}-{r.ci_high:.1%}) | "
-                      f"v{r.version}{' champion' if r.promoted else ''} |" for r in self.rounds]
+            lines += ["", "| round | kind | episodes | success (95% CI) | registry |", "|---|---|---|---|---|"]
+            lines += [f"| {r.round} | {r.kind} | {r.episodes} | {r.success_rate:.1%} "
+                      f"({r.ci_low:.1%}-{r.ci_high:.1%}) | v{r.version}{' champion' if r.promoted else ''} |"
+                      for r in self.rounds]
         return "\n".join(lines)

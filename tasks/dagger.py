@@ -37,10 +37,11 @@ def aggregate_task(sources: list[DatasetRef], round_: int, track: bool = True) -
 def rounds_artifact(rounds: list[RoundResult], out_dir: str) -> str:
     """Success (with its CI) per round, as a plot and a table in the Prefect UI."""
     png = plot_rounds(rounds, Path(out_dir) / "rounds.png")
-    rows = "\n".join(f"| {r.round} | {r.episodes} | {r.successes}/{r.evaluated} = {r.success_rate:.1%} | "
+    rows = "\n".join(f"| {r.round} | {r.kind} | {r.episodes} | {r.successes}/{r.evaluated} = {r.success_rate:.1%} | "
                      f"{r.ci_low:.1%}-{r.ci_high:.1%} | v{r.version} | {r.promoted} |" for r in rounds)
     create_markdown_artifact(
-        "### Success per round (DAgger)\n\n" + png_markdown(png, "success per round") +
-        "\n\n| round | episodes | success | 95% CI | registry | promoted |\n|---|---|---|---|---|---|\n" + rows,
+        "### Success per round\n\n" + png_markdown(png, "success per round") +
+        "\n\n| round | kind | episodes | success | 95% CI | registry | promoted |\n|---|---|---|---|---|---|---|\n"
+        + rows,
         key="dagger-rounds", description="success with its 95% CI per round")
     return str(png)

@@ -24,11 +24,12 @@ def resolve_task(ref: str) -> ModelRef:
 
 
 @task(name="rl-finetune", cache_policy=NO_CACHE)
-def rl_task(parent: ModelRef, recipe: RLRecipe, timeout_s: float | None = None) -> ModelRef:
+def rl_task(parent: ModelRef, recipe: RLRecipe, timeout_s: float | None = None, track: bool = False) -> ModelRef:
     """Cancelling the flow run kills the child's process group: the driver, and with it Ray and every worker."""
     from roboloop.rl.run import plot_metrics, read_metrics
 
-    model = stages.rl_finetune(parent, recipe, cache=receipts(), on_line=relay("[rl] "), timeout_s=timeout_s)
+    model = stages.rl_finetune(parent, recipe, cache=receipts(), on_line=relay("[rl] "), timeout_s=timeout_s,
+                               track=track)
     run = Path(model.path).parent
     rows = read_metrics(run)
     if rows:

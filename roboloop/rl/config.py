@@ -41,10 +41,10 @@ class RLRecipe(BaseModel):
         None, gt=0, le=1, description="discount per environment step (default: 0.5 with the progress reward, "
         "which already scores each action by its own effect, so a short horizon lowers the variance at no cost; "
         "0.99 with the task's reward)")
-    gae_lambda: float = Field(0.95, ge=0, le=1)
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (bias against variance of the advantages)")
     clip: float = Field(0.2, gt=0, description="PPO ratio clip")
     is_cap: float = Field(2.0, ge=1, description="cap of the importance weight pi_prox / pi_behaviour (async)")
-    value_coef: float = Field(0.5, ge=0)
+    value_coef: float = Field(0.5, ge=0, description="weight of the value loss")
     reward: Literal["auto", "task", "progress"] = Field(
         "auto", description="task: the task's own reward; progress (Roboloop-Reach tasks): the decrease of the "
         "distance to the named ball each step, plus the success bonus (potential-based shaping of the task's "
@@ -53,7 +53,7 @@ class RLRecipe(BaseModel):
                                 "learns returns of order 1)")
     entropy_coef: float = Field(0.0, ge=0, description="bonus on the injected noise's entropy")
     target_kl: float = Field(0.05, gt=0, description="stop an update's epochs once the approximate KL exceeds it")
-    grad_clip: float = Field(1.0, gt=0)
+    grad_clip: float = Field(1.0, gt=0, description="gradient norm clip, applied to policy and critic apart")
     noise: Literal["chain", "final"] = Field(
         "final", description="where the policy's Gaussian noise goes: every denoising step (flow-noise, the whole "
         "chain is the action) or only the executed actions after a deterministic denoising from x_0")
@@ -69,12 +69,12 @@ class RLRecipe(BaseModel):
         None, gt=0, description="anneal the noise's std cap log-linearly from init_std to this over the env-step "
         "budget (None: constant). Not a default: on the reach bench annealing 0.5 -> 0.1 gained 8 points where a "
         "constant 0.5 gained 25, since PPO's trust region (and so each update's step) shrinks with the noise")
-    min_std: float = Field(0.02, gt=0)
-    max_std: float = Field(2.0, gt=0)
+    min_std: float = Field(0.02, gt=0, description="lower clamp of the learned noise std")
+    max_std: float = Field(2.0, gt=0, description="upper clamp of the learned noise std")
     denoise_steps: int | None = Field(None, ge=1, description="K denoising steps (default: the model's)")
     critic_warmup_updates: int = Field(2, ge=0, description="first updates train only the value head")
     freeze_backbone: bool = Field(False, description="train only the action head, the noise and the value head")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the workers' torch generators and the envs' layouts")
     learner_device: str = Field("cpu", description="cpu or cuda", json_schema_extra={"enum": ["cpu", "cuda"]})
     rollout_device: str = Field("cpu", description="cpu or cuda", json_schema_extra={"enum": ["cpu", "cuda"]})
     learner_threads: int | None = Field(
@@ -86,7 +86,7 @@ class RLRecipe(BaseModel):
     learner_gpus: float = Field(0.0, ge=0, description="Ray GPUs for the learner (1 with learner_device=cuda)")
     rollout_gpus: float = Field(0.0, ge=0, description="Ray GPUs for the rollout worker")
     checkpoint_every: int = Field(5, ge=0, description="updates between checkpoints (0: only at the end)")
-    keep_last: int = Field(2, ge=1)
+    keep_last: int = Field(2, ge=1, description="checkpoints kept (the newest)")
     resume: bool = Field(True, description="continue from the newest checkpoint in output_dir")
     ray_address: str | None = Field(None, description="an existing Ray cluster (ray://..., 'auto'); default: start "
                                     "a local one for this run and stop it afterwards")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 from prefect.artifacts import Artifact
@@ -121,3 +122,30 @@ def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(lo
     assert best_lin["metrics"]["weights_sha256"] and best_lin["eval"]["episodes"] == 4 or sw.decision.reused
     art = Artifact.get("checkpoint-sweep")
     assert art is not None and "data:image/png;base64" in str(art.data) and "**best**" in str(art.data)
+
+
+def test_rl_round_fine_tunes_the_last_model_and_registers_it_as_its_child(loop_env):
+    from roboloop.rl.config import RLRecipe
+
+    root = loop_env
+    rl = RLRecipe(mode="sync", env_steps=2 * 256, env_workers=2, envs_per_worker=4, segment_decisions=4,
+                  segments_per_update=2, epochs=1, minibatch=32, critic_warmup_updates=0)
+    s = closed_loop(_cfg(root).model_copy(update={"baseline": False, "rl": rl}))
+    assert [(r.round, r.kind) for r in s.rounds] == [(0, "demonstrations"), (1, "rl")]
+    r0, r1 = s.rounds
+    assert r1.weights_sha256 != r0.weights_sha256 and r1.dataset_md5 == r0.dataset_md5
+    assert s.model == r1.model and s.weights_sha256 == r1.weights_sha256  # the summary reports the last round
+    reg = Registry(root / "registry")
+    assert reg.versions("reach-vla") == [1, 2] and r1.version == 2
+    lin = reg.lineage("reach-vla", 2)
+    assert lin["parents"] == ["reach-vla@v1"] and lin["config"]["rl"]["env_steps"] == 2 * 256
+    assert lin["config"]["parent_weights"] == r0.weights_sha256 and lin["dataset_md5"] == r0.dataset_md5
+    assert json.loads((Path(r1.model) / "config.json").read_text())["rl"]["parent"] == r0.model
+    assert list((root / "artifacts" / "rl").glob("*/model.dvc"))  # DVC-tracked like every model
+    plot = Artifact.get("dagger-rounds")
+    assert plot is not None and "| 1 | rl |" in str(plot.data)
+    assert "| 1 | rl |" in s.markdown()
+
+    with pytest.raises(ValueError, match="differs from eval.task"):
+        LoopConfig.model_validate({**_cfg(root).model_dump(), "rl": {**rl.model_dump(),
+                                                                      "task": "Roboloop-Reach-Color-Vision-v0"}})
