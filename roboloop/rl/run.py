@@ -162,7 +162,7 @@ class Run:
         self.version = self.env_steps = self.dropped = self.stale_max = 0
         self.success: list[float] = []
         self.active_s = 0.0
-        self._cpu_mark = _cpu_times()
+        self._cpu_mark = (0.0, 0.0)  # (busy, total) CPU seconds at the last row; set when the loop starts
 
     def _record(self, metrics: dict, segs: list) -> None:
         eps = sum(s.episodes for s in segs)
@@ -195,7 +195,8 @@ class Run:
     def _broadcast(self) -> None:
         """New weights (and the annealed noise cap for the budget spent so far) to the rollout worker before anything
         else is launched: a segment launched at version v then starts with v (its queued act calls finish first)."""
-        get(self.w.learner.anneal.remote(self.env_steps / self.cfg.env_steps))
+        if self.cfg.final_std is not None:  # no schedule: no round trip
+            get(self.w.learner.anneal.remote(self.env_steps / self.cfg.env_steps))
         get(self.w.rollout.set_weights.remote(self.w.learner.weights.remote(), self.version))
 
     def _critic_only(self) -> bool:

@@ -192,10 +192,9 @@ class Learner:
         """Set the noise's std cap for `done_fraction` of the budget (`final_std`); takes effect with the next
         broadcast, so the segments collected afterwards are scored by the cap they were drawn with."""
         rl = self.rl
-        if rl.get("final_std") is None:
-            return float(self.policy.stds().detach().exp().mean())
-        f = min(max(done_fraction, 0.0), 1.0)
-        self.policy.set_std_cap(math.exp((1 - f) * math.log(rl["init_std"]) + f * math.log(rl["final_std"])))
+        if rl.get("final_std") is not None:
+            f = min(max(done_fraction, 0.0), 1.0)
+            self.policy.set_std_cap(math.exp((1 - f) * math.log(rl["init_std"]) + f * math.log(rl["final_std"])))
         return float(self.policy.stds().detach().exp().mean())
 
     def update(self, segments: list[Segment], critic_only: bool = False) -> dict:
