@@ -20,7 +20,7 @@ def untrained_model(path: Path, state_dim: int, action_dim: int, horizon: int, s
     path.mkdir()
     save_file(VLAPolicy(cfg).state_dict(), str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps({"model": cfg.model_dump(mode="json"), "train": {}, "data": {
-        "state_key": "observation.state", "action_key": "action", "video_keys": [], "with_video": False}}))
+        "state_key": "observation.state", "action_key": "action", "camera_keys": [], "with_video": False}}))
     (path / "stats.json").write_text(json.dumps({
         "observation.state": {"mean": [0.0] * state_dim, "std": [state_std] * state_dim},
         "action": {"mean": [0.0] * action_dim, "std": [action_std] * action_dim}}))

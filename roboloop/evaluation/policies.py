@@ -76,7 +76,7 @@ class ModelPolicy:
         except ValueError as e:
             raise CorruptFileError(f"{self.dir / 'config.json'} is not valid JSON ({e})") from e
         self.cfg = ModelConfig(**cfg["model"])
-        self.data = cfg.get("data", {"state_key": "observation.state", "action_key": "action", "video_keys": [],
+        self.data = cfg.get("data", {"state_key": "observation.state", "action_key": "action", "camera_keys": [],
                                      "with_video": True})
         self.device = torch.device(device)
         self.model = VLAPolicy(self.cfg)
@@ -114,15 +114,25 @@ class ModelPolicy:
                 self._tok[text] = byte_tokens(text, self.cfg.max_text_len)
         return self._tok[text]
 
+    @property
+    def camera_keys(self) -> list[str]:
+        """The cameras the model was trained on, in its input order (older folders recorded `video_keys`)."""
+        if not self.data.get("with_video", True):
+            return []
+        return list(self.data.get("camera_keys", self.data.get("video_keys")) or [])
+
     def _images(self, obs: Obs) -> list[list[torch.Tensor]]:
-        keys = self.data.get("video_keys") or []
-        if not self.data.get("with_video", True) or not keys:
+        from roboloop.datasets.cameras import to_model_input
+
+        keys = self.camera_keys
+        if not keys:
             return [[] for _ in range(obs.state.shape[0])]
-        cams = [obs.images[k] if k in obs.images else list(obs.images.values())[j] for j, k in enumerate(keys)]
+        depth_mm = {c["key"]: tuple(c["depth_mm"]) for c in self.data.get("cameras", []) if c.get("depth_mm")}
         h, w = self.cfg.image_size
         per_cam = []
-        for x in cams:
-            x = x.permute(0, 3, 1, 2).float().div(255)
+        for j, k in enumerate(keys):
+            frames = obs.images[k] if k in obs.images else list(obs.images.values())[j]
+            x = to_model_input(frames.numpy() if isinstance(frames, torch.Tensor) else frames, depth_mm.get(k))
             if x.shape[-2:] != (h, w):
                 x = F.interpolate(x, size=(h, w), mode="bilinear", antialias=True, align_corners=False)
             per_cam.append(x)

@@ -3,10 +3,12 @@
 State and action columns are read once from the data parquet files (memory-mapped) into
 contiguous float32 arrays, so an action chunk is a slice, not a lookup per frame. Chunks
 follow LeRobotDataset's convention: frames past the episode end repeat the last frame and
-are flagged padded. Video is decoded in episode order (one sequential decode per window
-instead of one seek per sample) and resized on decode by FFmpeg's scaler; producer threads
-(PyAV releases the GIL while decoding) feed a bounded queue and a shuffle buffer mixes
-windows from different episodes.
+are flagged padded. Every camera LeRobot stores is read (`roboloop.datasets.cameras`): video
+is decoded in episode order (one sequential decode per window instead of one seek per sample)
+and resized on decode by FFmpeg's scaler; images stored in the parquet are decoded from their
+PNG/JPEG bytes; depth maps come back in millimetres, as LeRobot's loader returns them. Decoding
+runs on threads (PyAV and PIL release the GIL) and a shuffle buffer mixes windows from
+different episodes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from roboloop.datasets import cameras as cams
 from roboloop.datasets import layout
 from roboloop.datasets.arrowutil import np_col, read_table, to_2d
 from roboloop.datasets.meta import DatasetMeta, load_meta
@@ -73,8 +76,47 @@ class Normalizer:
         return x * self.std[key] + self.mean[key]
 
 
+class EpisodeTableError(CorruptFileError):
+    """meta/episodes disagrees with the data rows: training would read the wrong frames."""
+
+
+def check_episode_table(root: Path, meta: DatasetMeta, index: np.ndarray, episode: np.ndarray,
+                        frame: np.ndarray) -> None:
+    """Refuse what `roboloop validate` refuses before a single sample is drawn: every episode's window
+    [dataset_from_index, dataset_to_index) must hold exactly that episode's rows, frames 0..length-1 in order,
+    the windows must tile the rows, and the global `index` must number them 0..N-1. Names the episode."""
+    where = f"{root / 'meta/episodes'}"
+    n = len(index)
+    if n and not np.array_equal(index, np.arange(n)):
+        bad = int(np.flatnonzero(index != np.arange(n))[0])
+        raise EpisodeTableError(f"{root / 'data'}: the index column is not 0..{n - 1} (row {bad} holds "
+                                f"{int(index[bad])}): rows are missing or duplicated; check it with roboloop validate")
+    seen: set[int] = set()
+    covered = 0
+    for ep in meta.episodes:
+        e, lo, hi = ep.episode_index, int(ep.dataset_from_index or 0), int(ep.dataset_to_index or 0)
+        if e in seen:
+            raise EpisodeTableError(f"{where}: episode {e} is listed twice")
+        seen.add(e)
+        if ep.length <= 0:
+            raise EpisodeTableError(f"{where}: episode {e} has length {ep.length}; an episode needs frames")
+        if hi - lo != ep.length or lo < 0 or hi > n:
+            raise EpisodeTableError(f"{where}: episode {e}: dataset_from_index {lo} .. dataset_to_index {hi} does "
+                                    f"not span its length {ep.length} within the {n} rows")
+        if not (np.all(episode[lo:hi] == e) and np.array_equal(frame[lo:hi], np.arange(hi - lo))):
+            found = sorted({int(x) for x in episode[lo:hi]})[:3]
+            raise EpisodeTableError(f"{where}: episode {e}'s rows {lo}..{hi - 1} hold episode(s) {found}, frames "
+                                    f"{int(frame[lo])}..{int(frame[hi - 1])}: the table does not match the data "
+                                    "(check it with roboloop validate)")
+        covered += hi - lo
+    if covered != n:
+        missing = sorted({int(x) for x in np.unique(episode)} - seen)
+        raise EpisodeTableError(f"{where}: its episodes cover {covered} of the {n} data rows; episode(s) "
+                                f"{missing[:5]} of the data are not in the table")
+
+
 class V3Dataset:
-    """Random access to (state, action chunk, task) of a v3 dataset; video through `decode_window`."""
+    """Random access to (state, action chunk, task) of a v3 dataset; every camera through `decode_window`."""
 
     def __init__(self, root: str | Path, horizon: int = 16, state_key: str = "observation.state",
                  action_key: str = "action", aux_key: str | None = None):
@@ -88,14 +130,22 @@ class V3Dataset:
             raise ValueError(f"{root}: the auxiliary target {aux_key!r} is not a feature of this dataset (it has "
                              f"{sorted(self.meta.info.features)}); record it (roboloop collect records "
                              "observation.environment_state for the -Vision- task) or drop aux_target")
+        self.cameras = cams.cameras(self.meta.info)
+        self.camera_keys = [c.key for c in self.cameras]
+        self.video_keys = [c.key for c in self.cameras if c.storage == "video"]
+        image_keys = [c.key for c in self.cameras if c.storage == "image"]
         files = sorted({(ep.data_chunk_index, ep.data_file_index) for ep in self.meta.episodes})
         tables = []
         for chunk, file in files:
             path = self.root / self.meta.info.data_path.format(chunk_index=chunk, file_index=file)
             tables.append(read_table(path, columns=[state_key, action_key, *([aux_key] if aux_key else []), "index",
-                                                       "episode_index", "frame_index", "task_index"], memory_map=True))
+                                                       "episode_index", "frame_index", "task_index", *image_keys],
+                                     memory_map=True))
         table = pa.concat_tables(tables)
         order = np.argsort(np_col(table["index"]))
+        # image cameras stay as their encoded bytes (memory-mapped); frame i is row order[i] of the table
+        self._image_cols = {k: table[k] for k in image_keys}
+        self._row = order
         self.state = _column_2d(table, state_key)[order]
         self.action = _column_2d(table, action_key)[order]
         self.aux = _column_2d(table, aux_key)[order] if aux_key else None
@@ -104,7 +154,8 @@ class V3Dataset:
         self.task_index = np_col(table["task_index"])[order]
         self.ep_from: dict[int, int] = {ep.episode_index: int(ep.dataset_from_index or 0) for ep in self.meta.episodes}
         self.ep_to: dict[int, int] = {ep.episode_index: int(ep.dataset_to_index or 0) for ep in self.meta.episodes}
-        self.video_keys = self.meta.info.video_keys
+        self._camera = {c.key: c for c in self.cameras}
+        check_episode_table(self.root, self.meta, np_col(table["index"])[order], self.episode_index, self.frame_index)
 
     def __len__(self) -> int:
         return len(self.state)
@@ -127,26 +178,40 @@ class V3Dataset:
         return path, float(loc["from_timestamp"])
 
     def decode_window(self, episode: int, key: str, first: int, count: int,
-                      size: tuple[int, int]) -> np.ndarray:
-        """Frames first..first+count-1 of an episode's camera, resized to size=(H, W): (count, H, W, 3) uint8."""
+                      size: tuple[int, int] | None = None) -> np.ndarray:
+        """Frames first..first+count-1 of an episode's camera, resized to size=(H, W) (None: as stored):
+        (count, H, W, 3) uint8 for colour, (count, H, W, 1) float32 millimetres for depth."""
+        cam = self._camera[key]
+        size = size or (cam.height, cam.width)
+        if cam.storage == "image":
+            return self._decode_images(cam, episode, first, count, size)
         path, offset = self.video_location(episode, key)
         fps = self.meta.info.fps
         t0 = offset + first / fps
-        out = np.empty((count, size[0], size[1], 3), dtype=np.uint8)
+        out = np.empty((count, size[0], size[1], 1 if cam.depth else 3), dtype=np.float32 if cam.depth else np.uint8)
         got = 0
         try:
             with av.open(str(path)) as container:
                 st = container.streams.video[0]
                 st.thread_type = "AUTO"
                 tb = float(st.time_base)  # type: ignore[arg-type]
-                container.seek(int(t0 / tb), stream=st, backward=True)
-                for frame in container.decode(st):
-                    t = frame.pts * tb
-                    if t < t0 - 0.5 / fps:
-                        continue
-                    out[got] = frame.to_ndarray(format="rgb24", width=size[1], height=size[0])
-                    got += 1
-                    if got == count:
+                # HEVC (LeRobot's depth maps) can land on a recovery point whose leading frames the decoder
+                # drops, so the first frame out is later than asked: then seek from further back.
+                for seek_s in (t0, t0 - 2.0, 0.0):
+                    container.seek(max(0, int(seek_s / tb)), stream=st, backward=True)
+                    got, late = 0, False
+                    for frame in container.decode(st):
+                        t = frame.pts * tb
+                        if t < t0 - 0.5 / fps:
+                            continue
+                        if got == 0 and t > t0 + 0.5 / fps and seek_s > 0:
+                            late = True
+                            break
+                        out[got] = cams.decode_video_frame(frame, cam, size)
+                        got += 1
+                        if got == count:
+                            break
+                    if not late:
                         break
         except (av.error.FFmpegError, OSError) as e:
             raise CorruptFileError(f"{path}: episode {episode}, camera {key}: cannot decode frames from {first} "
@@ -155,6 +220,20 @@ class V3Dataset:
             raise CorruptFileError(f"{path}: episode {episode}, camera {key} has only {got} of {count} frames from "
                                    f"frame {first}; the video is cut short (check it with roboloop validate --deep)")
         return out
+
+    def _decode_images(self, cam: cams.Camera, episode: int, first: int, count: int,
+                       size: tuple[int, int]) -> np.ndarray:
+        col, start = self._image_cols[cam.key], self.ep_from[episode] + first
+        if first + count > self.ep_to[episode] - self.ep_from[episode]:
+            raise IndexError(f"{self.root}: episode {episode} has no frames {first}..{first + count - 1}")
+        frames = [cams.decode_image_cell(col[int(self._row[i])].as_py(), cam, self.root, size,
+                                         f"{self.root} episode {episode} frame {i - self.ep_from[episode]}")
+                  for i in range(start, start + count)]
+        return np.stack(frames)
+
+    def depth_ranges(self, stats: dict) -> dict[str, tuple[float, float]]:
+        """(lo, hi) mm each depth camera is scaled from (what the model stores with its stats)."""
+        return {c.key: cams.depth_range(stats, c.key, c) for c in self.cameras if c.depth}
 
 
 class SampleStream:
@@ -172,7 +251,8 @@ class SampleStream:
     def __init__(self, ds: V3Dataset, image_size: tuple[int, int], max_text_len: int, window: int = 32,
                  shuffle_buffer: int = 512, num_workers: int = 2, seed: int = 0,
                  normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256,
-                 tokenizer: str | None = None, state_tokens: int = 1, episodes: list[int] | None = None):
+                 tokenizer: str | None = None, state_tokens: int = 1, episodes: list[int] | None = None,
+                 depth_mm: dict[str, tuple[float, float]] | None = None):
         self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len
         # the episodes samples are drawn from (the training split); None: all of them
         self.episodes = None if episodes is None else set(episodes)
@@ -181,7 +261,10 @@ class SampleStream:
         self.state_tokens = state_tokens  # backbone tokens the model gives the state (see ModelConfig)
         self.window, self.shuffle_buffer, self.num_workers = window, shuffle_buffer, max(1, num_workers)
         self.seed, self.norm = seed, normalizer
-        self.with_video = with_video and bool(ds.video_keys)
+        self.with_video = with_video and bool(ds.camera_keys)
+        # the range each depth camera is scaled from: the model's own (continued training), else this dataset's
+        self.depth_mm = depth_mm if depth_mm is not None else \
+            ds.depth_ranges(ds.meta.dataset_stats()) if self.with_video else {}
         self.epoch, self.cursor = 0, 0
         self.buffer: list[int] = []  # global frame indices
         self.rng = random.Random(seed * 7919)
@@ -229,8 +312,8 @@ class SampleStream:
 
     def num_tokens(self, key: int, tokens_per_image: int) -> int:
         """Backbone tokens of a key's sample, known without decoding anything."""
-        cams = len(self.ds.video_keys) if self.with_video else 0
-        return cams * tokens_per_image + len(self._tokens[int(self.ds.task_index[key])]) + self.state_tokens
+        num_cams = len(self.ds.camera_keys) if self.with_video else 0
+        return num_cams * tokens_per_image + len(self._tokens[int(self.ds.task_index[key])]) + self.state_tokens
 
     def num_valid_steps(self, key: int) -> int:
         return int((~self.ds.action_chunk(key)[1]).sum())
@@ -255,7 +338,7 @@ class SampleStream:
                 self._cache.popitem(last=False)
 
     def _decode(self, ep: int, first: int, count: int) -> dict[str, np.ndarray]:
-        return {k: self.ds.decode_window(ep, k, first, count, self.image_size) for k in self.ds.video_keys}
+        return {k: self.ds.decode_window(ep, k, first, count, self.image_size) for k in self.ds.camera_keys}
 
     def materialize(self, keys: list[int]) -> list[Sample]:
         self.prefetch(keys)
@@ -268,7 +351,7 @@ class SampleStream:
             ep, first, _ = self._window_of(key)
             frames = self._cache[(ep, first)].result()
             j = int(ds.frame_index[key]) - first
-            images = [torch.from_numpy(frames[k][j]).permute(2, 0, 1).float().div_(255) for k in ds.video_keys]
+            images = [cams.to_model_input(frames[k][j:j + 1], self.depth_mm.get(k))[0] for k in ds.camera_keys]
         actions, pad = ds.action_chunk(key)
         state = ds.state[key]
         aux = ds.aux[key] if ds.aux is not None else None

@@ -9,6 +9,7 @@ where a case says why not: `superset` (roboloop reads what LeRobot 0.6.1 no long
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 from roboloop.datasets import stats
 from roboloop.datasets.generate import GenSpec, generate_v21
 
+_MEASURING = bool(os.environ.get("ROBOLOOP_MEASURE_LEROBOT_ERRORS"))
 TOP = "observation.images.top"
 BASE = GenSpec(num_episodes=4, min_length=8, max_length=14, cameras={TOP: (32, 48)}, seed=11, noise=8)
 
@@ -34,10 +36,13 @@ class Case:
     roboloop_refuses: str | None = None  # the defect code roboloop must name, None = accepts
     superset: str = ""  # why roboloop accepts what LeRobot refuses
     strict: str = ""  # why roboloop refuses what LeRobot accepts
+    # when LeRobot refuses: its exception type and a piece of its message naming the defect (measured)
+    lerobot_error: tuple[str, str] = ("", "")
 
     def __post_init__(self) -> None:
         accepts = self.roboloop_refuses is None
         assert accepts == self.lerobot_accepts or (self.superset if accepts else self.strict), self.name
+        assert self.lerobot_accepts or all(self.lerobot_error) or _MEASURING, f"{self.name}: say why LeRobot refuses it"
 
     def __str__(self) -> str:
         return self.name
@@ -85,7 +90,12 @@ def set_info(**fields) -> Callable[[Path], None]:
 
 # ---------------------------------------------------------------- LeRobot's own writer (v3.0)
 def lerobot_writer(cameras: dict[str, tuple[int, int]], images: dict[str, tuple[int, int]],
-                   tasks: list[str], num_episodes: int = 3, use_videos: bool = True) -> Callable[[Path], None]:
+                   tasks: list[str], num_episodes: int = 3, use_videos: bool = True,
+                   depth: dict[str, tuple[int, int]] | None = None) -> Callable[[Path], None]:
+    """LeRobot's `LeRobotDataset.create` + `add_frame`: `cameras` as video, `images` as PNGs in the parquet,
+    `depth` as (H, W, 1) uint16 millimetre maps flagged `is_depth_map` (its 12-bit HEVC depth video)."""
+    depth = depth or {}
+
     def build(dst: Path) -> None:
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
@@ -97,6 +107,9 @@ def lerobot_writer(cameras: dict[str, tuple[int, int]], images: dict[str, tuple[
             feats[key] = {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
         for key, (h, w) in images.items():
             feats[key] = {"dtype": "image", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
+        for key, (h, w) in depth.items():
+            feats[key] = {"dtype": "video", "shape": (h, w, 1), "names": ["height", "width", "channels"],
+                          "info": {"is_depth_map": True}}
         rng = np.random.default_rng(5)
         with _quiet():
             ds = LeRobotDataset.create("conformance/writer", fps=30, features=feats, root=dst, robot_type="so101",
@@ -111,6 +124,9 @@ def lerobot_writer(cameras: dict[str, tuple[int, int]], images: dict[str, tuple[
                         img[..., 1] = (np.arange(h)[:, None] * 5 + e * 40) % 256
                         img[..., 2] = 128
                         frame[key] = img
+                    for key, (h, w) in depth.items():  # a tilted plane 0.4-1.4 m away, moving with the frame
+                        mm = 400 + 9 * i + 60 * e + np.arange(w)[None, :] * 20 + np.arange(h)[:, None] * 7
+                        frame[key] = mm.astype(np.uint16)[..., None]
                     ds.add_frame(frame)
                 ds.save_episode()
             ds.finalize()
@@ -234,6 +250,9 @@ CASES = [
     Case("lerobot-writer: 2 video cameras, 3 tasks", lerobot_writer(WRITER_CAMS, {}, UNICODE_TASKS[:3]), True),
     Case("lerobot-writer: image features stored in parquet",
          lerobot_writer({}, {"observation.images.gripper": (24, 24)}, UNICODE_TASKS[:2], use_videos=False), True),
+    Case("lerobot-writer: video + image-in-parquet + depth cameras, mixed resolutions",
+         lerobot_writer({TOP: (32, 48)}, {"observation.image": (24, 24)}, UNICODE_TASKS[:2],
+                        depth={"observation.images.depth": (24, 32)}), True),
     Case("lerobot-writer: video + image features, metadata quirks edited in",
          then(lerobot_writer({TOP: (32, 48)}, {"observation.images.gripper": (16, 16)}, UNICODE_TASKS[:2]),
               nested_state_names, set_info(robot_type=None), unknown_keys), True),
@@ -256,20 +275,26 @@ CASES = [
     Case("v2.1 video + image feature in parquet", v21(image_keys={"observation.images.gripper": (16, 16)}), True),
     # ---- roboloop reads more than LeRobot 0.6.1
     Case("v2.0 layout (stats.json, no episodes_stats.jsonl)", then(v21(), v20_layout), False,
-         superset="LeRobot 0.6.1 dropped v2.0; roboloop computes per-episode stats from the data"),
+         superset="LeRobot 0.6.1 dropped v2.0; roboloop computes per-episode stats from the data",
+         lerobot_error=("ValueError", "codebase version 'v2.0', expected 'v2.1'")),
     Case("v2.1 without episodes_stats.jsonl", then(v21(), lambda d: (d / "meta/episodes_stats.jsonl").unlink()),
-         False, superset="per-episode stats are computed from the data (LeRobot's converter needs the file)"),
+         False, superset="per-episode stats are computed from the data (LeRobot's converter needs the file)",
+         lerobot_error=("FileNotFoundError", "meta/episodes_stats.jsonl")),
     # ---- both refuse; roboloop names the reason
-    Case("cloned without Git LFS (pointer files)", then(v21(), lfs_pointers), False, "lfs_pointer"),
-    Case("truncated parquet", then(v21(), truncate("data/*/*.parquet")), False, "corrupt_file"),
-    Case("missing video file", then(v21(), remove("videos/*/*/*.mp4")), False, "missing_file"),
+    Case("cloned without Git LFS (pointer files)", then(v21(), lfs_pointers), False, "lfs_pointer",
+         lerobot_error=("JSONDecodeError", "Expecting value: line 1 column 1")),  # names no file
+    Case("truncated parquet", then(v21(), truncate("data/*/*.parquet")), False, "corrupt_file",
+         lerobot_error=("ArrowInvalid", "Parquet magic bytes not found")),  # names no file
+    Case("missing video file", then(v21(), remove("videos/*/*/*.mp4")), False, "missing_file",
+         lerobot_error=("ValueError", "Number of episodes is not the same")),  # names no file
     Case("state shape disagrees with the data", then(v21(), set_feature("observation.state", shape=[7])), False,
-         "schema"),  # LeRobot: "DatasetGenerationError: An error occurred while generating the dataset"
+         "schema", lerobot_error=("DatasetGenerationError", "An error occurred while generating the dataset")),
     Case("v3 videos under video/ instead of videos/",
-         then(lerobot_writer(WRITER_CAMS, {}, UNICODE_TASKS[:1]), move_videos_dir), False, "misplaced_file"),
+         then(lerobot_writer(WRITER_CAMS, {}, UNICODE_TASKS[:1]), move_videos_dir), False, "misplaced_file",
+         lerobot_error=("OfflineModeIsEnabled", "huggingface.co")),  # looks for the videos on the Hub
     # ---- LeRobot reads them; training would break or learn garbage
     Case("truncated mp4 with its index in front (faststart)", then(v21(), faststart_then_truncate), False,
-         "corrupt_file"),  # LeRobot: "Invalid data found when processing input: '/tmp/....ffconcat'"
+         "corrupt_file", lerobot_error=("InvalidDataError", "Invalid data found when processing input")),
     Case("NaN in action", then(v21(), nan_in_action), True, "non_finite",
          strict="a NaN target makes the loss NaN at the first batch that holds it (and NaN quantile stats)"),
 ]

@@ -28,13 +28,16 @@ class Snapshot:
     action: np.ndarray
     bounds: list[tuple[int, int]]  # per episode [from, to)
     tasks: list[str]  # per episode: the task of its first frame
-    frames: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)  # key -> {global index: HxWx3 uint8}
+    # key -> {global index: HxWx3 uint8 (colour) or HxWx1 float32 millimetres (depth)}
+    frames: dict[str, dict[int, np.ndarray]] = field(default_factory=dict)
+    depth_keys: set[str] = field(default_factory=set)
 
 
 @dataclass
 class Outcome:
     ok: bool
     error: str = ""
+    error_type: str = ""
     root: Path | None = None  # the v3 dataset LeRobot read
     snapshot: Snapshot | None = None
 
@@ -77,13 +80,15 @@ def load(root: Path) -> Snapshot:
         snap = Snapshot(state=np.asarray(hf["observation.state"], dtype=np.float32)[order],
                         action=np.asarray(hf["action"], dtype=np.float32)[order], bounds=bounds, tasks=[])
         cams = [*ds.meta.video_keys, *ds.meta.image_keys]
+        snap.depth_keys = set(ds.meta.depth_keys)
         for i in sample_indices(bounds):
             item = ds[i]
             if any(i == lo for lo, _ in bounds):
                 snap.tasks.append(item["task"])
             for key in cams:
-                chw = item[key].numpy()
-                snap.frames.setdefault(key, {})[i] = np.round(chw.transpose(1, 2, 0) * 255).astype(np.uint8)
+                hwc = item[key].numpy().transpose(1, 2, 0)
+                snap.frames.setdefault(key, {})[i] = hwc.astype(np.float32) if key in snap.depth_keys else \
+                    np.round(hwc * 255).astype(np.uint8)
     return snap
 
 
@@ -95,5 +100,5 @@ def run(src: Path, work: Path) -> Outcome:
         version = json.loads((src / "meta/info.json").read_text())["codebase_version"]
         root = convert(src, work) if version != "v3.0" else src
         return Outcome(True, root=root, snapshot=load(root))
-    except Exception as e:  # LeRobot refuses with many exception types; the message is what we record
-        return Outcome(False, error=f"{type(e).__name__}: {e}"[:500])
+    except Exception as e:  # LeRobot refuses with many exception types; the type and message are what we record
+        return Outcome(False, error=f"{type(e).__name__}: {e}"[:500], error_type=type(e).__name__)

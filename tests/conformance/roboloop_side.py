@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
-import pyarrow.parquet as pq
 
 from roboloop.datasets.convert import ConvertConfig, convert
 from roboloop.datasets.report import Report
@@ -23,36 +19,19 @@ class Verdict:
 
 
 def load(v3: Path) -> Snapshot:
-    """What roboloop's trainer reads (`V3Dataset`), plus decoded camera frames at the sampled indices."""
+    """What roboloop's trainer reads (`V3Dataset`): state, action, bounds, tasks, and every camera (video,
+    image-in-parquet, depth) decoded by the training loader at its stored resolution."""
     from roboloop.training.data import V3Dataset
 
     ds = V3Dataset(v3)
     bounds = [(ds.ep_from[ep.episode_index], ds.ep_to[ep.episode_index]) for ep in ds.meta.episodes]
-    snap = Snapshot(state=ds.state, action=ds.action, bounds=bounds, tasks=[ds.task(lo) for lo, _ in bounds])
-    info = ds.meta.info
+    snap = Snapshot(state=ds.state, action=ds.action, bounds=bounds, tasks=[ds.task(lo) for lo, _ in bounds],
+                    depth_keys={c.key for c in ds.cameras if c.depth})
     for i in sample_indices(bounds):
         ep, frame = int(ds.episode_index[i]), int(ds.frame_index[i])
-        for key in ds.video_keys:
-            h, w = info.features[key].shape[:2]
-            snap.frames.setdefault(key, {})[i] = ds.decode_window(ep, key, frame, 1, (h, w))[0]
-    for key in info.image_keys:
-        snap.frames[key] = _parquet_images(v3, ds, key, sample_indices(bounds))
+        for key in ds.camera_keys:
+            snap.frames.setdefault(key, {})[i] = ds.decode_window(ep, key, frame, 1)[0]
     return snap
-
-
-def _parquet_images(v3: Path, ds, key: str, indices: list[int]) -> dict[int, np.ndarray]:
-    from PIL import Image
-
-    out = {}
-    for path in sorted((v3 / "data").rglob("*.parquet")):
-        table = pq.read_table(path, columns=["index", key])
-        where = {int(g): r for r, g in enumerate(table["index"].to_pylist())}
-        for i in indices:
-            if i in where:
-                cell = table[key][where[i]].as_py()
-                with Image.open(io.BytesIO(cell["bytes"])) as img:
-                    out[i] = np.asarray(img.convert("RGB"))
-    return out
 
 
 def run(src: Path, work: Path) -> Verdict:

@@ -23,6 +23,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning")]
 
 MAX_PIXEL_DIFF = 2  # colour conversion rounding; the same decoder (FFmpeg via PyAV) on both sides
+# depth: one 12-bit quantum of LeRobot's log quantiser at 10 m is 0.33% of the depth; +1 mm for the rounding
+DEPTH_REL, DEPTH_ABS_MM = 0.0035, 1.0
 
 
 def assert_same(ours: lerobot_side.Snapshot, theirs: lerobot_side.Snapshot) -> None:
@@ -31,9 +33,15 @@ def assert_same(ours: lerobot_side.Snapshot, theirs: lerobot_side.Snapshot) -> N
     np.testing.assert_array_equal(ours.action, theirs.action)
     assert ours.tasks == theirs.tasks
     assert set(ours.frames) == set(theirs.frames)
+    assert ours.depth_keys == theirs.depth_keys
     for key, frames in theirs.frames.items():
         assert set(ours.frames[key]) == set(frames), key
         for i, theirs_img in frames.items():
+            assert ours.frames[key][i].shape == theirs_img.shape, (key, i)
+            if key in theirs.depth_keys:  # millimetres, as LeRobot's loader returns them
+                np.testing.assert_allclose(ours.frames[key][i], theirs_img, rtol=DEPTH_REL, atol=DEPTH_ABS_MM,
+                                           err_msg=f"{key} frame {i}")
+                continue
             diff = np.abs(ours.frames[key][i].astype(int) - theirs_img.astype(int))
             assert diff.max() <= MAX_PIXEL_DIFF, f"{key} frame {i}: max diff {diff.max()}"
 
@@ -57,6 +65,9 @@ def built(tmp_path_factory):
 def test_conformance(case: Case, built):
     src, work, lerobot = built(case)
     assert lerobot.ok == case.lerobot_accepts, f"LeRobot's verdict changed: {lerobot.error or 'accepted'}"
+    if not lerobot.ok:  # the reason, not only that it refused: its exception type and what it names
+        want_type, want_text = case.lerobot_error
+        assert lerobot.error_type == want_type and want_text in lerobot.error, lerobot.error
     before = sorted((p.relative_to(src).as_posix(), p.stat().st_size) for p in src.rglob("*") if p.is_file())
     if case.roboloop_refuses:
         verdict = roboloop_side.run(src, work)
@@ -82,7 +93,7 @@ def test_conformance(case: Case, built):
 
 def test_matrix_covers_the_required_variants():
     names = " | ".join(c.name for c in CASES)
-    for needle in ("nested list", "lerobot-writer: 2 video", "image features stored in parquet", "names null",
+    for needle in ("nested list", "lerobot-writer: 2 video", "depth", "image features stored in parquet", "names null",
                    "dict of lists", "robot_type null", "unknown keys", "chunks_size", "float64 timestamps",
                    "int32", "splits", "v2.0 layout", "unicode"):
         assert needle in names, needle
