@@ -97,7 +97,7 @@ class _Workers:
         from roboloop.rl.workers import EnvWorker, Learner, RolloutWorker
 
         data = json.loads((model_dir / "config.json").read_text()).get("data", {})
-        camera = bool(data.get("with_video", True) and data.get("video_keys"))
+        camera = bool(data.get("with_video", True) and (data.get("camera_keys") or data.get("video_keys")))
         rl = cfg.model_dump()
         bundles = [{"CPU": 1.0, "GPU": cfg.learner_gpus} if cfg.learner_gpus else {"CPU": 1.0},
                    {"CPU": 1.0, "GPU": cfg.rollout_gpus} if cfg.rollout_gpus else {"CPU": 1.0}]
@@ -350,7 +350,12 @@ def _is_main_thread() -> bool:
 
 
 def run(cfg: RLConfig, on_event: Callable[[dict], None] = lambda e: None) -> RLResult:
-    return Run(cfg, on_event).run()
+    """One RL run into `cfg.output_dir`, locked for its whole length: a second run into the same folder at the
+    same time is refused, naming the first one's pid."""
+    out = Path(cfg.output_dir).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with fsutil.exclusive(fsutil.lock_path_for(out), f"RL folder {out}"):
+        return Run(cfg, on_event).run()
 
 
 def progress_line(event: dict) -> str:

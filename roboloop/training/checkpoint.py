@@ -4,11 +4,17 @@ A checkpoint holds model, optimizer, scheduler, RNG states and the data stream p
 a run killed at any instant restarts from the newest complete checkpoint and continues with
 exactly the batches an uninterrupted run would have seen. A heartbeat file next to them says
 the run is alive and at which step.
+
+`meta.json` (written last) lists every file's sha256: a checkpoint whose bytes changed since
+(a flipped bit, a copy cut short) is never resumed; `latest` falls back to the newest intact one
+and says why it skipped the others.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -20,6 +26,39 @@ import numpy as np
 import torch
 
 PREFIX = "step-"
+log = logging.getLogger(__name__)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _checksums(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): _sha256(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != "meta.json"}
+
+
+def damage(path: Path) -> str | None:
+    """Why the checkpoint at `path` cannot be trusted (a file missing, changed or extra), or None when every
+    file matches the checksums its meta.json recorded (checkpoints written before checksums: None)."""
+    try:
+        recorded = json.loads((path / "meta.json").read_text()).get("files")
+    except (OSError, ValueError) as e:
+        return f"{path / 'meta.json'} cannot be read ({e})"
+    if recorded is None:
+        return None
+    now = _checksums(path)
+    for rel, digest in recorded.items():
+        if rel not in now:
+            return f"{path / rel} is missing"
+        if now[rel] != digest:
+            return f"{path / rel} does not match its recorded sha256 (changed or cut short since it was written)"
+    extra = sorted(set(now) - set(recorded))
+    return f"{path / extra[0]} was not part of the checkpoint" if extra else None
 
 
 def rng_state() -> dict[str, Any]:
@@ -57,15 +96,27 @@ def save(ckpt_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Pa
             f.flush()
             os.fsync(f.fileno())
         _publish(tmp, final, {"step": step, "time": time.time()}, keep_last)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        _raise_disk_full(e, final)
         raise
     return final
 
 
+def _raise_disk_full(e: BaseException, final: Path) -> None:
+    """torch.save reports a full disk as "unexpected pos ..." (its zip writer), hiding the ENOSPC underneath."""
+    from roboloop.errors import DiskFullError
+
+    text = f"{e} {e.__cause__ or ''} {e.__context__ or ''}"
+    if getattr(e, "errno", None) == 28 or "No space left" in text or "unexpected pos" in text:
+        raise DiskFullError(f"no space left on the device while writing checkpoint {final}; the previous "
+                            "checkpoints are kept: free space and rerun to resume") from e
+
+
 def _publish(tmp: Path, final: Path, meta: dict[str, Any], keep_last: int) -> None:
-    """meta.json last (it marks the folder complete), then rename into place and prune old ones."""
-    (tmp / "meta.json").write_text(json.dumps(meta))
+    """meta.json last (it marks the folder complete, with every file's sha256), then rename into place and
+    prune old ones."""
+    (tmp / "meta.json").write_text(json.dumps({**meta, "files": _checksums(tmp)}))
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
@@ -83,12 +134,32 @@ def complete(ckpt_dir: Path) -> list[Path]:
 
 
 def latest(ckpt_dir: Path) -> Path | None:
+    """The newest intact checkpoint. Damaged ones are skipped with a warning naming the file; when every
+    checkpoint is damaged, CorruptFileError names the newest (resuming from nothing would silently restart)."""
+    from roboloop.errors import CorruptFileError
+
     found = complete(ckpt_dir)
-    return found[-1] if found else None
+    problems = []
+    for path in reversed(found):
+        why = damage(path)
+        if why is None:
+            for p in problems:
+                log.warning("skipping a damaged checkpoint: %s; resuming from %s", p, path.name)
+            return path
+        problems.append(why)
+    if problems:
+        raise CorruptFileError(f"every checkpoint in {ckpt_dir} is damaged ({problems[0]}); move the folder aside "
+                               "or train with resume=False to start over")
+    return None
 
 
 def load(path: Path) -> dict[str, Any]:
-    return torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    from roboloop.errors import CorruptFileError
+
+    try:
+        return torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, ValueError) as e:  # torch's zip reader names no file
+        raise CorruptFileError(f"{path / 'state.pt'} cannot be read ({str(e).splitlines()[0]})") from e
 
 
 def heartbeat(path: Path, step: int, **extra: Any) -> None:

@@ -29,7 +29,18 @@ def run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str]
     """Train `cfg` with torchrun on this node; returns the output folder. Raises on failure.
 
     The output folder is planned and claimed here, once (see `outdir`): a finished run of the same
-    config returns at once, another run's folder is refused before any rank starts."""
+    config returns at once, another run's folder is refused before any rank starts, and a run still writing
+    it (another process, this node) is refused with its pid: two runs never write one folder."""
+    out = Path(cfg.output_dir).absolute()
+    if launch.node_rank != 0:  # node 0's launcher holds the lock; the others join its run
+        return _run_torchrun(cfg, launch, on_line, env, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with fsutil.exclusive(fsutil.lock_path_for(out), f"training folder {out}"):
+        return _run_torchrun(cfg, launch, on_line, env, overwrite)
+
+
+def _run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str], None],
+                  env: dict[str, str] | None, overwrite: bool) -> Path:
     out = Path(cfg.output_dir)
     fingerprint = outdir.dataset_fingerprint(cfg.dataset)
     plan = outdir.plan(cfg, fingerprint, overwrite=overwrite)

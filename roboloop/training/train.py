@@ -65,10 +65,19 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def train(cfg: TrainConfig, overwrite: bool = False) -> TrainResult:
     """Train (or resume) into `cfg.output_dir`, which must be free or this run's (see `outdir`).
 
-    Under torchrun the parent (`run_torchrun`) has already planned and claimed the folder: ranks
-    only check it, they never move anything aside."""
+    Under torchrun the parent (`run_torchrun`) has already planned, claimed and locked the folder: ranks
+    only check it, they never move anything aside. Otherwise this process locks it for the whole run: a
+    second run into the same folder at the same time is refused, naming the first one's pid."""
+    if "LOCAL_RANK" in os.environ:
+        return _plan_and_train(cfg, overwrite, ranked=True)
+    out = Path(cfg.output_dir).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with fsutil.exclusive(fsutil.lock_path_for(out), f"training folder {out}"):
+        return _plan_and_train(cfg, overwrite, ranked=False)
+
+
+def _plan_and_train(cfg: TrainConfig, overwrite: bool, ranked: bool) -> TrainResult:
     fingerprint = outdir.dataset_fingerprint(cfg.dataset)
-    ranked = "LOCAL_RANK" in os.environ
     plan = outdir.plan(cfg, fingerprint, overwrite=overwrite and not ranked)
     if plan.action == "finished":
         return finished_result(Path(cfg.output_dir), cfg.steps)
@@ -112,8 +121,10 @@ class Trainer:
                                                                 cfg.val_fraction, cfg.seed)
         self.prec = precision.plan(cfg.precision, self.device.type, cfg.fp8_backend)
         self.model = VLAPolicy(mcfg)
+        self.depth_mm = ds.depth_ranges(ds.meta.dataset_stats()) if cfg.with_video else {}
         if cfg.init_from:
             self.stats = load_init(self.model, mcfg, Path(cfg.init_from), [ds.state_key, ds.action_key])
+            self.depth_mm.update(init_depth_ranges(Path(cfg.init_from)))  # the scaling its weights learnt
         else:
             st = ds.meta.dataset_stats()
             self.stats = {k: {s: v.tolist() for s, v in st[k].items()} for k in (ds.state_key, ds.action_key)
@@ -132,7 +143,8 @@ class Trainer:
         self.stream = SampleStream(ds, mcfg.image_size, mcfg.max_text_len, window=cfg.window,
                                    shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.num_workers, seed=cfg.seed,
                                    normalizer=norm, with_video=cfg.with_video, tokenizer=mcfg.tokenizer,
-                                   state_tokens=mcfg.num_state_tokens, episodes=self.train_episodes)
+                                   state_tokens=mcfg.num_state_tokens, episodes=self.train_episodes,
+                                   depth_mm=self.depth_mm)
         self.ckpt_dir = self.out / "checkpoints"
         self.start = self.resume()
         packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, mcfg.tokens_per_image, env.world_size)
@@ -144,6 +156,8 @@ class Trainer:
         log.info("model %s: %.2fM parameters, precision %s (%s), %s, device %s, rank %d/%d", cfg.preset,
                  num_parameters(self.model) / 1e6, self.prec.name, self.prec.reason,
                  cfg.strategy if env.world_size > 1 else "1 rank", self.device, env.rank, env.world_size)
+        if env.is_main:
+            log.info(camera_line(ds, cfg.with_video))
 
     def resume(self) -> int:
         """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""
@@ -189,7 +203,8 @@ class Trainer:
         weights = distributed.full_state_dict(self.model, self.sharded)
         if env.is_main:
             save_final(self.out, weights, self.mcfg.model_dump(), cfg, self.ds, self.stats,
-                       {"train_episodes": self.train_episodes, "validation_episodes": self.val_episodes})
+                       {"train_episodes": self.train_episodes, "validation_episodes": self.val_episodes},
+                       self.depth_mm)
         return TrainResult(self.out, last_loss, first_loss, cfg.steps, self.start)
 
     def train_step(self, step: int) -> tuple[float, dict]:
@@ -297,12 +312,31 @@ def load_init(model: torch.nn.Module, mcfg, init: Path, keys: list[str]) -> dict
     return {k: stats[k] for k in keys}
 
 
+def camera_line(ds: V3Dataset, with_video: bool) -> str:
+    """The run log's word on cameras: which the model sees, and any the dataset has that it does not."""
+    if not ds.cameras:
+        return "cameras: none in this dataset (state + language only)"
+    kinds = ", ".join(f"{c.key} ({'depth ' if c.depth else ''}{c.storage}, {c.height}x{c.width})" for c in ds.cameras)
+    if not with_video:
+        return f"cameras: NOT USED (with_video=False); the dataset has {kinds}"
+    return f"cameras: {kinds}"
+
+
+def init_depth_ranges(init: Path) -> dict[str, tuple[float, float]]:
+    data = json.loads((init / "config.json").read_text()).get("data", {})
+    return {c["key"]: tuple(c["depth_mm"]) for c in data.get("cameras", []) if c.get("depth_mm")}
+
+
 def save_final(out: Path, weights: dict[str, torch.Tensor], model_cfg: dict, cfg: TrainConfig,
-               ds: V3Dataset, stats: dict, split: dict) -> None:
+               ds: V3Dataset, stats: dict, split: dict, depth_mm: dict[str, tuple[float, float]] | None = None) -> None:
     """config, stats and plot first, the weights last: `model.safetensors` existing means the run finished."""
     from safetensors.torch import save_file
 
-    data = {"state_key": ds.state_key, "action_key": ds.action_key, "video_keys": list(ds.video_keys),
+    depth_mm = depth_mm or {}
+    used = [{**c.describe(), **({"depth_mm": list(depth_mm[c.key])} if c.key in depth_mm else {})}
+            for c in ds.cameras] if cfg.with_video else []
+    data = {"state_key": ds.state_key, "action_key": ds.action_key, "camera_keys": [c["key"] for c in used],
+            "cameras": used, "cameras_not_used": [] if cfg.with_video else [c.describe() for c in ds.cameras],
             "fps": ds.meta.info.fps, "with_video": cfg.with_video}
     fsutil.atomic_write_json(out / "config.json", {"model": model_cfg, "train": cfg.model_dump(), "data": data,
                                                    "split": split})
