@@ -139,7 +139,7 @@ def latest(ckpt_dir: Path) -> Path | None:
     from roboloop.errors import CorruptFileError
 
     found = complete(ckpt_dir)
-    problems = []
+    problems: list[str] = []
     for path in reversed(found):
         why = damage(path)
         if why is None:
