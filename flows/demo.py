@@ -10,7 +10,6 @@ machine, so `data.dvc` does not change).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -45,23 +44,11 @@ def main(argv: list[str] | None = None) -> int:
 
     with embedded():
         s = closed_loop(PRESETS[args.preset]())
-    r = s.decision
-    rnd = "n/a" if s.random_success_rate is None else f"{s.random_success_rate:.1%}"
     print("\n" + "=" * 72)
     print(f"closed loop finished in {time.time() - t0:.0f} s")
-    print(f"  dataset (v3, DVC md5 {s.dataset_md5}): {s.dataset_v3}")
-    print(f"  model (weights sha256 {s.weights_sha256[:16]}): {s.model}")
-    print(f"  evaluation run:      {s.eval_run}  (report.json, eval.png, videos/)")
-    print(f"  registry entry:      {r.name} v{r.version} in {r.registry} "
-          f"({'champion' if r.promoted else 'not promoted: ' + r.reason})")
-    if s.success_rate is not None and s.ci is not None:
-        print(f"  success rate:        policy {s.success_rate:.1%} (95% CI {s.ci[0]:.1%}-{s.ci[1]:.1%})  "
-              f"vs random {rnd}")
-    if s.offline is not None:
-        print(f"  offline (held-out):  normalised action-chunk MSE {s.offline.mse_norm:.4f} on episodes "
-              f"{s.offline.episodes}")
+    print("\n".join(s.human()))
     print("=" * 72)
-    print(json.dumps(s.model_dump(mode="json", exclude={"decision", "offline"}) | {"registry_version": r.version}))
+    print(s.json_line())
     return 0
 
 

@@ -36,12 +36,52 @@ def git_commit(repo: Path = REPO) -> str:
     return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
+# What shapes a stage's output besides its inputs and config: every cache key includes a hash of these.
+CODE_DIRS = ("roboloop", "tasks", "flows")  # the library and the Prefect adapters over it
+PINS = REPO / "constraints"  # the pinned package set
+_file_digests: dict[str, tuple[tuple[int, int], bytes]] = {}
+
+
+def _digest(p: Path) -> bytes:
+    """sha256 of a file, recomputed only when its size or mtime changed (keys are computed often)."""
+    st = p.stat()
+    sig = (st.st_size, st.st_mtime_ns)
+    hit = _file_digests.get(str(p))
+    if hit is None or hit[0] != sig:
+        hit = (sig, hashlib.sha256(p.read_bytes()).digest())
+        _file_digests[str(p)] = hit
+    return hit[1]
+
+
+def _assets(h: Any) -> None:
+    """The simulator assets in use: the shipped `assets/` by content; another $ISAACSIM_ASSET_ROOT (a mirror of
+    NVIDIA's server can be large) by each file's path, size and mtime."""
+    from roboloop.evaluation.assets import REPO_ASSETS, asset_root
+
+    root = asset_root()
+    if not root.is_dir():
+        h.update(f"assets:{root}:missing".encode())
+        return
+    shipped = root.resolve() == REPO_ASSETS.resolve()
+    for p in sorted(x for x in root.rglob("*") if x.is_file()):
+        h.update(str(p.relative_to(root)).encode())
+        st = p.stat()
+        h.update(_digest(p) if shipped else f"{st.st_size}:{st.st_mtime_ns}".encode())
+
+
 def code_version() -> str:
-    """Hash of the library's source: a cache key part that changes exactly when the code does."""
+    """Hash of everything that shapes an output besides its inputs and config: the code (`roboloop/`, `tasks/`,
+    `flows/`), the simulator assets (the task's USD), the pinned package set (`constraints/`) and the installed
+    versions of the packages that compute (torch, lerobot, isaaclab, ...). A cache key part that changes
+    exactly when one of them does."""
     h = hashlib.sha256()
-    for p in sorted((REPO / "roboloop").rglob("*.py")):
+    files = [p for d in CODE_DIRS for p in (REPO / d).rglob("*.py")]
+    files += [p for p in PINS.rglob("*") if p.is_file()] if PINS.is_dir() else []
+    for p in sorted(f for f in files if "__pycache__" not in f.parts):
         h.update(str(p.relative_to(REPO)).encode())
-        h.update(p.read_bytes())
+        h.update(_digest(p))
+    _assets(h)
+    h.update(json.dumps(package_versions(), sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
@@ -79,6 +119,8 @@ class Lineage(BaseModel):
     seed: int = 0
     metrics: dict[str, Any] = Field(description="training metrics (first/final loss, steps, ...)")
     eval: dict[str, Any] | None = Field(None, description="evaluation report (successes, episodes, CI, ...)")
+    baseline_eval: dict[str, Any] | None = Field(None, description="the random policy's report on the same "
+                                                 "episodes (what a first version must beat)")
     offline: OfflineSummary | None = Field(None, description="offline evaluation on held-out episodes (no simulator)")
     offline_eval: dict[str, Any] | None = Field(None, description="its key facts for the gate: dataset_md5, episodes, "
                                                 "stride, seed, mse_norm, per_episode")
@@ -91,15 +133,21 @@ class Lineage(BaseModel):
            configs: dict[str, Any], baseline: EvalSummary | None = None, offline: OfflineSummary | None = None,
            **kw: Any) -> Lineage:
         """A lineage from the stages' receipts (the flat fields derived from them)."""
-        ev = None
-        if evaluation is not None:
-            ev = {k: getattr(evaluation, k) for k in ("task", "episodes", "successes", "success_rate", "ci_low",
-                                                     "ci_high", "seed")}
-            ev["execute_steps"] = evaluation.execution.execute_steps
-            if evaluation.outcomes is not None:
-                ev["outcomes"] = evaluation.outcomes
+        ev = _eval_record(evaluation) if evaluation is not None else None
+        if baseline is not None:
+            kw.setdefault("baseline_eval", {**_eval_record(baseline), "policy": baseline.policy})
         return cls(raw=raw, dataset=dataset, model=model, evaluation=evaluation, baseline=baseline, offline=offline,
                    offline_eval=offline.gate_record() if offline is not None else None,
                    dataset_md5=dataset.md5, raw_dataset_md5=raw.md5 if raw else None, model_md5=model.md5,
                    config={**configs, "train": model.config}, seed=int(model.config.get("seed", 0)),
                    metrics={**model.metrics, "weights_sha256": model.weights_sha256}, eval=ev, **kw)
+
+
+def _eval_record(evaluation: EvalSummary) -> dict[str, Any]:
+    """An evaluation's key facts for the gate (flat, in lineage.json)."""
+    ev = {k: getattr(evaluation, k) for k in ("task", "episodes", "successes", "success_rate", "ci_low", "ci_high",
+                                              "seed")}
+    ev["execute_steps"] = evaluation.execution.execute_steps
+    if evaluation.outcomes is not None:
+        ev["outcomes"] = evaluation.outcomes
+    return ev

@@ -43,7 +43,8 @@ class LoopConfig(BaseModel):
     eval: EvalRecipe = Field(default_factory=EvalRecipe, description="task, episodes, execution settings")
     offline: OfflineRecipe = Field(default_factory=OfflineRecipe, description="how to score offline "
                                    "(evaluation: offline)")
-    baseline: bool = Field(True, description="also evaluate a random policy on the same episodes")
+    baseline: bool = Field(True, description="also evaluate a random policy on the same episodes; a first version "
+                           "becomes champion only if it beats it (without it, no first version is promoted)")
     baseline_episodes: int | None = Field(16, ge=1, description="the random policy's episodes (the first N of the "
                                           "policy's; each runs to the time limit); empty: all of them")
     model_name: str = Field("reach-vla", description="registry model name")

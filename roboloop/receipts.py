@@ -111,13 +111,20 @@ class OfflineSummary(Receipt):
     mae: list[float] = Field(default_factory=list, description="per action dimension, physical units")
     mae_norm: list[float] = Field(default_factory=list, description="per action dimension, / the action std")
     plot: str | None = None
+    baselines: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="trivial predictors scored on the same frames ({name: {mse_norm, "
+        "per_episode}}): mean_action, previous_action; a first model must beat the better one")
 
     def identity(self) -> str:
         return self.report_sha256
 
+    def best_baseline(self) -> tuple[str, dict[str, Any]] | None:
+        return min(self.baselines.items(), key=lambda kv: kv[1]["mse_norm"]) if self.baselines else None
+
     def gate_record(self) -> dict[str, Any]:
         """What the registry keeps for the promotion gate (lineage `offline_eval`)."""
-        return self.model_dump(include={"dataset_md5", "episodes", "stride", "seed", "mse_norm", "per_episode"})
+        return self.model_dump(include={"dataset_md5", "episodes", "stride", "seed", "mse_norm", "per_episode",
+                                        "baselines"})
 
 
 class Decision(Receipt):

@@ -51,12 +51,24 @@ def slug(text: str, limit: int = 48) -> str:
 
 
 # ---------------------------------------------------------------- data
+def trackable_in_place(path: str | Path) -> bool:
+    """May `track` DVC-track this folder where it is? Only inside the repository that holds the artifacts (the
+    demo's `data/`, tracked by the root's `data.dvc`). A user's folder anywhere else (their disk, a NAS, a
+    read-only mount) is never written to: not a `.dvc` file beside it, not a marker in it; the loop versions
+    its own copy under artifacts/ instead (see `convert`)."""
+    from roboloop import dvc
+
+    root = dvc.find_root(artifacts_root())
+    return root is not None and fsutil.inside(Path(path), root)
+
+
 def dataset_ref(path: str | Path, source: str | None = None, track: bool = False) -> DatasetRef:
     from roboloop import dvc
     from roboloop.datasets.meta import load_meta
 
     path = Path(path).absolute()
     meta = load_meta(path)
+    track = track and trackable_in_place(path)
     md5 = dvc.track(path).md5 if track else dir_md5(path)
     return DatasetRef(path=str(path), md5=md5, format=meta.version, num_episodes=len(meta.episodes),  # type: ignore[arg-type]
                       num_frames=sum(ep.length for ep in meta.episodes), fps=meta.info.fps, source=source,
@@ -84,11 +96,15 @@ def ingest(source: str, cache_dir: str | Path | None = None, deep: bool = False,
 
 def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = None, dst: str | Path | None = None,
             track: bool = False) -> DatasetRef:
-    """v2.x -> v3.0 (a v3.0 dataset is returned as is)."""
+    """v2.x -> v3.0. A v3.0 dataset is returned as is, unless it is to be tracked and could not be tracked where
+    it is (a folder outside the repository, an S3 download): then the loop versions a copy of it under
+    artifacts/ (the user's folder is only read)."""
     from roboloop.datasets.convert import convert as convert_dataset
 
     if raw.format == "v3.0":
-        return raw
+        if not track or raw.tracked:
+            return raw
+        return snapshot(raw, cache, dst)
     key = cache_key("convert", raw.md5, cfg.model_dump(exclude={"workers", "progress"}))
     if cache and (hit := cache.get(key, DatasetRef)):
         return hit
@@ -99,6 +115,31 @@ def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = No
     else:
         convert_dataset(raw.path, out, cfg.model_copy(update={"progress": False}), overwrite=False, marker=marker)
         ref = dataset_ref(out, source=raw.md5, track=track)
+    if cache:
+        cache.put(key, ref)
+    return ref
+
+
+def snapshot(raw: DatasetRef, cache: ReceiptCache | None = None, dst: str | Path | None = None) -> DatasetRef:
+    """A DVC-tracked copy of a v3.0 dataset that lives outside the repository, named by its content md5."""
+    key = cache_key("snapshot", raw.md5)
+    if cache and (hit := cache.get(key, DatasetRef)):
+        return hit
+    out = Path(dst) if dst else artifacts_root() / "datasets" / f"v3-{key.split('-')[-1][:16]}"
+    marker = fsutil.read_marker(out)
+    if not (marker and marker.get("key") == key and dir_md5(out, (fsutil.MARKER,)) == raw.md5):
+        import shutil
+
+        meta = {"format": "v3.0", "key": key}
+        with fsutil.exclusive(fsutil.lock_path_for(out), str(out), wait=True), \
+                fsutil.atomic_dir(out, "dataset_v3", overwrite=marker is not None, meta=meta) as tmp:
+            src = Path(raw.path)
+            for f in sorted(p for p in src.rglob("*") if p.is_file()):  # contents only: a read-only source's
+                (tmp / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)  # modes stay behind
+                shutil.copyfile(f, tmp / f.relative_to(src))
+            if dir_md5(tmp) != raw.md5:
+                raise ValueError(f"{raw.path} changed while it was being copied; run again once it is complete")
+    ref = dataset_ref(out, source=raw.md5, track=True)
     if cache:
         cache.put(key, ref)
     return ref
@@ -283,7 +324,10 @@ def evaluate_offline(model: ModelRef, data: DatasetRef, recipe: OfflineRecipe, e
                        policy_id=model.weights_sha256, dataset_md5=data.md5, episodes=r.episodes, samples=r.samples,
                        stride=r.stride, seed=recipe.seed, mse_norm=r.mse_norm,
                        per_episode={str(k): v for k, v in r.per_episode_mse_norm.items()},
-                       action_names=r.action_names, mae=r.mae, mae_norm=r.mae_norm, plot=r.plot)
+                       action_names=r.action_names, mae=r.mae, mae_norm=r.mae_norm, plot=r.plot,
+                       baselines={name: {"mse_norm": b["mse_norm"],
+                                         "per_episode": {str(k): v for k, v in b["per_episode"].items()}}
+                                  for name, b in r.baselines.items()})
     if cache:
         cache.put(key, s)
     return s

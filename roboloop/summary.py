@@ -76,12 +76,49 @@ class LoopSummary(BaseModel):
             o = self.offline
             lines.append(f"| held-out episodes {o.episodes} | normalised action-chunk MSE **{o.mse_norm:.4f}** "
                          f"({o.samples} frames; no simulator) |")
+            lines += [f"| baseline: {name.replace('_', ' ')} | normalised action-chunk MSE {b['mse_norm']:.4f} "
+                      "(same frames) |" for name, b in sorted(o.baselines.items())]
         if self.random_success_rate is not None:
             lines.append(f"| random policy | {self.random_success_rate:.1%} |")
         lines.append(f"| registry | `{d.name}` v{d.version} in `{d.registry}`; promoted: {d.promoted} |")
+        lines.append(f"| gate | {d.reason} |")
         if len(self.rounds) > 1:
             lines += ["", "| round | kind | episodes | success (95% CI) | registry |", "|---|---|---|---|---|"]
             lines += [f"| {r.round} | {r.kind} | {r.episodes} | {r.success_rate:.1%} "
                       f"({r.ci_low:.1%}-{r.ci_high:.1%}) | v{r.version}{' champion' if r.promoted else ''} |"
                       for r in self.rounds]
         return "\n".join(lines)
+
+    def human(self) -> list[str]:
+        """The lines `make demo` (and `roboloop loop`) print: where everything is, what it scored, what the gate
+        decided and against which baseline."""
+        r = self.decision
+        out = [f"  dataset (v3, DVC md5 {self.dataset_md5}): {self.dataset_v3}",
+               f"  model (weights sha256 {self.weights_sha256[:16]}): {self.model}",
+               f"  evaluation run:      {self.eval_run}" + (
+                   "  (offline.json, open_loop.png)" if self.offline else "  (report.json, eval.png, videos/)"),
+               f"  registry entry:      {r.name} v{r.version} in {r.registry} "
+               f"({'champion' if r.promoted else 'not promoted'})",
+               f"  gate:                {r.reason}"]
+        if self.success_rate is not None and self.ci is not None:
+            rnd = "n/a" if self.random_success_rate is None else f"{self.random_success_rate:.1%}"
+            out.append(f"  success rate:        policy {self.success_rate:.1%} (95% CI {self.ci[0]:.1%}-"
+                       f"{self.ci[1]:.1%})  vs random {rnd}")
+        if self.offline is not None:
+            o = self.offline
+            base = ", ".join(f"{k.replace('_', ' ')} {b['mse_norm']:.4f}" for k, b in sorted(o.baselines.items()))
+            out.append(f"  offline (held-out):  normalised action-chunk MSE {o.mse_norm:.4f} on episodes {o.episodes}"
+                       + (f"  vs baselines: {base}" if base else ""))
+        return out
+
+    def json_line(self) -> str:
+        """The summary as one JSON line (the last line `make demo` and `roboloop loop` print)."""
+        import json
+
+        d = self.model_dump(mode="json", exclude={"decision", "offline"})
+        d |= {"registry_version": self.decision.version, "promoted": self.decision.promoted,
+              "gate": self.decision.reason}
+        if self.offline is not None:
+            d |= {"offline_mse_norm": self.offline.mse_norm,
+                  "offline_baselines": {k: b["mse_norm"] for k, b in self.offline.baselines.items()}}
+        return json.dumps(d)

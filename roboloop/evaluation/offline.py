@@ -7,6 +7,12 @@ frames (steps past the episode's end are not counted). Errors are reported per a
 dimension in physical units (the dataset's) and normalised by the action std the model
 was trained with, so dimensions in radians and in metres can be summed. A seeded noise
 generator makes two models' predictions comparable frame by frame (`compare`).
+
+Two trivial predictors are scored on the same frames, so a number means something on its own
+and a first model has something to beat (the promotion gate uses the better of them):
+`mean_action` predicts the training mean action at every step (normalised MSE about 1 by
+construction), `previous_action` repeats the action recorded just before the frame (what a
+robot holding its last command would do; the mean action at an episode's first frame).
 """
 
 from __future__ import annotations
@@ -53,10 +59,23 @@ class OfflineReport:
     first_action_mae: list[float]  # the action executed next, per dimension (physical units)
     plot: str | None = None
     per_episode_mse_norm: dict[int, float] = field(default_factory=dict)
+    # trivial predictors on the same frames: {name: {"mse_norm": x, "per_episode": {episode: x}}}
+    baselines: dict[str, dict] = field(default_factory=dict)
 
     def line(self) -> str:
         d = {k: v for k, v in asdict(self).items() if k != "per_episode_mse_norm"}
+        d["baselines"] = {k: b["mse_norm"] for k, b in self.baselines.items()}
         return json.dumps(d)
+
+
+def baseline_predictions(ds, keys: np.ndarray, mean_action: np.ndarray, horizon: int) -> dict[str, np.ndarray]:
+    """(N, H, A) chunks of the trivial predictors at frames `keys` (see the module docstring)."""
+    n = len(keys)
+    mean = np.broadcast_to(mean_action.astype(np.float32), (n, horizon, mean_action.shape[-1]))
+    first = ds.frame_index[keys] == 0
+    prev = ds.action[np.maximum(keys - 1, 0)].astype(np.float32)
+    prev[first] = mean_action
+    return {"mean_action": np.ascontiguousarray(mean), "previous_action": np.repeat(prev[:, None], horizon, axis=1)}
 
 
 def _load(dataset: str | Path, model_dir: str | Path, device: str, seed: int):
@@ -91,7 +110,11 @@ def predict(policy, ds, episodes: list[int], stride: int = 1, batch: int = 64) -
     """Predicted chunks (physical units) and the recorded ones at every `stride`-th frame of `episodes`."""
     keys = [ds.ep_from[e] + f for e in episodes for f in range(0, ds.ep_to[e] - ds.ep_from[e], stride)]
     frames: dict = {}
-    vkeys = (policy.data.get("video_keys") or []) if policy.data.get("with_video", True) else []
+    vkeys = policy.camera_keys
+    missing = [k for k in vkeys if k not in ds.camera_keys]
+    if missing:
+        raise ValueError(f"{ds.root}: the model sees cameras {missing} this dataset does not have (it has "
+                         f"{ds.camera_keys}): score it on the dataset it was trained on")
     preds, targets, valid = [], [], []
     for lo in range(0, len(keys), batch):
         ks = keys[lo:lo + batch]
@@ -128,11 +151,21 @@ def evaluate_offline(dataset: str | Path, model_dir: str | Path, episodes: str |
     if len(names) != std.shape[0]:
         names = [f"{ds.action_key}[{i}]" for i in range(std.shape[0])]
     per_ep = {int(ep): float(e["per_sample_mse_norm"][p["episode"] == ep].mean()) for ep in eps}
+    if not all(math.isfinite(x) for x in [*per_ep.values(), *e["mae"].tolist()]):
+        bad = sorted(ep for ep, x in per_ep.items() if not math.isfinite(x))
+        raise ValueError(f"{dataset}: the scores of episodes {bad[:5]} are not finite (NaN or inf in the model's "
+                         "predictions or in the recorded actions); check the data with roboloop validate")
+    baselines = {}
+    mean_action = np.asarray(policy.stats[ds.action_key]["mean"], dtype=np.float32)
+    for name, pred in baseline_predictions(ds, p["keys"], mean_action, p["pred"].shape[1]).items():
+        be = chunk_errors(pred, p["target"], p["valid"], std)["per_sample_mse_norm"]
+        baselines[name] = {"mse_norm": float(be.mean()),
+                           "per_episode": {int(ep): float(be[p["episode"] == ep].mean()) for ep in eps}}
     report = OfflineReport(dataset=str(Path(dataset).absolute()), policy=str(Path(model_dir).absolute()),
                            episodes=eps, split=split, samples=len(p["keys"]), stride=stride, action_names=names,
                            mae=e["mae"].tolist(), rmse=e["rmse"].tolist(), mae_norm=e["mae_norm"].tolist(),
                            rmse_norm=e["rmse_norm"].tolist(), mse_norm=float(e["per_sample_mse_norm"].mean()),
-                           first_action_mae=first.tolist(), per_episode_mse_norm=per_ep)
+                           first_action_mae=first.tolist(), per_episode_mse_norm=per_ep, baselines=baselines)
     if output_dir is not None:
         if Path(output_dir).exists():
             raise FileExistsError(f"{output_dir} already exists: offline evaluation writes a new folder; choose "

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from roboloop import fsutil
-from roboloop.binomial import non_inferior, paired_error_gate, paired_gate
+from roboloop.binomial import non_inferior, paired_difference, paired_error_gate, paired_gate
 from roboloop.datasets import layout
 from roboloop.errors import RoboloopError
 from roboloop.registry.store import PreconditionFailed, open_store
@@ -285,7 +285,7 @@ class Registry:
             al, etag = self.aliases(name)
             champ = al.get("champion")
             if champ is None:
-                ok, reason = True, "no champion yet"
+                ok, reason = (True, "forced (no champion yet)") if force else _first_gate(ev, alpha)
             elif champ == v:
                 ok, reason = True, "already champion"
             elif force:
@@ -333,6 +333,9 @@ class Registry:
                                 "evaluation; evaluate it before promoting")
         out: dict[str, Any] = {"successes": int(ev["successes"]), "episodes": int(ev["episodes"]),
                                **{k: ev.get(k) for k in ("task", "seed", "execute_steps")}}
+        base = lin.get("baseline_eval")
+        if isinstance(base, dict) and isinstance(base.get("successes"), int) and isinstance(base.get("episodes"), int):
+            out["baseline"] = base
         if off is not None:
             out["offline"] = off
         o = ev.get("outcomes")
@@ -343,6 +346,48 @@ class Registry:
                                           f"({out['successes']}/{out['episodes']}); refusing to use them")
             out["outcomes"] = o
         return out
+
+
+def _first_gate(ev: dict[str, Any], alpha: float) -> tuple[bool, str]:
+    """No champion yet: the version must beat a baseline on the same episodes, with evidence (one-sided 1 - alpha):
+    the random policy in simulation (paired by episode when both played numbered episodes of the same task and
+    seed), the better trivial predictor offline (paired by held-out episode). Without a baseline it is not
+    promoted: 'no champion yet' is no evidence that a model works."""
+    if "successes" in ev:
+        base = ev.get("baseline")
+        if not base:
+            return False, ("first version, and no baseline was evaluated on its episodes (evaluate the random policy "
+                           "too, or promote with force): not promoted")
+        return _beats_random(ev, base, alpha)
+    off = ev.get("offline") or {}
+    baselines = off.get("baselines") or {}
+    if not baselines:
+        return False, "first version, and no baseline was scored on its held-out episodes: not promoted"
+    name, b = min(baselines.items(), key=lambda kv: kv[1]["mse_norm"])
+    ok, why = paired_error_gate(off["per_episode"], b["per_episode"], margin=0.0, alpha=alpha)
+    why = why.replace("challenger - champion", f"this - {name} baseline").replace("margin x champion", "0")
+    verdict = "better than the baseline: champion" if ok else "not shown better than the baseline: not promoted"
+    return ok, f"first version vs {name} baseline (mse_norm {b['mse_norm']:.4f}): {why}; {verdict}"
+
+
+def _beats_random(ev: dict[str, Any], base: dict[str, Any], alpha: float) -> tuple[bool, str]:
+    from statistics import NormalDist
+
+    s, n, bs, bn = ev["successes"], ev["episodes"], base["successes"], base["episodes"]
+    head = f"first version {s}/{n} vs {base.get('policy', 'random')} baseline {bs}/{bn}"
+    same = all(ev.get(k) == base.get(k) and ev.get(k) is not None for k in ("task", "seed"))
+    if same and ev.get("outcomes") and base.get("outcomes"):
+        z = NormalDist().inv_cdf(1 - alpha)
+        r = paired_difference({i: c == "1" for i, c in enumerate(ev["outcomes"])},
+                              {i: c == "1" for i, c in enumerate(base["outcomes"])}, margin=0.0, z=z)
+        ok = r["ci_low"] > 0
+        why = (f"paired over {r['episodes']} episodes: {r['diff']:+.3f}, {100 * (1 - alpha):.0f}% lower bound "
+               f"{r['ci_low']:+.3f}")
+    else:
+        ok, _p, why = non_inferior(s, n, bs, bn, 0.0, alpha)
+        why = f"unpaired: {why}"
+    return ok, f"{head}, {why}: " + ("better than the baseline: champion" if ok else
+                                     "not shown better than the baseline: not promoted")
 
 
 def _gate(new: dict[str, Any], old: dict[str, Any], margin: float, alpha: float) -> tuple[bool, str]:

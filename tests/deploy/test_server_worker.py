@@ -105,7 +105,7 @@ def _reach_models(tmp: Path, registry: Path) -> list[str]:
                       eval={"successes": 1, "episodes": 10})
         v = reg.register("reach-vla", model.path, lin.model_dump(mode="json"))
         if seed == 0:
-            reg.promote("reach-vla", v)
+            reg.promote("reach-vla", v, force=True)  # the test sets a champion (1/10 beats no baseline)
         shas.append(model.weights_sha256)
     return shas
 
@@ -211,7 +211,7 @@ def test_registering_a_version_starts_its_evaluation_and_a_promotion_posts_a_rep
     lineage = {"git_commit": "abc", "dataset_md5": "x.dir", "config": {"a": 1}, "metrics": {"final_loss": 1.0},
                "eval": {"task": "Roboloop-Reach-Color-v0", "episodes": 10, "successes": 9}}
     v = reg.register("reach-vla", model, lineage)
-    reg.promote("reach-vla", v)
+    reg.promote("reach-vla", v, force=True)
     ref = f"registry:{reg.uri}#reach-vla@{v}"
     code = ("from roboloop.receipts import Decision\nfrom tasks.events import model_events\n"
             f"print(model_events(Decision(registry={reg.uri!r}, name='reach-vla', version={v}, "

@@ -113,7 +113,8 @@ def tiny_model(v3_dataset, tmp_path_factory) -> Path:
 
 def lineage(successes: int = 3, episodes: int = 10) -> dict:
     return {"git_commit": "abc123", "dataset_md5": "d41d8cd98f00b204e9800998ecf8427e.dir", "config": {"lr": 1e-3},
-            "metrics": {"final_loss": 0.1}, "eval": {"successes": successes, "episodes": episodes}}
+            "metrics": {"final_loss": 0.1}, "eval": {"successes": successes, "episodes": episodes},
+            "baseline_eval": {"successes": 0, "episodes": episodes, "policy": "random"}}
 
 
 @pytest.fixture

@@ -39,10 +39,14 @@ def _cfg(root) -> LoopConfig:
 def test_closed_loop_end_to_end_cached_restored_and_reproduced(loop_env):
     root, cfg = loop_env, _cfg(loop_env)
     first = closed_loop(cfg)
-    assert first.decision.version == 1 and first.decision.promoted  # first model: champion
-    assert 0.0 <= first.success_rate <= 1.0 and first.random_success_rate is not None
+    # a first model must beat the random policy on the same episodes to become champion
+    assert first.decision.version == 1 and first.decision.reason.startswith("first version "), first.decision.reason
+    assert first.random_success_rate is not None and "random baseline" in first.decision.reason
+    ev = json.loads((Path(first.eval_run) / "report.json").read_text())
+    assert ev["successes"] == round(first.success_rate * ev["episodes"]) and ev["episodes"] == 6
     reg = Registry(root / "registry")
-    lineage = reg.lineage("reach-vla", "champion")
+    lineage = reg.lineage("reach-vla", 1)
+    assert lineage["baseline_eval"]["policy"] == "random" and lineage["baseline_eval"]["episodes"] == 6
     assert lineage["dataset_md5"] == first.dataset_md5 and lineage["model"]["weights_sha256"] == first.weights_sha256
     assert lineage["eval"]["episodes"] == 6 and lineage["git_commit"] and lineage["raw"]["format"] == "v2.1"
     assert list((root / "artifacts" / "datasets").glob("v3-*.dvc")) and (root / "data.dvc").exists()

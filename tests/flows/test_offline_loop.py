@@ -33,12 +33,19 @@ def test_offline_loop_scores_held_out_episodes_and_gates_paired(dvc_repo, monkey
     lerobot_writer({"observation.images.top": (32, 32)}, {}, ["pick the cube", "place it"], num_episodes=6)(robot)
 
     first = closed_loop(_cfg(robot))
-    assert first.success_rate is None and first.offline is not None and first.decision.promoted
+    assert first.success_rate is None and first.offline is not None
+    # 6 steps of training do not beat predicting the mean action on the held-out frames: registered, not promoted
+    base = first.offline.baselines
+    assert set(base) == {"mean_action", "previous_action"} and 0.5 < base["mean_action"]["mse_norm"] < 2
+    assert not first.decision.promoted and first.decision.reason.startswith("first version vs "), first.decision.reason
+    assert "baseline: mean action" in first.markdown()
+    Registry(dvc_repo / "registry").promote("arm", 1, force=True)  # a person decides; the paired gate follows
     held_out = first.offline.episodes
     assert len(held_out) == 2 and first.offline.samples > 0 and first.offline.mse_norm > 0
     lin = Registry(dvc_repo / "registry").lineage("arm", 1)
     assert lin["offline_eval"]["episodes"] == held_out and lin["eval"] is None
     assert "held-out episodes" in str(Artifact.get("closed-loop-report").data)
+    assert "baseline: mean action" in str(Artifact.get("closed-loop-report").data)
     assert Artifact.get(f"eval-offline-{first.weights_sha256[:12]}") is not None
 
     second = closed_loop(_cfg(robot, steps=8))  # same data and split: paired over the same held-out episodes
@@ -50,3 +57,36 @@ def test_offline_loop_scores_held_out_episodes_and_gates_paired(dvc_repo, monkey
     lerobot_writer({"observation.images.top": (32, 32)}, {}, ["pick the cube", "place it"], num_episodes=9)(more)
     third = closed_loop(_cfg(more))
     assert third.decision.reason.startswith("offline, paired over"), third.decision.reason
+
+
+def _tree(root):
+    """Every file and folder below `root` with its mode, size and bytes' hash: 'byte for byte unchanged'."""
+    import hashlib
+
+    return sorted((p.relative_to(root).as_posix(), p.stat().st_mode, p.is_file() and p.stat().st_size,
+                   p.is_file() and hashlib.sha256(p.read_bytes()).hexdigest()) for p in [root, *root.rglob("*")])
+
+
+def test_loop_on_a_read_only_source_outside_the_repository_tracks_its_own_copy(dvc_repo, monkeypatch,
+                                                                              tmp_path_factory):
+    import os
+    import stat
+
+    from tests.conformance.cases import lerobot_writer
+
+    for k, sub in (("ROBOLOOP_REGISTRY", "registry"), ("ROBOLOOP_ARTIFACTS", "artifacts"),
+                   ("ROBOLOOP_CACHE_DIR", "cache")):
+        monkeypatch.setenv(k, str(dvc_repo / sub))
+    outside = tmp_path_factory.mktemp("nas") / "my_robot"  # not below the repository
+    lerobot_writer({"observation.images.top": (32, 32)}, {}, ["pick the cube"], num_episodes=6)(outside)
+    for p in [outside, *outside.rglob("*")]:  # read-only, as a mounted share would be
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    before, siblings = _tree(outside), sorted(os.listdir(outside.parent))
+
+    s = closed_loop(_cfg(outside).model_copy(update={"track": True}))
+    assert s.decision.version == 1
+    assert _tree(outside) == before and sorted(os.listdir(outside.parent)) == siblings  # no .dvc beside it
+    copy = dvc_repo / "artifacts" / "datasets"
+    assert s.dataset_v3.startswith(str(copy)) and (copy / f"{s.dataset_v3.split('/')[-1]}.dvc").is_file()
+    lin = Registry(dvc_repo / "registry").lineage("arm", 1)
+    assert lin["raw"]["path"] == str(outside) and lin["raw"]["tracked"] is False and lin["dataset_md5"] == s.dataset_md5

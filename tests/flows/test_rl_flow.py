@@ -25,7 +25,7 @@ def test_rl_flow_registers_a_child_of_the_champion(tmp_path, monkeypatch):
                "metrics": {"final_loss": 1.0}, "eval": {"task": "Roboloop-Reach-Color-v0", "seed": 0,
                                                        "execute_steps": 4, "episodes": 4, "successes": 0,
                                                        "outcomes": "0000"}}
-    reg.promote("reach", reg.register("reach", _untrained_model(tmp_path / "bc"), lineage))
+    reg.promote("reach", reg.register("reach", _untrained_model(tmp_path / "bc"), lineage), force=True)
 
     rl = RLRecipe(mode="sync", env_steps=2 * 256, env_workers=2, envs_per_worker=4, segment_decisions=4,
                   segments_per_update=2, epochs=1, minibatch=32, critic_warmup_updates=0)

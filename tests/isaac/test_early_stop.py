@@ -25,7 +25,7 @@ def test_evaluation_stops_once_the_paired_decision_is_certain(tmp_path, monkeypa
     lineage = {"git_commit": "abc", "dataset_md5": "x.dir", "config": {"a": 1}, "metrics": {"final_loss": 1.0},
                "eval": {"task": "Roboloop-Reach-Color-v0", "seed": 0, "execute_steps": 4, "episodes": 48,
                         "successes": 0, "outcomes": "0" * 48}}
-    reg.promote("reach", reg.register("reach", weak, lineage))
+    reg.promote("reach", reg.register("reach", weak, lineage), force=True)  # 0/48 beats no baseline: set by hand
     recipe = EvalRecipe(episodes=48, num_envs=16, execute_steps=4, videos=0, early_stop=True)
     s = stages.evaluate("expert", recipe, against="reach", registry=str(reg.uri), on_line=lambda _l: None)
     assert s.episodes == 16 and s.planned_episodes == 48 and s.successes == 16, s

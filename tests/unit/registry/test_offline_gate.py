@@ -20,11 +20,14 @@ def _model(tmp_path, tag: str):
     return d
 
 
-def _offline(per: dict[int, float], dataset: str = "aa.dir", stride: int = 4) -> dict:
+def _offline(per: dict[int, float], dataset: str = "aa.dir", stride: int = 4, mean_action: float = 1.0) -> dict:
+    base = {str(k): mean_action + 0.01 * (k % 3) for k in per}  # the mean-action predictor on the same episodes
     return {"git_commit": "abc", "dataset_md5": dataset, "config": {"x": 1}, "metrics": {"final_loss": 0.1},
             "offline_eval": {"dataset_md5": dataset, "episodes": sorted(per), "stride": stride, "seed": 0,
                              "mse_norm": sum(per.values()) / len(per),
-                             "per_episode": {str(k): v for k, v in per.items()}}}
+                             "per_episode": {str(k): v for k, v in per.items()},
+                             "baselines": {"mean_action": {"mse_norm": sum(base.values()) / len(base),
+                                                           "per_episode": base}}}}
 
 
 def test_paired_error_gate_by_hand():
@@ -53,6 +56,23 @@ def test_offline_versions_are_paired_over_their_held_out_episodes(tmp_path):
     assert not d.promoted and reg.resolve("arm", "champion") == 2
 
 
+def test_a_first_offline_version_must_beat_the_trivial_predictors(tmp_path):
+    """The G1 case: a first model worse than predicting the mean action (mse_norm 1.57 vs ~1.0) is registered and
+    not promoted; one clearly better on every held-out episode becomes champion."""
+    reg = Registry(tmp_path / "reg")
+    bad = {3: 1.5, 7: 1.6, 11: 1.62, 15: 1.55}
+    d = reg.promote("arm", reg.register("arm", _model(tmp_path, "1"), _offline(bad)))
+    assert not d.promoted and d.reason.startswith("first version vs mean_action baseline (mse_norm 1.0"), d.reason
+    assert "not promoted" in d.reason and reg.aliases("arm")[0].get("champion") is None
+    good = {3: 0.3, 7: 0.25, 11: 0.4, 15: 0.35}
+    d = reg.promote("arm", reg.register("arm", _model(tmp_path, "2"), _offline(good)))
+    assert d.promoted and "better than the baseline: champion" in d.reason, d.reason
+    no_base = _offline(good)
+    del no_base["offline_eval"]["baselines"]
+    reg2 = Registry(tmp_path / "reg2")
+    assert not reg2.promote("arm", reg2.register("arm", _model(tmp_path, "3"), no_base)).promoted
+
+
 def test_a_champion_scored_elsewhere_is_rescored_on_the_challengers_episodes(tmp_path):
     """New data version: the champion's held-out episodes are not the challenger's. Without a way to rescore it
     the gate refuses to promote; with one, the champion is scored once on the challenger's episodes."""
@@ -76,7 +96,7 @@ def test_a_champion_scored_elsewhere_is_rescored_on_the_challengers_episodes(tmp
 def test_a_simulator_champion_and_an_offline_challenger_are_not_compared_blindly(tmp_path):
     reg = Registry(tmp_path / "reg")
     sim = {"git_commit": "abc", "dataset_md5": "a.dir", "config": {"x": 1}, "metrics": {"l": 1},
-           "eval": {"successes": 9, "episodes": 10}}
+           "eval": {"successes": 9, "episodes": 10}, "baseline_eval": {"successes": 0, "episodes": 10}}
     reg.promote("arm", reg.register("arm", _model(tmp_path, "1"), sim))
     d = reg.promote("arm", reg.register("arm", _model(tmp_path, "2"), _offline({0: 0.1, 1: 0.2})))
     assert not d.promoted and "not comparable" in d.reason

@@ -26,7 +26,8 @@ def _model(tmp_path, tag: str, size: int = 1000):
 
 def _lineage(successes: int, episodes: int = 100) -> dict:
     return {"git_commit": "abc123", "dataset_md5": "d41d8cd98f00b204e9800998ecf8427e.dir", "config": {"lr": 1e-3},
-            "metrics": {"final_loss": 0.1}, "eval": {"successes": successes, "episodes": episodes}}
+            "metrics": {"final_loss": 0.1}, "eval": {"successes": successes, "episodes": episodes},
+            "baseline_eval": {"successes": 0, "episodes": 16, "policy": "random"}}
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -60,7 +61,8 @@ def test_version_without_lineage_is_refused(registry, tmp_path):
 
 def test_promotion_gate(registry, tmp_path):
     v1 = registry.register("reach", _model(tmp_path, "1"), _lineage(80))
-    assert registry.promote("reach", v1).promoted  # first one: no champion yet
+    d = registry.promote("reach", v1)  # first one: it must beat the random baseline
+    assert d.promoted and d.reason.startswith("first version 80/100 vs random baseline 0/16, unpaired"), d.reason
     worse = registry.register("reach", _model(tmp_path, "2"), _lineage(50))
     d = registry.promote("reach", worse, margin=0.05)
     assert not d.promoted and "champion 80/100" in d.reason
@@ -101,6 +103,33 @@ def test_promotion_gate_pairs_the_same_episodes(tmp_path):
     d = registry.promote("reach", registry.register("reach", _model(tmp_path, "5"), _paired(champ, seed=1)))
     assert d.reason.startswith("unpaired (not the same episodes)") and not d.promoted, d.reason
     assert registry.resolve("reach", "champion") == 2
+
+
+def test_a_first_version_must_beat_the_random_baseline_on_the_same_episodes(tmp_path):
+    """No champion is no evidence: a 0% first model (or 2/16 against random's 1/16) is registered, not promoted;
+    without a baseline at all it is not promoted either, unless forced."""
+    registry = Registry(tmp_path / "registry")
+
+    def lin(model: str, random: str | None) -> dict:
+        out = _paired(model)
+        out["baseline_eval"] = None if random is None else {
+            "successes": random.count("1"), "episodes": len(random), "task": "Roboloop-Reach-Color-v0", "seed": 0,
+            "execute_steps": 4, "outcomes": random, "policy": "random"}
+        return out
+
+    d = registry.promote("reach", registry.register("reach", _model(tmp_path, "0"), lin("0" * 50, "0" * 16)))
+    assert not d.promoted and "not shown better than the baseline" in d.reason, d.reason
+    assert registry.aliases("reach")[0].get("champion") is None
+    d = registry.promote("reach", registry.register("reach", _model(tmp_path, "1"), lin("01" + "0" * 48,
+                                                                                          "1" + "0" * 15)))
+    assert not d.promoted, d.reason
+    assert d.reason.startswith("first version 1/50 vs random baseline 1/16, paired over 16"), d.reason
+    d = registry.promote("reach", registry.register("reach", _model(tmp_path, "2"), lin("1" * 50, None)))
+    assert not d.promoted and "no baseline" in d.reason, d.reason
+    d = registry.promote("reach", registry.register("reach", _model(tmp_path, "3"), lin("1" * 12 + "0" * 38,
+                                                                                          "0" * 16)))
+    assert d.promoted and "paired over 16 episodes: +0.750" in d.reason, d.reason
+    assert registry.promote("reach", 2, force=True).promoted  # a person may still decide
 
 
 def test_outcomes_that_disagree_with_the_counts_are_refused(tmp_path):

@@ -1,0 +1,53 @@
+"""Cache keys change with everything that shapes an output, not only the library's Python.
+
+A cached evaluation must not survive a changed task asset, a changed Prefect task or flow, or a new pin:
+each of them is edited here in a scratch copy of the repository's layout, and the key must move.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from roboloop import lineage
+from roboloop.cache import cache_key
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    for d, name in (("roboloop", "a.py"), ("tasks", "t.py"), ("flows", "f.py"), ("constraints", "py312.txt")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / name).write_text("x = 1\n")
+    shutil.copytree(REPO / "assets", tmp_path / "assets")
+    monkeypatch.setattr(lineage, "REPO", tmp_path)
+    monkeypatch.setattr(lineage, "PINS", tmp_path / "constraints")
+    monkeypatch.setenv("ISAACSIM_ASSET_ROOT", str(tmp_path / "assets"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("rel", ["roboloop/a.py", "tasks/t.py", "flows/f.py", "constraints/py312.txt",
+                                 "assets/Isaac/IsaacLab/Robots/Roboloop/ReachArm/reach_arm.usda"])
+def test_a_change_to_what_shapes_an_output_changes_every_key(scratch, rel):
+    before = cache_key("evaluate", "weights", {"task": "Roboloop-Reach-Color-v0"})
+    assert cache_key("evaluate", "weights", {"task": "Roboloop-Reach-Color-v0"}) == before  # stable
+    with open(scratch / rel, "a") as f:
+        f.write("\n# edited\n")
+    assert cache_key("evaluate", "weights", {"task": "Roboloop-Reach-Color-v0"}) != before, rel
+
+
+def test_the_shipped_assets_are_hashed_by_content(monkeypatch):
+    monkeypatch.delenv("ISAACSIM_ASSET_ROOT", raising=False)
+    first = lineage.code_version()
+    asset = REPO / "assets/Isaac/IsaacLab/Robots/Roboloop/ReachArm/reach_arm.usda"
+    st = asset.stat()
+    import os
+
+    os.utime(asset, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # touched, same bytes: same key
+    try:
+        assert lineage.code_version() == first
+    finally:
+        os.utime(asset, ns=(st.st_atime_ns, st.st_mtime_ns))
