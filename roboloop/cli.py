@@ -151,6 +151,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     if args.offline:
         return _evaluate_offline(args)
+    if str(args.policy).startswith("registry:"):  # a wrong reference fails now, not after the simulator starts
+        from roboloop.registry import Registry, parse_ref
+
+        uri, name, ref = parse_ref(args.policy)
+        Registry(uri).resolve(name, ref)
     report = run_evaluation(_model_from_args(EvalConfig, args))  # type: ignore[arg-type]
     print(report.to_json())
     return 0
@@ -382,6 +387,12 @@ def explain(e: BaseException) -> tuple[str, int]:
         if known is not None:
             return str(known), known.exit_code
         return f"{e.strerror or e}{': ' + str(e.filename) if e.filename else ''}", 2
+    from pydantic import ValidationError
+
+    if isinstance(e, ValidationError):  # one line per CLI error, naming the option, not pydantic's 4-line dump
+        parts = [f"--{str(err['loc'][0]).replace('_', '-')}" + "".join(f".{x}" for x in err["loc"][1:])
+                 + f" {err['input']!r}: {err['msg'].lower()}" if err["loc"] else err["msg"] for err in e.errors()]
+        return "; ".join(parts), 2
     if isinstance(e, ValueError | ImportError | KeyError | LookupError):
         return str(e), 2
     return f"{type(e).__name__}: {e} (unexpected; run with -v for the traceback)", 1

@@ -96,6 +96,29 @@ def check_destination(dst: str | Path, kind: str, overwrite: bool = False, flag:
                                      "or pass --overwrite to move the old one aside")
 
 
+def umask() -> int:
+    """This process's umask, read without changing it (Linux: /proc; elsewhere set and restore)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def save_safetensors(weights: Any, path: str | Path) -> Path:
+    """safetensors' `save_file` with the umask's permissions (it creates the file 0600, unlike every other
+    output; a model folder readable only by its writer cannot be served or shared)."""
+    from safetensors.torch import save_file
+
+    save_file(weights, str(path))
+    os.chmod(path, 0o666 & ~umask())
+    return Path(path)
+
+
 def make_dir(path: Path) -> Path:
     """mkdir with the umask's permissions (what users expect of outputs)."""
     os.mkdir(path, 0o777)

@@ -199,15 +199,40 @@ def read_parquet(path: Path, rel: str, report: Report, episode: int | None,
 
 
 def check_video(path: Path, rel: str, meta: DatasetMeta, key: str, episode: int | None,
-                num_frames: int | None, min_duration_s: float | None, deep: bool, report: Report) -> None:
-    """Resolution, fps and frame count against the metadata; truncation from the packets actually present."""
+                num_frames: int | None, min_duration_s: float | None, deep: bool,
+                report: Report) -> video.VideoProbe | None:
+    """Resolution, fps and frame count against the metadata; truncation from the packets actually present.
+    Returns the file's probe (None when unreadable)."""
     try:
         pr = video.probe(path)
     except Exception as e:
         size = path.stat().st_size
         report.add("corrupt_file", f"unreadable video ({size} bytes): {e}; an mp4 cut short loses its index "
                    "(moov box)", rel, episode, key)
-        return
+        return None
+    _check_video_body(path, pr, rel, meta, key, episode, num_frames, min_duration_s, deep, report)
+    return pr
+
+
+def check_same_encoding(probes: dict[str, list[tuple[int, str, video.VideoProbe]]], report: Report) -> None:
+    """v2.x: each camera's episodes are joined into v3 files by stream copy, which needs one encoder setting per
+    camera. Names every episode encoded otherwise than most of them."""
+    from collections import Counter
+
+    for key, rows in probes.items():
+        common = Counter(pr.encoding for _, _, pr in rows).most_common(1)
+        if not common:
+            continue
+        ref = next(pr for _, _, pr in rows if pr.encoding == common[0][0])
+        for ep, rel, pr in rows:
+            if pr.encoding != ref.encoding:
+                report.add("video", f"encoded with other settings ({pr.describe_encoding()}) than the camera's other "
+                           f"episodes ({ref.describe_encoding()}): v3 joins them without re-encoding; re-encode it "
+                           "like the others", rel, ep, key)
+
+
+def _check_video_body(path: Path, pr: video.VideoProbe, rel: str, meta: DatasetMeta, key: str, episode: int | None,
+                      num_frames: int | None, min_duration_s: float | None, deep: bool, report: Report) -> None:
     feat = meta.info.features[key]
     names = feat.flat_names() or []
     width_first = names[:2] == ["width", "height"]

@@ -32,6 +32,17 @@ class VideoProbe:
     num_frames: int
     duration_s: float
     pix_fmt: str | None
+    profile: str | None = None
+    extradata_sha1: str = ""  # the encoder's parameter sets (h264/HEVC SPS+PPS, AV1 sequence header)
+
+    @property
+    def encoding(self) -> tuple:
+        """What must be equal for two files to be joined by stream copy (no re-encode)."""
+        return self.codec, self.width, self.height, self.pix_fmt, self.profile, self.extradata_sha1
+
+    def describe_encoding(self) -> str:
+        return (f"{self.codec} {self.profile or ''} {self.width}x{self.height} {self.pix_fmt}, parameter sets "
+                f"{self.extradata_sha1[:8] or 'none'}")
 
 
 def probe(path: str | Path) -> VideoProbe:
@@ -48,7 +59,15 @@ def probe(path: str | Path) -> VideoProbe:
             num_frames=int(st.frames),
             duration_s=duration_s(container),
             pix_fmt=st.codec_context.pix_fmt,
+            profile=st.codec_context.profile,
+            extradata_sha1=_sha1(bytes(st.codec_context.extradata or b"")),
         )
+
+
+def _sha1(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha1(data, usedforsecurity=False).hexdigest() if data else ""
 
 
 def duration_s(container: av.container.InputContainer) -> float:
@@ -148,10 +167,13 @@ def concat_videos(inputs: Sequence[str | Path], output: str | Path) -> list[tupl
                         ref_params = params
                         out_stream = out.add_stream_from_template(st, opaque=True)
                         out_stream.time_base = st.time_base
-                    elif params[:4] != ref_params[:4]:
+                    elif params != ref_params:
+                        what = "codec parameters" if params[:4] != ref_params[:4] else \
+                            "encoder settings (its h264/HEVC parameter sets: profile, B-frames, ...)"
                         raise ValueError(
-                            f"{src}: codec parameters {params[:4]} differ from {inputs[0]}'s {ref_params[:4]};"
-                            " cannot concatenate without re-encoding"
+                            f"{src}: {what} differ from {inputs[0]}'s ({params[:4]} vs {ref_params[:4]}); "
+                            "episodes of a camera are joined without re-encoding, which needs the same settings: "
+                            "re-encode this episode like the others"
                         )
                     tb = st.time_base
                     start = container.start_time or 0  # in AV_TIME_BASE units

@@ -40,7 +40,6 @@ def kept_checkpoints(run: str | Path) -> list[tuple[int, Path]]:
 
 def export_checkpoint(run: str | Path, ckpt: Path, step: int, dst: str | Path) -> Path:
     """A model folder at `dst` with the checkpoint's weights (an earlier export of the same step is reused)."""
-    from safetensors.torch import save_file
 
     run, dst = Path(run), Path(dst)
     for f in ("config.json", "stats.json"):
@@ -55,7 +54,7 @@ def export_checkpoint(run: str | Path, ckpt: Path, step: int, dst: str | Path) -
     with fsutil.atomic_dir(dst, "model", overwrite=True, meta={"checkpoint_step": step, "run": run.name}) as tmp:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
         (tmp / "stats.json").write_bytes((run / "stats.json").read_bytes())
-        save_file(weights, str(tmp / "model.safetensors"))
+        fsutil.save_safetensors(weights, tmp / "model.safetensors")
     return dst
 
 

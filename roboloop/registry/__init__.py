@@ -165,14 +165,16 @@ class Registry:
         if str(ref) in ALIASES:
             v = self.aliases(name)[0].get(str(ref))
             if v is None:
-                raise RegistryError(f"{name} has no {ref}")
+                known = self.models()
+                raise RegistryError(f"{name} has no {ref} in the registry {self.uri}" + (
+                    "" if name in known else f" (it holds {', '.join(known[:8]) or 'no models'})"))
             if int(v) not in self.versions(name):
                 raise CorruptVersionError(f"{name}@{ref} points at v{v}, which is not a committed version "
                                           "(its COMMITTED.json is missing)")
             return int(v)
         v = parse_version(ref)
         if v not in self.versions(name):
-            raise RegistryError(f"{name} has no committed version {v}")
+            raise RegistryError(f"{name} has no committed version {v} in the registry {self.uri}")
         return v
 
     def _json(self, name: str, v: int, file: str) -> dict[str, Any]:

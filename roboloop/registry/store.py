@@ -26,8 +26,7 @@ class PreconditionFailed(Exception):
 
 class LocalStore:
     def __init__(self, root: str | Path):
-        self.root = Path(root).expanduser().resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = Path(root).expanduser().resolve()  # created by the first write: reading makes no folder
         self.uri = str(self.root)
 
     def _path(self, key: str) -> Path:
@@ -36,6 +35,7 @@ class LocalStore:
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / ".lock", "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:

@@ -318,7 +318,6 @@ class Run:
                         self.success)
 
     def _publish(self, parent: Path, weights: dict) -> Path:
-        from safetensors.torch import save_file
 
         dst = self.out / "model"
         conf = json.loads((parent / "config.json").read_text())
@@ -328,7 +327,7 @@ class Run:
         with fsutil.atomic_dir(dst, kind="rl-model", overwrite=True) as tmp:  # a previous one is moved aside
             shutil.copy2(parent / "stats.json", tmp / "stats.json")
             (tmp / "config.json").write_text(json.dumps(conf, indent=2))
-            save_file(weights, str(tmp / "model.safetensors"))
+            fsutil.save_safetensors(weights, tmp / "model.safetensors")
         return dst
 
 

@@ -156,6 +156,13 @@ class V3Dataset:
         self.ep_to: dict[int, int] = {ep.episode_index: int(ep.dataset_to_index or 0) for ep in self.meta.episodes}
         self._camera = {c.key: c for c in self.cameras}
         check_episode_table(self.root, self.meta, np_col(table["index"])[order], self.episode_index, self.frame_index)
+        for key, arr in ((state_key, self.state), (action_key, self.action), (aux_key, self.aux)):
+            if arr is not None and not np.isfinite(arr).all():
+                row = int(np.flatnonzero(~np.isfinite(arr).all(axis=1))[0])
+                ep, frame = int(self.episode_index[row]), int(self.frame_index[row])
+                raise CorruptFileError(f"{self.root}: {key} is NaN or infinite in episode {ep} frame {frame} (and "
+                                       "maybe more): training would learn NaN; fix or drop that episode (roboloop "
+                                       "validate lists them all)")
 
     def __len__(self) -> int:
         return len(self.state)

@@ -42,6 +42,7 @@ def run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str]
 def _run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str], None],
                   env: dict[str, str] | None, overwrite: bool) -> Path:
     out = Path(cfg.output_dir)
+    outdir.check_init_from(cfg.init_from)
     fingerprint = outdir.dataset_fingerprint(cfg.dataset)
     plan = outdir.plan(cfg, fingerprint, overwrite=overwrite)
     if plan.moved_aside:

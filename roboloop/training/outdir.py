@@ -128,3 +128,35 @@ def claim(out: Path, cfg: TrainConfig, fingerprint: str) -> None:
     fsutil.atomic_write_json(out / OWNER, {**cfg.model_dump(mode="json"), "dataset_fingerprint": fingerprint})
     if not fsutil.is_ours(out):
         fsutil.atomic_write_json(out / fsutil.MARKER, {"created_by": "roboloop", "kind": KIND})
+
+
+def check_init_from(init: str | Path | None) -> None:
+    """A model to continue from must be whole before this run claims its folder: its files present, its
+    config readable, its weights' header intact (a truncated download otherwise fails deep in the run with
+    safetensors' "incomplete metadata" and no path, leaving run_config.json claiming the folder)."""
+    from roboloop.errors import CorruptFileError
+
+    if not init:
+        return
+    init = Path(init)
+    for f in ("model.safetensors", "config.json", "stats.json"):
+        if not (init / f).is_file():
+            raise FileNotFoundError(f"init_from {init}: missing {f}; not a finished roboloop model")
+    for f in ("config.json", "stats.json"):
+        try:
+            json.loads((init / f).read_text())
+        except ValueError as e:
+            raise CorruptFileError(f"init_from {init / f} is not valid JSON ({e})") from e
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(init / "model.safetensors"), framework="np") as f:
+            names = list(f.keys())
+            if names:
+                f.get_slice(names[-1])  # the last tensor's extent must lie inside the file
+            size = (init / "model.safetensors").stat().st_size
+        if size < 8:
+            raise ValueError("file too short")
+    except Exception as e:  # safetensors raises its own error types for truncated or garbled files
+        raise CorruptFileError(f"init_from {init / 'model.safetensors'} cannot be read ({e}); download the model "
+                               "again or retrain it") from e

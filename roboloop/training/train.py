@@ -77,6 +77,7 @@ def train(cfg: TrainConfig, overwrite: bool = False) -> TrainResult:
 
 
 def _plan_and_train(cfg: TrainConfig, overwrite: bool, ranked: bool) -> TrainResult:
+    outdir.check_init_from(cfg.init_from)
     fingerprint = outdir.dataset_fingerprint(cfg.dataset)
     plan = outdir.plan(cfg, fingerprint, overwrite=overwrite and not ranked)
     if plan.action == "finished":
@@ -330,8 +331,6 @@ def init_depth_ranges(init: Path) -> dict[str, tuple[float, float]]:
 def save_final(out: Path, weights: dict[str, torch.Tensor], model_cfg: dict, cfg: TrainConfig,
                ds: V3Dataset, stats: dict, split: dict, depth_mm: dict[str, tuple[float, float]] | None = None) -> None:
     """config, stats and plot first, the weights last: `model.safetensors` existing means the run finished."""
-    from safetensors.torch import save_file
-
     depth_mm = depth_mm or {}
     used = [{**c.describe(), **({"depth_mm": list(depth_mm[c.key])} if c.key in depth_mm else {})}
             for c in ds.cameras] if cfg.with_video else []
@@ -344,7 +343,7 @@ def save_final(out: Path, weights: dict[str, torch.Tensor], model_cfg: dict, cfg
     plot_loss(out / "metrics.jsonl", out / "loss.png")
     tmp = fsutil.temp_sibling(out / "model.safetensors")
     try:
-        save_file(weights, str(tmp))
+        fsutil.save_safetensors(weights, tmp)
         os.replace(tmp, out / "model.safetensors")
     except Exception as e:
         tmp.unlink(missing_ok=True)

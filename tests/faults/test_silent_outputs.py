@@ -114,6 +114,21 @@ def test_outputs_get_the_umasks_permissions(v21_dataset, tmp_path, mask):
         assert mode == want, f"{p.relative_to(tmp_path)}: {oct(mode)} != {oct(want)}"
 
 
+def test_a_trained_model_gets_the_umasks_permissions(v3_dataset, tmp_path):
+    """safetensors writes its file 0600: a model only its writer can read cannot be served or shared."""
+    from roboloop.training.config import TrainConfig
+    from roboloop.training.train import train
+
+    old = os.umask(0o022)
+    try:
+        train(TrainConfig(dataset=str(v3_dataset), output_dir=str(tmp_path / "m"), steps=2, max_tokens=512,
+                          model_overrides={"image_size": [32, 32], "horizon": 8}, checkpoint_every_steps=0))
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "m").iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, {k: oct(v) for k, v in modes.items()}
+
+
 def test_registry_download_and_files_follow_the_umask(registry, tmp_path):
     old = os.umask(0o022)
     try:

@@ -41,11 +41,13 @@ def _set_column(table: pa.Table, name: str, values) -> pa.Table:
     return table.set_column(i, name, pa.array(values, type=table.schema.field(name).type))
 
 
-def _find(report, code, file=None, episode=None, field=None):
-    """A defect or warning of this class at this place."""
-    hits = [d for d in [*report.defects, *report.warnings] if d.code == code and (file is None or d.file == file)
+def _find(report, code, file=None, episode=None, field=None, severity="defect"):
+    """A finding of this class at this place, of this severity (a defect refuses the dataset, a warning does not:
+    a test of a defect must not pass on a warning)."""
+    pool = report.defects if severity == "defect" else report.warnings
+    hits = [d for d in pool if d.code == code and (file is None or d.file == file)
             and (episode is None or d.episode == episode) and (field is None or d.field == field)]
-    assert hits, f"no {code} defect at {file} ep={episode} field={field}; got:\n{report.human()}"
+    assert hits, f"no {code} {severity} at {file} ep={episode} field={field}; got:\n{report.human()}"
     return hits[0]
 
 
@@ -65,7 +67,8 @@ def test_missing_data_and_video_files(small_copy):
 
 def test_extra_file(small_copy):
     shutil.copy(small_copy / EP2_DATA, small_copy / "data/chunk-000/episode_000099.parquet")
-    _find(validate(small_copy), "extra_file", "data/chunk-000/episode_000099.parquet", 99)
+    r = validate(small_copy)  # a stray file breaks nothing: named, not refused
+    assert r.ok and _find(r, "extra_file", "data/chunk-000/episode_000099.parquet", 99, severity="warning")
 
 
 def test_misplaced_video_names_where_it_is(small_copy):
@@ -121,7 +124,7 @@ def test_feature_dtype_and_shape_against_schema(small_copy):
     _edit_parquet(small_copy / EP2_DATA, lambda t: t.set_column(
         t.column_names.index("action"), "action", pc.cast(t["action"], pa.list_(pa.float64()))))
     r = validate(small_copy)
-    assert r.ok and _find(r, "dtype", EP2_DATA, 2, "action").severity == "warning"
+    assert r.ok and _find(r, "dtype", EP2_DATA, 2, "action", severity="warning")
     # strings where numbers are declared, or a vector length that disagrees with the shape: defects
     _edit_parquet(small_copy / "data/chunk-000/episode_000003.parquet", lambda t: t.set_column(
         t.column_names.index("action"), "action", pa.array([str(v) for v in t["action"].to_pylist()])))
@@ -166,10 +169,11 @@ def test_task_indices_that_do_not_resolve(small_copy):
 def test_missing_stats(small_copy):
     _edit_jsonl(small_copy / "meta/episodes_stats.jsonl",
                 lambda rows: [r for r in rows if r["episode_index"] != 4])
-    r = validate(small_copy)
-    _find(r, "stats", "meta/episodes_stats.jsonl", 4)
+    r = validate(small_copy)  # stats are computed from the data where missing: a warning
+    assert r.ok and _find(r, "stats", "meta/episodes_stats.jsonl", 4, severity="warning")
     (small_copy / "meta/episodes_stats.jsonl").unlink()
-    _find(validate(small_copy), "stats", "meta/episodes_stats.jsonl")
+    r = validate(small_copy)
+    assert r.ok and _find(r, "stats", "meta/episodes_stats.jsonl", severity="warning")
 
 
 @pytest.mark.parametrize("template", ["../outside/{episode_index}.parquet", "/etc/{episode_index}.parquet"])
@@ -190,7 +194,7 @@ def test_v30_defects(small_v21, tmp_path):
     (out / "meta/stats.json").unlink()
     r = validate(out)
     _find(r, "index", "meta/episodes", 2, "dataset_from_index")
-    _find(r, "stats", "meta/stats.json")
+    _find(r, "stats", "meta/stats.json", severity="warning")
 
 
 def test_cli_exit_codes_and_json(small_copy, capsys):
@@ -271,3 +275,28 @@ def test_symlinks_that_escape_the_root_are_refused(small_copy, tmp_path):
     (small_copy / EP2_TOP).unlink()
     (small_copy / EP2_TOP).symlink_to(inside)  # a link inside the dataset is fine (checked through the link)
     assert "unsafe_path" not in validate(small_copy).codes()
+
+
+def test_an_episode_encoded_with_other_settings_is_named(small_copy):
+    """v3 joins a camera's episodes by stream copy: one episode from another encoder setting (here x264's
+    ultrafast preset with B-frames) used to pass `validate --deep`, then `convert` failed with "[Errno 22]
+    Invalid argument" on a temporary file."""
+    from fractions import Fraction
+
+    import av
+
+    p = sorted(small_copy.glob("videos/*/observation.images.top/episode_000002.mp4"))[0]
+    with av.open(str(p)) as c:
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    tmp = p.with_suffix(".other.mp4")
+    with av.open(str(tmp), "w") as out:
+        st = out.add_stream("libx264", rate=Fraction(30), options={"preset": "ultrafast", "bf": "3"})
+        st.pix_fmt, (st.height, st.width) = "yuv420p", frames[0].shape[:2]
+        for a in frames:
+            for pk in st.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
+                out.mux(pk)
+        for pk in st.encode():
+            out.mux(pk)
+    tmp.replace(p)
+    d = _find(validate(small_copy), "video", episode=2, field="observation.images.top")
+    assert "encoded with other settings" in d.message and "re-encode it" in d.message

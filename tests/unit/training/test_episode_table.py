@@ -85,3 +85,25 @@ def test_train_refuses_what_validate_refuses(v3, tmp_path, edit):
 def test_an_intact_table_loads(v3):
     ds = V3Dataset(v3)
     assert len(ds) == sum(ep.length for ep in ds.meta.episodes)
+
+
+def test_nan_in_the_data_is_named_before_training(v3, tmp_path):
+    """It used to stop training with 'NonFiniteLossError ... (unexpected)' at the first batch that held it."""
+    import shutil
+
+    import numpy as np
+
+    from roboloop.errors import CorruptFileError
+
+    ds = shutil.copytree(v3, tmp_path / "ds")
+    path = next((ds / "data").rglob("*.parquet"))
+    t = pq.read_table(path)
+    vals = np.asarray(t["action"].to_pylist(), dtype=np.float32)
+    ep, frame = int(t["episode_index"][15].as_py()), int(t["frame_index"][15].as_py())
+    vals[15, 0] = np.nan
+    i = t.column_names.index("action")
+    pq.write_table(t.set_column(i, "action", pa.FixedSizeListArray.from_arrays(pa.array(vals.ravel()),
+                                                                               vals.shape[1])), path)
+    with pytest.raises(CorruptFileError, match=f"action is NaN or infinite in episode {ep} frame {frame}"):
+        train(TrainConfig(dataset=str(ds), output_dir=str(tmp_path / "out"), steps=2, max_tokens=512,
+                          checkpoint_every_steps=0, with_video=False))
