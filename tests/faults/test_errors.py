@@ -202,3 +202,22 @@ def test_a_plain_file_is_not_a_dataset(tmp_path):
     assert r.code == 1 and "is a file, not a dataset folder" in r.out
     one_line_error(run_cli("convert", f, tmp_path / "out"), "is not a dataset folder")
     one_line_error(run_cli("train", "--dataset", f, "--output-dir", tmp_path / "run"), "is a file, not a dataset")
+
+
+# ---------------------------------------------------------------- bad options and references, named at once
+@pytest.mark.parametrize("args, needles", [
+    (["--episodes", "0"], ["--episodes 0", "greater than or equal to 1"]),
+    (["--episodes", "-3", "--num-envs", "0"], ["--episodes -3", "--num-envs 0"]),
+])
+def test_bad_numbers_are_one_line_naming_the_option(args, needles, tmp_path):
+    r = run_cli("evaluate", "--policy", "random", *args, cwd=tmp_path, timeout=60)
+    one_line_error(r, *needles)
+    assert len([ln for ln in r.err.splitlines() if ln.strip()]) == 1, r.err  # not pydantic's four-line dump
+
+
+def test_an_unknown_registry_model_fails_before_the_simulator_and_writes_nothing(tmp_path):
+    t0 = time.time()
+    r = run_cli("evaluate", "--policy", "registry:nonexistent@champion", cwd=tmp_path, timeout=60)
+    one_line_error(r, "nonexistent has no champion", str(tmp_path / ".roboloop" / "registry"))
+    assert time.time() - t0 < 20  # no simulator start-up first (it took 25 s)
+    assert list(tmp_path.iterdir()) == []  # and no ./.roboloop/registry made by reading
