@@ -244,6 +244,15 @@ def cmd_registry(args: argparse.Namespace) -> int:
     elif args.action == "download":
         dst = args.dst or f"{args.name}-{args.ref or 'champion'}"
         print(reg.download(args.name, args.ref or "champion", dst, overwrite=args.overwrite))
+    elif args.action == "add":
+        from roboloop.stages import register_folder
+
+        if not args.name or not args.ref:
+            raise ValueError("registry add NAME MODEL_DIR: a model name and a model folder")
+        added = register_folder(args.ref, args.name, args.registry, args.eval, promote=args.promote,
+                                margin=args.margin)
+        print(jsonline(added.model_dump(mode="json")))
+        return 0 if added.promoted or not args.promote else 3
     return 0
 
 
@@ -345,10 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(co, CollectConfig, skip=frozenset({"dst"}))
     co.set_defaults(fn=cmd_collect)
 
-    r = sub.add_parser("registry", help="model registry (local folder or s3://): list, show, promote, download")
-    r.add_argument("action", choices=["list", "show", "promote", "download"])
+    r = sub.add_parser("registry", help="model registry (local folder or s3://): list, show, promote, download, "
+                       "add (register a model folder: registry add NAME MODEL_DIR [--eval RUN] [--promote])")
+    r.add_argument("action", choices=["list", "show", "promote", "download", "add"])
     r.add_argument("name", nargs="?", help="model name")
-    r.add_argument("ref", nargs="?", help="version (3, v3) or alias (champion, challenger)")
+    r.add_argument("ref", nargs="?", help="version (3, v3) or alias (champion, challenger); add: the model folder")
+    r.add_argument("--eval", help="add: a `roboloop evaluate --output-dir` run of this model, kept for the gate")
+    r.add_argument("--promote", action="store_true", help="add: put it through the promotion gate (a first "
+                   "version must beat a baseline)")
     r.add_argument("--registry", help="registry URI (default $ROBOLOOP_REGISTRY or .roboloop/registry)")
     r.add_argument("--dst", help="download destination")
     r.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin on the success rate")

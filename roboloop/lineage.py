@@ -133,9 +133,9 @@ class Lineage(BaseModel):
            configs: dict[str, Any], baseline: EvalSummary | None = None, offline: OfflineSummary | None = None,
            **kw: Any) -> Lineage:
         """A lineage from the stages' receipts (the flat fields derived from them)."""
-        ev = _eval_record(evaluation) if evaluation is not None else None
+        ev = eval_record(evaluation) if evaluation is not None else None
         if baseline is not None:
-            kw.setdefault("baseline_eval", {**_eval_record(baseline), "policy": baseline.policy})
+            kw.setdefault("baseline_eval", {**eval_record(baseline), "policy": baseline.policy})
         return cls(raw=raw, dataset=dataset, model=model, evaluation=evaluation, baseline=baseline, offline=offline,
                    offline_eval=offline.gate_record() if offline is not None else None,
                    dataset_md5=dataset.md5, raw_dataset_md5=raw.md5 if raw else None, model_md5=model.md5,
@@ -143,7 +143,7 @@ class Lineage(BaseModel):
                    metrics={**model.metrics, "weights_sha256": model.weights_sha256}, eval=ev, **kw)
 
 
-def _eval_record(evaluation: EvalSummary) -> dict[str, Any]:
+def eval_record(evaluation: EvalSummary) -> dict[str, Any]:
     """An evaluation's key facts for the gate (flat, in lineage.json)."""
     ev = {k: getattr(evaluation, k) for k in ("task", "episodes", "successes", "success_rate", "ci_low", "ci_high",
                                               "seed")}

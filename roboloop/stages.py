@@ -406,6 +406,35 @@ def register(model: ModelRef, lineage: Lineage, name: str, registry: str | None 
                     reason=d.reason, champion=d.champion_after)
 
 
+def register_folder(path: str | Path, name: str, registry: str | None = None, evaluation: str | Path | None = None,
+                    promote: bool = False, margin: float = 0.05) -> Decision:
+    """`roboloop registry add`: a model folder trained outside the loop, registered with the lineage that can be
+    read from it (its config, metrics, the dataset it names, this checkout's commit) and, with `evaluation` (a
+    `roboloop evaluate --output-dir` run folder), that evaluation for the gate. Promoted only when asked, and
+    then only through the gate."""
+    model = model_ref(path, dataset_md5="")
+    dataset = (model.config or {}).get("dataset")
+    data = dataset_ref(dataset) if dataset and (Path(dataset) / "meta" / "info.json").is_file() else None
+    model = model.model_copy(update={"dataset_md5": data.md5 if data else ""})
+    ev = None
+    if evaluation is not None:
+        run = Path(evaluation)
+        if not (run / "summary.json").is_file():
+            raise FileNotFoundError(f"{run}: no summary.json; pass the --output-dir of a `roboloop evaluate` run")
+        ev = EvalSummary.model_validate_json((run / "summary.json").read_text())
+        if ev.policy_id != model.weights_sha256:
+            raise ValueError(f"{run} evaluated other weights ({ev.policy_id[:12]}) than {path} "
+                             f"({model.weights_sha256[:12]})")
+    from roboloop.lineage import eval_record
+
+    lin = Lineage(dataset=data, model=model, evaluation=ev, dataset_md5=data.md5 if data else "unknown",
+                  config={"registered_from": str(Path(path).absolute()), "train": model.config},
+                  seed=int(model.config.get("seed", 0)), metrics={**model.metrics, "weights_sha256":
+                                                                 model.weights_sha256},
+                  eval=eval_record(ev) if ev else None)
+    return register(model, lin, name, registry, margin, promote=promote)
+
+
 def _offline_rescorer(uri: str, name: str, lineage: Lineage) -> Callable[[int, dict], dict] | None:
     """For a version evaluated offline only: scores a champion on the same held-out episodes of the same
     dataset, stride and noise seed, so the gate pairs them (the champion may have trained on some of those
