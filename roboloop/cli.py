@@ -12,11 +12,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Literal, get_args, get_origin
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Literal, get_args, get_origin
 
 from roboloop import __version__
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 def _add_model_options(
@@ -272,12 +273,21 @@ def cmd_dvc_track(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # Config modules only (pydantic): `roboloop --help` must not import torch, pandas or a simulator.
-    from roboloop.datasets.config import ConvertConfig, GenSpec
-    from roboloop.evaluation.config import CollectConfig, EvalConfig
-    from roboloop.rl.config import RLConfig
-    from roboloop.training.config import LaunchConfig, TrainConfig
+def _subcommand(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser (argv None), or the one `argv` needs: options generated from a pydantic config are added
+    only to the subcommand being run, so `roboloop --help` imports no config module (start-up <= 0.5 s)."""
+    wanted = None if argv is None else _subcommand(argv)
+
+    def options(parser, command: str, target: str, skip: frozenset[str] = frozenset()) -> None:
+        if argv is None or wanted == command:
+            import importlib
+
+            module, name = target.split(":")
+            _add_model_options(parser, getattr(importlib.import_module(module), name), skip)
 
     p = argparse.ArgumentParser(prog="roboloop", description="Robot-learning closed loop: data, training, "
                                 "evaluation, registry.")
@@ -298,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print a refused source's report as JSON")
     c.add_argument("--overwrite", action="store_true", help="replace an earlier roboloop conversion at DST (moved "
                    "aside, never deleted); other folders are never touched")
-    _add_model_options(c, ConvertConfig)
+    options(c, "convert", "roboloop.datasets.config:ConvertConfig")
     c.set_defaults(fn=cmd_convert)
 
     i = sub.add_parser("ingest", help="download (S3) or register (folder) a dataset, verified and validated")
@@ -312,20 +322,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("dst")
     g.add_argument("--camera", action="append", help="KEY=HxW (repeatable; replaces the default cameras)")
     g.add_argument("--v3", action="store_true", help="write v3.0 (generates v2.1 beside it, then converts)")
-    _add_model_options(g, GenSpec, skip=frozenset({"cameras", "image_keys", "tasks"}))
+    options(g, "generate", "roboloop.datasets.config:GenSpec", skip=frozenset({"cameras", "image_keys", "tasks"}))
     g.set_defaults(fn=cmd_generate)
 
     t = sub.add_parser("train", help="train the VLA policy on a v3 dataset (resumes from its checkpoints)")
     t.add_argument("--config", help="a TrainConfig JSON file (what flows hand to torchrun ranks)")
     t.add_argument("--overwrite", action="store_true", help="move an existing run in --output-dir aside (never "
                    "deleted) and start over; without it, only a matching run is resumed")
-    _add_model_options(t, TrainConfig, skip=frozenset({"model_overrides"}))
-    _add_model_options(t.add_argument_group("torchrun (N > 1 ranks or nodes)"), LaunchConfig)
+    options(t, "train", "roboloop.training.config:TrainConfig", skip=frozenset({"model_overrides"}))
+    options(t.add_argument_group("torchrun (N > 1 ranks or nodes)"), "train", "roboloop.training.config:LaunchConfig")
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("evaluate", help="run a policy for exactly N episodes in Isaac Lab or gymnasium; "
                        "ends with one JSON line (success_rate, ci_low, ci_high, ...)")
-    _add_model_options(e, EvalConfig)
+    options(e, "evaluate", "roboloop.evaluation.config:EvalConfig")
     off = e.add_argument_group("offline (recorded data, no simulator)")
     off.add_argument("--offline", action="store_true", help="score action-chunk predictions on held-out episodes "
                      "of --dataset instead of running a simulator; ends with one JSON line")
@@ -346,12 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
     rl = sub.add_parser("rl", help="RL fine-tuning (flow-noise PPO) of a model in Isaac Lab on Ray workers, sync or "
                         "async; writes OUTPUT_DIR/model")
     rl.add_argument("--config", help="an RLConfig JSON file")
-    _add_model_options(rl, RLConfig)
+    options(rl, "rl", "roboloop.rl.config:RLConfig")
     rl.set_defaults(fn=cmd_rl)
 
     co = sub.add_parser("collect", help="record scripted-expert episodes as a LeRobot v2.1 dataset")
     co.add_argument("dst")
-    _add_model_options(co, CollectConfig, skip=frozenset({"dst"}))
+    options(co, "collect", "roboloop.evaluation.config:CollectConfig", skip=frozenset({"dst"}))
     co.set_defaults(fn=cmd_collect)
 
     r = sub.add_parser("registry", help="model registry (local folder or s3://): list, show, promote, download, "
@@ -416,7 +426,8 @@ def _terminate(signum: int, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # SIGTERM (a cancelled Prefect run, `kill`) unwinds like Ctrl-C: temporary outputs are removed on the way out.
