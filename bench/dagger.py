@@ -45,10 +45,12 @@ def main() -> None:
     quiet = lambda line: None  # noqa: E731
     base = demo()
     recipe = base.train.model_copy(update={"steps": args.steps})
-    ev = EvalRecipe(episodes=args.episodes, num_envs=16, execute_steps=base.eval.execute_steps, videos=0)
-    dg = DaggerConfig(episodes=args.round_episodes)
+    ev = EvalRecipe(episodes=args.episodes, num_envs=min(16, args.episodes), execute_steps=base.eval.execute_steps,
+                    videos=0)
+    dg = DaggerConfig(episodes=args.round_episodes, num_envs=min(32, args.round_episodes))
     t0 = time.time()
-    raw = stages.ingest(str(work / "demos"), collect=CollectConfig(episodes=args.demos, num_envs=16, noise=0.5),
+    raw = stages.ingest(str(work / "demos"), collect=CollectConfig(episodes=args.demos, num_envs=min(16, args.demos),
+                                                                      noise=0.5),
                         on_line=quiet)
     conv = ConvertConfig(progress=False)
     data = stages.convert(raw, conv)

@@ -18,22 +18,37 @@ import tempfile
 from pathlib import Path
 
 
-def tiny_model(dst: Path) -> Path:
-    """An untrained tiny policy with the reach task's shapes (speed does not depend on weights)."""
+def task_dims(task: str) -> tuple[int, int]:
+    """(state, action) dimensions the task observes and takes, read from its env config (never hard-coded: a
+    task that changes its observation must not break the bench)."""
+    import importlib
+
+    from roboloop.evaluation.isaac_tasks import CONFIGS
+
+    if task not in CONFIGS:
+        raise SystemExit(f"bench/eval.py measures roboloop's Isaac Lab tasks ({', '.join(CONFIGS)}), not {task!r}")
+    cfg = getattr(importlib.import_module("roboloop.evaluation.isaac_tasks.reach"), CONFIGS[task])()
+    return int(cfg.observation_space), int(cfg.action_space)
+
+
+def tiny_model(dst: Path, task: str) -> Path:
+    """An untrained tiny policy with the task's shapes (speed does not depend on weights)."""
     from safetensors.torch import save_file
 
     from roboloop.training.config import tiny
     from roboloop.training.model import VLAPolicy
 
-    cfg = tiny(state_dim=12, action_dim=2)
+    state_dim, action_dim = task_dims(task)
+    cfg = tiny(state_dim=state_dim, action_dim=action_dim)
     model = VLAPolicy(cfg)
     dst.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(dst / "model.safetensors"))
-    data = {"state_key": "observation.state", "action_key": "action", "video_keys": ["observation.images.top"],
+    data = {"state_key": "observation.state", "action_key": "action", "camera_keys": ["observation.images.top"],
             "with_video": True}
     (dst / "config.json").write_text(json.dumps({"model": cfg.model_dump(), "data": data}))
-    (dst / "stats.json").write_text(json.dumps({"observation.state": {"mean": [0.0] * 12, "std": [1.0] * 12},
-                                                "action": {"mean": [0.0] * 2, "std": [1.0] * 2}}))
+    (dst / "stats.json").write_text(json.dumps({"observation.state": {"mean": [0.0] * state_dim,
+                                                                      "std": [1.0] * state_dim},
+                                                "action": {"mean": [0.0] * action_dim, "std": [1.0] * action_dim}}))
     return dst
 
 
@@ -54,7 +69,7 @@ def main() -> None:
     args = ap.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model = tiny_model(Path(tmp) / "tiny")
+        model = tiny_model(Path(tmp) / "tiny", args.task)
         for n in args.envs:
             eps = max(n * args.episodes_per_env, 2)
             r = run("random", args.task, n, eps, Path(tmp) / f"r{n}")

@@ -1,10 +1,18 @@
 """roboloop's v3 loader vs LeRobotDataset + DataLoader: samples/s, state/action only and with video.
 
     python bench/loader.py [--dataset V3_DIR] [--workers 2] [--batch 32] [--batches 40]
+                           [--episodes 40] [--frames 200] [--workdir bench/out]
 
 Same data, same number of workers, action chunk 16. Without --dataset it generates two v3
-datasets under bench/out/ once (with and without a 128x128 camera). Ends with one JSON line
-carrying `ratio_state` and `ratio_video` (roboloop samples/s / LeRobot samples/s).
+datasets under --workdir once (with and without a 128x128 camera).
+
+The two sides do not sample alike, and the JSON says so. LeRobot's DataLoader (shuffle=True)
+draws frames uniformly at random, one video seek per sample. roboloop's training stream visits
+windows of 32 consecutive frames in shuffled order through a 512-frame shuffle buffer, so one
+sequential decode serves many samples (`ratio_state`, `ratio_video`: what training gets). To
+separate that from the decoder, roboloop is also measured on uniform random access (windows of
+one frame, no buffer: the same access pattern as LeRobot's): `ratio_uniform_state`,
+`ratio_uniform_video`.
 """
 
 from __future__ import annotations
@@ -19,25 +27,31 @@ HERE = Path(__file__).resolve().parent
 H = 16
 
 
-def ensure(path: Path, cameras: dict) -> Path:
+WINDOW, BUFFER = 32, 512  # the training stream's defaults (TrainConfig.window, shuffle_buffer)
+
+
+def ensure(path: Path, cameras: dict, episodes: int, frames: int) -> Path:
     if path.exists():
         return path
     from roboloop.datasets.convert import ConvertConfig, convert
     from roboloop.datasets.generate import GenSpec, generate_v21
 
     src = generate_v21(path.with_name(path.name + "_v21"), GenSpec(
-        num_episodes=40, min_length=150, max_length=250, cameras=cameras, seed=1, noise=4))
+        num_episodes=episodes, min_length=max(2, frames * 3 // 4), max_length=frames * 5 // 4, cameras=cameras,
+        seed=1, noise=4))
     return convert(src, path, ConvertConfig(progress=False))
 
 
-def ours(root: Path, workers: int, batch: int, batches: int, video: bool) -> float:
+def ours(root: Path, workers: int, batch: int, batches: int, video: bool, uniform: bool = False) -> float:
     import torch
 
     from roboloop.training.data import SampleStream, V3Dataset
     from roboloop.training.packing import collate
 
     ds = V3Dataset(root, horizon=H)
-    stream = SampleStream(ds, image_size=(128, 128), max_text_len=96, num_workers=workers, with_video=video)
+    window, buffer = (1, 1) if uniform else (WINDOW, BUFFER)
+    stream = SampleStream(ds, image_size=(128, 128), max_text_len=96, num_workers=workers, with_video=video,
+                          window=window, shuffle_buffer=buffer)
     keys = [stream.next_key() for _ in range(batch)]
     collate(stream.materialize(keys), 64)  # warm-up
     t0 = time.perf_counter()
@@ -79,25 +93,36 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--batches", type=int, default=40)
+    ap.add_argument("--episodes", type=int, default=40, help="episodes of the generated datasets")
+    ap.add_argument("--frames", type=int, default=200, help="mean frames per generated episode")
+    ap.add_argument("--workdir", type=Path, default=HERE / "out", help="where generated datasets are kept")
     # torchcodec (LeRobot's default) returns the neighbouring frame for some timestamps of
     # multi-episode files and LeRobot raises FrameTimestampError, on LeRobot's own converted
     # output too; its PyAV backend decodes them right.
     ap.add_argument("--lerobot-backend", default="pyav", choices=["pyav", "torchcodec"])
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    state_ds = ensure(HERE / "out" / "loader_state_v3", {})
-    video_ds = args.dataset or ensure(HERE / "out" / "loader_video_v3", {"observation.images.top": (128, 128)})
+    size = f"{args.episodes}x{args.frames}"
+    state_ds = ensure(args.workdir / f"loader_state_v3_{size}", {}, args.episodes, args.frames)
+    video_ds = args.dataset or ensure(args.workdir / f"loader_video_v3_{size}", {"observation.images.top": (128, 128)},
+                                      args.episodes, args.frames)
+    vb = max(1, args.batches // 4)
     r = {
         "ours_state_sps": ours(state_ds, args.workers, args.batch, args.batches, video=False),
+        "ours_uniform_state_sps": ours(state_ds, args.workers, args.batch, args.batches, video=False, uniform=True),
         "lerobot_state_sps": lerobot(state_ds, args.workers, args.batch, args.batches, args.lerobot_backend),
-        "ours_video_sps": ours(video_ds, args.workers, args.batch, args.batches // 4, video=True),
-        "lerobot_video_sps": lerobot(video_ds, args.workers, args.batch, args.batches // 4, args.lerobot_backend),
+        "ours_video_sps": ours(video_ds, args.workers, args.batch, vb, video=True),
+        "ours_uniform_video_sps": ours(video_ds, args.workers, args.batch, vb, video=True, uniform=True),
+        "lerobot_video_sps": lerobot(video_ds, args.workers, args.batch, vb, args.lerobot_backend),
     }
     r = {k: round(v, 1) for k, v in r.items()}
-    r["ratio_state"] = round(r["ours_state_sps"] / r["lerobot_state_sps"], 2)
-    r["ratio_video"] = round(r["ours_video_sps"] / r["lerobot_video_sps"], 2)
-    print(json.dumps({"workers": args.workers, "batch": args.batch, "chunk": H,
-                      "lerobot_backend": args.lerobot_backend, **r}))
+    for kind in ("state", "video"):
+        r[f"ratio_{kind}"] = round(r[f"ours_{kind}_sps"] / r[f"lerobot_{kind}_sps"], 2)
+        r[f"ratio_uniform_{kind}"] = round(r[f"ours_uniform_{kind}_sps"] / r[f"lerobot_{kind}_sps"], 2)
+    print(json.dumps({"workers": args.workers, "batch": args.batch, "chunk": H, "lerobot_backend": args.lerobot_backend,
+                      "ours_sampling": f"shuffled windows of {WINDOW} frames through a {BUFFER}-frame shuffle buffer",
+                      "ours_uniform_sampling": "uniform random frames (window 1, no buffer)",
+                      "lerobot_sampling": "uniform random frames (DataLoader shuffle=True)", **r}))
 
 
 if __name__ == "__main__":

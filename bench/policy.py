@@ -37,6 +37,8 @@ def main() -> None:
                     "(e.g. {\"aux_target\": null} with --vision-model '{\"aux_to_state\": 0}' for the ablation "
                     "without the auxiliary target)")
     ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
+    ap.add_argument("--demos", type=int, help="demonstrations to record (default: the presets'; fewer for a smoke run)")
+    ap.add_argument("--steps", type=int, help="training steps of both recipes (default: the presets')")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-policy-")).absolute()
     os.environ["ROBOLOOP_ARTIFACTS"] = str(work / "artifacts")
@@ -52,8 +54,8 @@ def main() -> None:
     out: dict = {"bench": "policy", "eval_episodes": args.episodes}
 
     def run(task: str, recipe, prefix: str, collect) -> None:
-        ev = EvalRecipe(task=task, episodes=args.episodes, num_envs=16, execute_steps=base.eval.execute_steps,
-                        videos=0)
+        ev = EvalRecipe(task=task, episodes=args.episodes, num_envs=min(16, args.episodes),
+                        execute_steps=base.eval.execute_steps, videos=0)
         raw = stages.ingest(str(work / f"demos-{prefix}"), collect=collect, on_line=quiet)
         data = stages.convert(raw, ConvertConfig(progress=False))
         t0 = time.time()
@@ -65,16 +67,23 @@ def main() -> None:
             out[f"{prefix}{who}_success"] = stages.evaluate(who, ev, on_line=quiet).success_rate
         print(json.dumps({k: v for k, v in out.items() if k.startswith(prefix)}), flush=True)
 
+    def smaller(collect):
+        if not args.demos:
+            return collect
+        return collect.model_copy(update={"episodes": args.demos, "num_envs": min(collect.num_envs, args.demos)})
+
     if not args.skip_state:
-        run("Roboloop-Reach-Color-v0", base.train, "state_", base.collect_if_missing)
+        state_recipe = base.train.model_copy(update={"steps": args.steps}) if args.steps else base.train
+        run("Roboloop-Reach-Color-v0", state_recipe, "state_", smaller(base.collect_if_missing))
     if not args.skip_vision:
         v = vision()
-        recipe = v.train.model_copy(update={**({"steps": args.vision_steps} if args.vision_steps else {}),
+        steps = args.vision_steps or args.steps
+        recipe = v.train.model_copy(update={**({"steps": steps} if steps else {}),
                                             **json.loads(args.vision_recipe),
                                             "model_overrides": {**v.train.model_overrides,
                                                                 **json.loads(args.vision_model)}})
         out["vision_recipe"] = recipe.model_dump(mode="json", exclude_defaults=True)
-        run(v.eval.task, recipe, "vision_", v.collect_if_missing)
+        run(v.eval.task, recipe, "vision_", smaller(v.collect_if_missing))
     out["random_success"] = out.get("state_random_success")
     out["expert_success"] = out.get("state_expert_success")
     out["train_minutes"] = out.get("state_train_minutes")

@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--learner-device", default="cpu")
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
+    ap.add_argument("--demos", type=int, help="demonstrations to record (default: the demo's; fewer for a smoke run)")
     ap.add_argument("--rl", default="{}", help="JSON of RLRecipe fields to change")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-rl-")).absolute()
@@ -58,10 +59,13 @@ def main() -> None:
     if args.dataset:
         data = stages.dataset_ref(args.dataset)
     else:
-        raw = stages.ingest(str(work / "demos"), collect=base.collect_if_missing, on_line=quiet)
+        collect = base.collect_if_missing
+        if args.demos and collect is not None:
+            collect = collect.model_copy(update={"episodes": args.demos, "num_envs": min(collect.num_envs, args.demos)})
+        raw = stages.ingest(str(work / "demos"), collect=collect, on_line=quiet)
         data = stages.convert(raw, ConvertConfig(progress=False))
     bc = stages.train(data, base.train.model_copy(update={"steps": args.bc_steps}), on_line=quiet)
-    ev = EvalRecipe(task=task, episodes=args.episodes, num_envs=16, execute_steps=4, videos=0)
+    ev = EvalRecipe(task=task, episodes=args.episodes, num_envs=min(16, args.episodes), execute_steps=4, videos=0)
     out: dict = {"bench": "rl", "env_steps": args.env_steps, "bc_steps": args.bc_steps, "eval_episodes": args.episodes,
                  "cpus": os.cpu_count(), "learner_device": args.learner_device}
     before = stages.evaluate(bc, ev, on_line=quiet)

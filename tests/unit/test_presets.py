@@ -44,9 +44,28 @@ def test_evaluate_deployment_defaults_are_the_flows():
     assert _deployment("evaluate")["parameters"]["params"] == EvaluateParams().model_dump(mode="json")
 
 
-def test_presets_are_machine_independent_and_every_field_is_described():
-    for name, preset in PRESETS.items():
-        assert preset().model_dump() == preset().model_dump(), name
+def test_presets_are_machine_independent_and_every_field_is_described(tmp_path):
+    """A preset is the same JSON on another machine: here, another process with another working directory, other
+    roboloop settings in the environment, one CPU (taskset) and no GPU visible."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    code = ("import json; from roboloop.loop import PRESETS; "
+            "print(json.dumps({n: p().model_dump(mode='json') for n, p in PRESETS.items()}, sort_keys=True))")
+    env = {**os.environ, "ROBOLOOP_ARTIFACTS": str(tmp_path / "a"), "ROBOLOOP_REGISTRY": str(tmp_path / "r"),
+           "ROBOLOOP_CACHE_DIR": str(tmp_path / "c"), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-c", code]
+    if shutil.which("taskset"):
+        cmd = ["taskset", "-c", "0", *cmd]
+    there = json.loads(subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                                      check=True).stdout)
+    here = json.loads(json.dumps({n: p().model_dump(mode="json") for n, p in PRESETS.items()}, sort_keys=True))
+    assert set(there) == set(PRESETS)
+    for name in PRESETS:
+        assert there[name] == here[name], name
 
     def undocumented(model, prefix=""):
         out = []
