@@ -2,6 +2,10 @@
 
     python bench/policy.py [--episodes 96] [--skip-vision | --skip-state] [--vision-steps N]
                            [--vision-model '{"aux_to_state": 0}'] [--vision-recipe '{"aux_weight": 0.3}']
+                           [--state-model '{"horizon": 8}'] [--state-recipe '{"lr": 5e-4}']
+                           [--collect '{"instructions_per_layout": 1}'] [--eval-seed 7]
+
+Every ablation row of the README is one command line of this script (the README gives each).
 
 State task (`Roboloop-Reach-Color-v0`): the `make demo` recipe exactly (512 DART-noise demonstrations,
 state + language, 1,200 steps of 128 samples). Vision task (`Roboloop-Reach-Color-Vision-v0`, ball
@@ -39,6 +43,12 @@ def main() -> None:
     ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
     ap.add_argument("--demos", type=int, help="demonstrations to record (default: the presets'; fewer for a smoke run)")
     ap.add_argument("--steps", type=int, help="training steps of both recipes (default: the presets')")
+    ap.add_argument("--state-model", default="{}", help="JSON of ModelConfig fields to change in the demo recipe "
+                    "(e.g. '{\"state_encoder\": \"per_dim\"}', '{\"horizon\": 8}')")
+    ap.add_argument("--state-recipe", default="{}", help="JSON of TrainRecipe fields to change in the demo recipe")
+    ap.add_argument("--collect", default="{}", help="JSON of CollectConfig fields to change in both recordings "
+                    "(e.g. '{\"instructions_per_layout\": 1}', '{\"noise\": 0}')")
+    ap.add_argument("--eval-seed", type=int, help="seed of the test-split layouts (default: EvalRecipe's)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-policy-")).absolute()
     os.environ["ROBOLOOP_ARTIFACTS"] = str(work / "artifacts")
@@ -55,7 +65,8 @@ def main() -> None:
 
     def run(task: str, recipe, prefix: str, collect) -> None:
         ev = EvalRecipe(task=task, episodes=args.episodes, num_envs=min(16, args.episodes),
-                        execute_steps=base.eval.execute_steps, videos=0)
+                        execute_steps=base.eval.execute_steps, videos=0,
+                        **({"seed": args.eval_seed} if args.eval_seed is not None else {}))
         raw = stages.ingest(str(work / f"demos-{prefix}"), collect=collect, on_line=quiet)
         data = stages.convert(raw, ConvertConfig(progress=False))
         t0 = time.time()
@@ -68,12 +79,17 @@ def main() -> None:
         print(json.dumps({k: v for k, v in out.items() if k.startswith(prefix)}), flush=True)
 
     def smaller(collect):
+        collect = collect.model_copy(update=json.loads(args.collect))
         if not args.demos:
             return collect
         return collect.model_copy(update={"episodes": args.demos, "num_envs": min(collect.num_envs, args.demos)})
 
     if not args.skip_state:
-        state_recipe = base.train.model_copy(update={"steps": args.steps}) if args.steps else base.train
+        state_recipe = base.train.model_copy(update={**({"steps": args.steps} if args.steps else {}),
+                                                     **json.loads(args.state_recipe),
+                                                     "model_overrides": {**base.train.model_overrides,
+                                                                         **json.loads(args.state_model)}})
+        out["state_recipe"] = state_recipe.model_dump(mode="json", exclude_defaults=True)
         run("Roboloop-Reach-Color-v0", state_recipe, "state_", smaller(base.collect_if_missing))
     if not args.skip_vision:
         v = vision()

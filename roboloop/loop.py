@@ -128,3 +128,27 @@ def nightly_gpu() -> LoopConfig:
 
 
 PRESETS = {"demo": demo, "ci": ci, "nightly_gpu": nightly_gpu}
+
+
+def for_source(cfg: LoopConfig, source: str, evaluation: Literal["simulator", "offline"] = "offline",
+               model_name: str | None = None) -> LoopConfig:
+    """`cfg` run on a user's own dataset (a folder anywhere or s3://...), which the loop only reads: nothing is
+    recorded into it, 10% of its episodes are held out when evaluating offline, and the model is registered
+    under the dataset's name unless one is given."""
+    import re
+    from pathlib import PurePosixPath
+
+    from roboloop.s3 import is_s3
+
+    if not is_s3(source):
+        from pathlib import Path
+
+        source = str(Path(source).expanduser().absolute())
+    name = model_name or re.sub(r"[^a-z0-9]+", "-", PurePosixPath(source.rstrip("/")).name.lower()).strip("-")
+    train = cfg.train
+    if evaluation == "offline" and train.val_fraction <= 0:
+        train = train.model_copy(update={"val_fraction": 0.1})
+    return LoopConfig.model_validate({**cfg.model_dump(), "source": source, "collect_if_missing": None,
+                                      "evaluation": evaluation, "model_name": name or "policy",
+                                      "train": train.model_dump(), "rounds": 1 if evaluation == "offline"
+                                      else cfg.rounds, "rl": None if evaluation == "offline" else cfg.rl})

@@ -59,7 +59,7 @@ def test_bench_runs_to_its_json_line(name, tmp_path):
     args, keys, _ = BENCHES[name]
     cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *[a.replace("{tmp}", str(tmp_path)) for a in args]]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)})
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # TMPDIR as is: Ray's socket paths must stay short
     assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stderr[-4000:]}"
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert keys <= set(last), f"{name}: its JSON line lacks {sorted(keys - set(last))}: {last}"
