@@ -6,8 +6,9 @@ Round 0 trains the demo's recipe on only `--demos` scripted demonstrations; each
 current policy act for `--round-episodes` episodes, has the scripted expert label every state it
 visited, aggregates those labels with the data so far as a new dataset version, continues training
 from the previous weights and evaluates on `--episodes` test-split episodes (Wilson 95% CI). Runs the
-library's stages (what the `closed-loop` flow's tasks call) in a scratch artifacts folder. Ends with
-one JSON line: success_by_round, ci_by_round, episodes_by_round, gain (last - first), minutes.
+loop itself (`roboloop.loop.run_loop` with the library's stages, what `roboloop loop` runs) in a scratch
+folder. Ends with one JSON line: success_by_round, ci_by_round, episodes_by_round, gain (last - first),
+minutes.
 """
 
 from __future__ import annotations
@@ -36,45 +37,31 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-dagger-")).absolute()
     os.environ["ROBOLOOP_ARTIFACTS"] = str(work / "artifacts")
     os.environ["ROBOLOOP_CACHE_DIR"] = str(work / "cache")
+    os.environ["ROBOLOOP_REGISTRY"] = str(work / "registry")
 
-    from roboloop import stages
-    from roboloop.datasets.config import ConvertConfig
     from roboloop.evaluation.config import CollectConfig, EvalRecipe
-    from roboloop.loop import DaggerConfig, demo
+    from roboloop.loop import DaggerConfig, LocalSteps, LoopConfig, demo, run_loop
 
-    quiet = lambda line: None  # noqa: E731
     base = demo()
-    recipe = base.train.model_copy(update={"steps": args.steps})
-    ev = EvalRecipe(episodes=args.episodes, num_envs=min(16, args.episodes), execute_steps=base.eval.execute_steps,
-                    videos=0)
-    dg = DaggerConfig(episodes=args.round_episodes, num_envs=min(32, args.round_episodes))
+    # the loop itself (roboloop.loop.run_loop), from a deliberately weak start
+    cfg = LoopConfig.model_validate({**base.model_dump(), **{
+        "source": str(work / "demos"), "model_name": "dagger-bench", "track": False, "baseline": False,
+        "rounds": args.rounds + 1,
+        "collect_if_missing": CollectConfig(episodes=args.demos, num_envs=min(16, args.demos), noise=0.5),
+        "train": base.train.model_copy(update={"steps": args.steps}),
+        "eval": EvalRecipe(episodes=args.episodes, num_envs=min(16, args.episodes),
+                           execute_steps=base.eval.execute_steps, videos=0),
+        "dagger": DaggerConfig(episodes=args.round_episodes, num_envs=min(32, args.round_episodes),
+                               steps=args.round_steps)}})
     t0 = time.time()
-    raw = stages.ingest(str(work / "demos"), collect=CollectConfig(episodes=args.demos, num_envs=min(16, args.demos),
-                                                                      noise=0.5),
-                        on_line=quiet)
-    conv = ConvertConfig(progress=False)
-    data = stages.convert(raw, conv)
-    model = stages.train(data, recipe, on_line=quiet)
-    rows = []
-
-    def record(r: int) -> None:
-        s = stages.evaluate(model, ev, on_line=quiet)
-        rows.append({"round": r, "episodes": data.num_episodes, "success": s.success_rate,
-                     "ci": [round(s.ci_low, 3), round(s.ci_high, 3)], "minutes": round((time.time() - t0) / 60, 1)})
-        print(json.dumps(rows[-1]), flush=True)
-
-    record(0)
-    for r in range(1, args.rounds + 1):
-        visited = stages.dagger_collect(model, CollectConfig(episodes=dg.episodes, num_envs=dg.num_envs,
-                                                             execute_steps=ev.execute_steps), r, on_line=quiet)
-        raw = stages.aggregate([raw, visited])
-        data = stages.convert(raw, conv)
-        model = stages.train(data, recipe.model_copy(update={"init_from": model.path, "steps": args.round_steps,
-                                                             "lr": dg.lr, "warmup_steps": 0}), on_line=quiet)
-        record(r)
-    success = [x["success"] for x in rows]
-    print(json.dumps({"bench": "dagger", "success_by_round": success, "ci_by_round": [x["ci"] for x in rows],
-                      "episodes_by_round": [x["episodes"] for x in rows], "gain": round(success[-1] - success[0], 3),
+    s = run_loop(cfg, LocalSteps(on_line=lambda line: None))
+    for r in s.rounds:
+        print(json.dumps({"round": r.round, "episodes": r.episodes, "success": r.success_rate,
+                          "ci": [round(r.ci_low, 3), round(r.ci_high, 3)]}), flush=True)
+    success = [r.success_rate for r in s.rounds]
+    print(json.dumps({"bench": "dagger", "success_by_round": success,
+                      "ci_by_round": [[round(r.ci_low, 3), round(r.ci_high, 3)] for r in s.rounds],
+                      "episodes_by_round": [r.episodes for r in s.rounds], "gain": round(success[-1] - success[0], 3),
                       "eval_episodes": args.episodes, "minutes": round((time.time() - t0) / 60, 1),
                       "work": str(work)}))
 

@@ -240,7 +240,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
         print(jsonline(reg.show(args.name, args.ref or "champion"), indent=2))
     elif args.action == "promote":
         d = reg.promote(args.name, args.ref, margin=args.margin, alpha=args.alpha, force=args.force)
-        print(jsonline(vars(d)))
+        print(jsonline(d.model_dump(mode="json")))
         return 0 if d.promoted else 3
     elif args.action == "download":
         dst = args.dst or f"{args.name}-{args.ref or 'champion'}"
@@ -363,6 +363,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     co.add_argument("dst")
     options(co, "collect", "roboloop.evaluation.config:CollectConfig", skip=frozenset({"dst"}))
     co.set_defaults(fn=cmd_collect)
+
+    from roboloop import cli_loop
+
+    cli_loop.add_parser(sub)
 
     r = sub.add_parser("registry", help="model registry (local folder or s3://): list, show, promote, download, "
                        "add (register a model folder: registry add NAME MODEL_DIR [--eval RUN] [--promote])")

@@ -22,7 +22,7 @@ import secrets
 import shutil
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from roboloop.errors import BusyError, DestinationExistsError
@@ -94,6 +94,22 @@ def check_destination(dst: str | Path, kind: str, overwrite: bool = False, flag:
     if not overwrite:
         raise DestinationExistsError(f"{dst} already holds a roboloop {kind}; choose another destination ({flag}) "
                                      "or pass --overwrite to move the old one aside")
+
+
+class UnsafePathError(ValueError):
+    """A path named by metadata (a dataset's templates, an S3 key, a registry file) would escape its root."""
+
+
+def check_relative(rel: str) -> PurePosixPath:
+    """Return `rel` as a relative POSIX path, refusing absolute paths and `..` parts."""
+    if not rel or "\x00" in rel:
+        raise UnsafePathError(f"empty or NUL-containing path {rel!r}")
+    p = PurePosixPath(rel.replace("\\", "/"))
+    if p.is_absolute() or rel.startswith(("/", "\\")) or (len(rel) > 1 and rel[1] == ":"):
+        raise UnsafePathError(f"absolute path {rel!r} is not allowed inside a dataset")
+    if any(part == ".." for part in p.parts):
+        raise UnsafePathError(f"path {rel!r} escapes the dataset root ('..')")
+    return p
 
 
 def umask() -> int:

@@ -1,10 +1,15 @@
-"""The closed loop's configuration: one model, with named presets as functions.
+"""The closed loop: its configuration (one model, named presets as functions) and the loop itself.
 
 `LoopConfig` is the `closed-loop` flow's parameter (the Prefect UI renders it as a form), what
 `make demo` runs (`demo()`, or `ci()` for CI's fresh-clone check) and what the nightly
 deployment runs (`nightly_gpu()`; `deployments/prefect.yaml` is kept equal to it by a test).
 Fields the loop decides itself (where each stage writes, which dataset a model trains on, which
 policy an evaluation runs) are not parameters.
+
+`run_loop(cfg, steps)` is the loop, written once (`roboloop.loop_run`): ingest -> convert -> train ->
+evaluate (simulator or offline) -> register, then DAgger rounds and an RL round. `steps` are the stage
+calls: `LocalSteps` (the library's stages, what `roboloop loop` uses) or the Prefect task adapters
+(`tasks.loop.PrefectSteps`, what the `closed-loop` flow uses, so each stage is a task run in the UI).
 """
 
 from __future__ import annotations
@@ -152,3 +157,7 @@ def for_source(cfg: LoopConfig, source: str, evaluation: Literal["simulator", "o
                                       "evaluation": evaluation, "model_name": name or "policy",
                                       "train": train.model_dump(), "rounds": 1 if evaluation == "offline"
                                       else cfg.rounds, "rl": None if evaluation == "offline" else cfg.rl})
+
+
+# the loop itself (it imports LoopConfig from here, so it comes last)
+from roboloop.loop_run import LocalSteps, Steps, run_loop  # noqa: E402,F401

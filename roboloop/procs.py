@@ -4,7 +4,8 @@
 line to `on_line` as it arrives (Prefect tasks re-log them; child output reaches Prefect
 only that way), and kills the *whole group* — SIGTERM, then SIGKILL — when the parent
 raises, times out, or receives SIGTERM (what Prefect sends a cancelled flow run). A plain
-`Popen.kill()` would leave torchrun's ranks running.
+`Popen.kill()` would leave torchrun's ranks running. `run_entry` is how every child stage starts
+(simulator runs, recording, RL): `python -m roboloop.entry STAGE CONFIG.json` under `run_streaming`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+
+from roboloop.errors import RoboloopError
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -160,3 +163,27 @@ def log_level(line: str) -> int:
     if _CHATTER.match(s) or (s.startswith("{") and s.endswith("}")):
         return logging.DEBUG
     return logging.INFO
+
+
+class ChildFailed(RoboloopError):
+    """A simulator, recording or RL child process failed; the message carries its error line."""
+
+
+def run_entry(stage: str, cfg, work, on_line: Callable[[str], None], timeout_s: float | None, what: str) -> dict:
+    """`python -m roboloop.entry STAGE CONFIG.json` in a child process group (Isaac Lab keeps one simulation per
+    process; a cancelled caller kills the simulator too). Returns the stage's JSON result; raises on failure."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from roboloop import fsutil
+
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    cfg_file = fsutil.atomic_write_text(work / f"{stage}_config.json", cfg.model_dump_json(indent=2))
+    cmd = [sys.executable, "-m", "roboloop.entry", stage, str(cfg_file)]
+    code, tail = run_streaming(cmd, on_line, timeout_s, {**os.environ, "PYTHONUNBUFFERED": "1"}, what=what)
+    if code != 0:
+        cause = next((ln for ln in reversed(tail) if ": " in ln and ln.split(":")[0].endswith("Error")), tail[-1:])
+        raise ChildFailed(f"{what} failed (exit {code}): {cause if isinstance(cause, str) else ' | '.join(cause)}")
+    return json.loads(tail[-1])

@@ -134,9 +134,11 @@ class Decision(Receipt):
     name: str
     version: int
     reused: bool = Field(False, description="the same weights were already registered under this version")
-    promoted: bool | None = None
-    reason: str = ""
-    champion: int | None = None
+    promoted: bool | None = Field(None, description="None: registered without running the gate")
+    reason: str = Field("", description="the gate's reason")
+    champion: int | None = Field(None, description="the champion after the decision")
+    champion_before: int | None = Field(None, description="the champion before it")
+    time: float | None = Field(None, description="when the gate decided (epoch seconds)")
 
     def identity(self) -> str:
         return f"{self.registry}#{self.name}@{self.version}"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from roboloop.datasets.layout import check_relative
+from roboloop.fsutil import check_relative
 from roboloop.settings import S3Settings
 
 __all__ = ["S3Settings", "S3Uri", "client", "list_objects", "translate_error", "upload_dir"]

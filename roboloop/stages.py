@@ -4,12 +4,15 @@
     convert(raw, convert_config)      -> DatasetRef   v3.0, in artifacts/datasets/<key>
     train(dataset, recipe, launch)    -> ModelRef     under torchrun, in artifacts/models/<key>
     evaluate(policy, eval_recipe)     -> EvalSummary  in its own run folder, artifacts/evals/<run>
-    register(model, lineage, ...)     -> Decision     a registry version, promoted only if not worse
+    evaluate_offline(model, dataset)  -> OfflineSummary  held-out episodes and two trivial baselines
+    register(model, lineage, ...)     -> Decision     a registry version, promoted only through the gate
 
-The CLI, the Prefect tasks and `reproduce` call these. With a `ReceiptCache`, a stage whose
-inputs (their content identities), config and code are unchanged returns its earlier receipt,
-once its output has been checked (or restored from DVC); output folders are named by that key,
-so a different input never lands on an earlier output.
+The loop (`roboloop.loop.run_loop`: `roboloop loop`, the `closed-loop` flow's task adapters, benches),
+`roboloop reproduce` and `roboloop registry add` call these. With a `ReceiptCache`, a stage whose inputs
+(their content identities), config and code are unchanged returns its earlier receipt, once its output
+has been checked (or restored from DVC); output folders are named by that key, so a different input
+never lands on an earlier output. (`roboloop convert`, `ingest`, `train` and `evaluate` still call the
+domain functions directly, without receipts.)
 """
 
 from __future__ import annotations
@@ -28,15 +31,13 @@ from roboloop.cache import ReceiptCache, cache_key
 from roboloop.datasets.config import ConvertConfig
 from roboloop.evaluation.config import CollectConfig, EvalConfig, EvalRecipe, OfflineRecipe
 from roboloop.hashing import MODEL_IGNORE, dir_md5, file_sha256
+from roboloop.keys import keyed
 from roboloop.lineage import Lineage
 from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
 from roboloop.rl.config import RLRecipe
 from roboloop.training.config import LaunchConfig, TrainConfig, TrainRecipe
 
 OnLine = Callable[[str], None]
-# Fields that change how fast or how often, not what is computed: not part of a cache key.
-TRAIN_NOT_KEYED = {"num_workers", "prefetch", "log_every", "checkpoint_every_steps", "checkpoint_every_minutes",
-                   "keep_last", "resume"}
 
 
 def artifacts_root() -> Path:
@@ -105,7 +106,7 @@ def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = No
         if not track or raw.tracked:
             return raw
         return snapshot(raw, cache, dst)
-    key = cache_key("convert", raw.md5, cfg.model_dump(exclude={"workers", "progress"}))
+    key = cache_key("convert", raw.md5, keyed(cfg))
     if cache and (hit := cache.get(key, DatasetRef)):
         return hit
     out = Path(dst) if dst else artifacts_root() / "datasets" / f"v3-{key.split('-')[-1][:16]}"
@@ -151,7 +152,7 @@ def dagger_collect(model: ModelRef, recipe: CollectConfig, round_: int, cache: R
     and every state it visits is recorded with the scripted expert's action there (failures kept)."""
     from roboloop.evaluation.run import collect_in_subprocess
 
-    key = cache_key("dagger", model.weights_sha256, recipe.model_dump(exclude={"dst", "policy"}), round_)
+    key = cache_key("dagger", model.weights_sha256, keyed(recipe), round_)
     if cache and (hit := cache.get(key, DatasetRef)):
         return hit
     out = artifacts_root() / "datasets" / f"dagger-r{round_}-{key.split('-')[-1][:16]}"
@@ -206,7 +207,7 @@ def train(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | None = N
 
     launch = launch or LaunchConfig.from_settings()
     world = launch.nproc_per_node * launch.nnodes
-    key = cache_key("train", data.md5, recipe.model_dump(exclude=TRAIN_NOT_KEYED), world)
+    key = cache_key("train", data.md5, keyed(recipe), world)
     if cache and (hit := cache.get(key, ModelRef)):
         return hit
     out = Path(output_dir) if output_dir else artifacts_root() / "models" / f"{recipe.preset}-{key.split('-')[-1][:16]}"
@@ -281,7 +282,7 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
         save_rollouts is None else None
     label = policy if isinstance(policy, str) else f"{model.name or Path(model.path).name}"  # type: ignore[union-attr]
     policy_id = model.weights_sha256 if model else str(policy)
-    key = cache_key("evaluate", policy_id, recipe.model_dump(), save_rollouts is not None, reference, margin)
+    key = cache_key("evaluate", policy_id, keyed(recipe), save_rollouts is not None, reference, margin)
     if cache and save_rollouts is None and (hit := cache.get(key, EvalSummary)):
         return hit
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -311,7 +312,7 @@ def evaluate_offline(model: ModelRef, data: DatasetRef, recipe: OfflineRecipe, e
     folder of its own; for data with no simulator twin. Keyed on weights + dataset md5 + recipe + episodes."""
     from roboloop.evaluation.offline import evaluate_offline as score
 
-    key = cache_key("evaluate-offline", model.weights_sha256, data.md5, recipe.model_dump(), episodes)
+    key = cache_key("evaluate-offline", model.weights_sha256, data.md5, keyed(recipe), episodes)
     if cache and (hit := cache.get(key, OfflineSummary)):
         return hit
     label = slug(model.name or Path(model.path).name, 32)
@@ -356,8 +357,6 @@ def sweep_candidates(run: str | Path, include_final: bool = True) -> list[tuple[
 
 
 # ---------------------------------------------------------------- reinforcement learning
-RL_NOT_KEYED = {"checkpoint_every", "keep_last", "resume", "ray_address", "placement", "env_cpus", "learner_gpus",
-                "rollout_gpus", "learner_threads"}
 
 
 def rl_finetune(parent: ModelRef, recipe: RLRecipe, cache: ReceiptCache | None = None,
@@ -368,7 +367,7 @@ def rl_finetune(parent: ModelRef, recipe: RLRecipe, cache: ReceiptCache | None =
     from roboloop.rl.config import RLConfig
     from roboloop.rl.run import rl_in_subprocess
 
-    key = cache_key("rl", parent.weights_sha256, recipe.model_dump(exclude=RL_NOT_KEYED))
+    key = cache_key("rl", parent.weights_sha256, keyed(recipe))
     if cache and (hit := cache.get(key, ModelRef)):
         return hit
     out = Path(output_dir) if output_dir else artifacts_root() / "rl" / f"{slug(Path(parent.path).name, 32)}-" \
@@ -402,8 +401,23 @@ def register(model: ModelRef, lineage: Lineage, name: str, registry: str | None 
     if not promote:
         return Decision(registry=reg.uri, name=name, version=version, reused=reused)
     d = reg.promote(name, version, margin=margin, rescore=_offline_rescorer(reg.uri, name, lineage))
-    return Decision(registry=reg.uri, name=name, version=version, reused=reused, promoted=d.promoted,
-                    reason=d.reason, champion=d.champion_after)
+    return d.model_copy(update={"reused": reused})
+
+
+def parent_dataset(parent: ModelRef) -> DatasetRef:
+    """The dataset a model was trained on: from its registry lineage, else its training config's folder (what an
+    RL child's lineage names)."""
+    if parent.registry and parent.name and parent.version:
+        from roboloop.registry import Registry
+
+        lin = Registry(parent.registry).lineage(parent.name, parent.version)
+        if lin.get("dataset"):
+            return DatasetRef.model_validate(lin["dataset"])
+    path = parent.config.get("dataset", "")
+    if not path or not Path(path).is_dir():
+        raise FileNotFoundError(f"{parent.path}: its training dataset {path!r} is not here and it has no registry "
+                                "lineage; the registry needs the dataset's md5 (restore it with dvc pull)")
+    return dataset_ref(path)
 
 
 def register_folder(path: str | Path, name: str, registry: str | None = None, evaluation: str | Path | None = None,

@@ -8,8 +8,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from roboloop import stages
-from roboloop.lineage import Lineage
-from roboloop.receipts import DatasetRef, Decision, EvalSummary, ModelRef
+from roboloop.receipts import Decision, EvalSummary, ModelRef
 from roboloop.rl.config import RLRecipe
 from tasks.common import NO_CACHE, artifact_key, png_markdown, receipts, relay
 from tasks.register import register_task
@@ -44,25 +43,9 @@ def rl_task(parent: ModelRef, recipe: RLRecipe, timeout_s: float | None = None, 
     return model
 
 
-def _dataset_of(parent: ModelRef) -> DatasetRef:
-    """The dataset the parent was cloned on: from its registry lineage, else its training config's folder."""
-    if parent.registry and parent.name and parent.version:
-        from roboloop.registry import Registry
-
-        lin = Registry(parent.registry).lineage(parent.name, parent.version)
-        if lin.get("dataset"):
-            return DatasetRef.model_validate(lin["dataset"])
-    path = parent.config.get("dataset", "")
-    if not path or not Path(path).is_dir():
-        raise FileNotFoundError(f"{parent.path}: its training dataset {path!r} is not here and it has no registry "
-                                "lineage; the registry needs the dataset's md5 (restore it with dvc pull)")
-    return stages.dataset_ref(path)
-
-
 @task(name="register-rl", cache_policy=NO_CACHE)
 def register_rl_task(model: ModelRef, parent: ModelRef, ev: EvalSummary, recipe: RLRecipe, name: str,
                      margin: float) -> Decision:
-    parents = [f"{parent.name}@v{parent.version}"] if parent.version else [parent.path]
-    lineage = Lineage.of(None, _dataset_of(parent), model, ev, parents=parents,
-                         configs={"rl": recipe.model_dump(mode="json"), "parent_weights": parent.weights_sha256})
-    return register_task.fn(model, lineage, name, margin=margin)
+    from roboloop.loop_run import rl_lineage
+
+    return register_task.fn(model, rl_lineage(model, parent, ev, recipe), name, margin=margin)

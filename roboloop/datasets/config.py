@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 from pydantic import BaseModel, Field
 
@@ -10,6 +11,11 @@ from roboloop.datasets import layout
 
 
 class ConvertConfig(BaseModel):
+    # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
+    KEYED: ClassVar[frozenset[str]] = frozenset({
+        "data_file_size_in_mb", "max_episodes_per_file", "validate_deep", "video_file_size_in_mb"})
+    NOT_KEYED: ClassVar[frozenset[str]] = frozenset({"progress", "workers"})
+
     data_file_size_in_mb: float = Field(layout.DEFAULT_DATA_FILE_SIZE_IN_MB, gt=0, description="cap per data file")
     video_file_size_in_mb: float = Field(layout.DEFAULT_VIDEO_FILE_SIZE_IN_MB, gt=0, description="cap per mp4")
     max_episodes_per_file: int | None = Field(None, ge=1, description="optional cap on episodes per file")

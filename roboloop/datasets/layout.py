@@ -18,7 +18,10 @@ write outside the dataset root.
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import Path
+
+# the path-safety helper lives with the other file-system rules; re-exported for dataset code
+from roboloop.fsutil import UnsafePathError, check_relative  # noqa: F401
 
 V20 = "v2.0"
 V21 = "v2.1"
@@ -46,22 +49,6 @@ DEFAULT_VIDEO_FILE_SIZE_IN_MB = 200
 
 # Columns every frame row carries besides the user's features.
 INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
-
-
-class UnsafePathError(ValueError):
-    """A path named by dataset metadata (or an S3 key) would escape the dataset root."""
-
-
-def check_relative(rel: str) -> PurePosixPath:
-    """Return `rel` as a relative POSIX path, refusing absolute paths and `..` parts."""
-    if not rel or "\x00" in rel:
-        raise UnsafePathError(f"empty or NUL-containing path {rel!r}")
-    p = PurePosixPath(rel.replace("\\", "/"))
-    if p.is_absolute() or rel.startswith(("/", "\\")) or (len(rel) > 1 and rel[1] == ":"):
-        raise UnsafePathError(f"absolute path {rel!r} is not allowed inside a dataset")
-    if any(part == ".." for part in p.parts):
-        raise UnsafePathError(f"path {rel!r} escapes the dataset root ('..')")
-    return p
 
 
 def safe_join(root: Path, rel: str) -> Path:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, JsonValue, model_validator
 
@@ -25,6 +25,11 @@ def unknown_task_message(task: str) -> str:
 
 class EvalRecipe(BaseModel):
     """How to evaluate (the task, how many episodes, how the policy runs); `EvalConfig` adds what and where."""
+    # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
+    KEYED: ClassVar[frozenset[str]] = frozenset({
+        "device", "early_stop", "episodes", "execute_steps", "num_envs", "seed", "task", "videos"})
+    NOT_KEYED: ClassVar[frozenset[str]] = frozenset()
+
 
     task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task id (Isaac-*/Roboloop-*) or a "
                       "gymnasium id (gym_pusht/PushT-v0)", json_schema_extra=TASK_CHOICES)
@@ -43,6 +48,10 @@ class EvalRecipe(BaseModel):
 class OfflineRecipe(BaseModel):
     """How to score a model without a simulator: its action chunks against the recorded ones on the episodes
     it held out (`TrainRecipe.val_fraction`)."""
+    # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
+    KEYED: ClassVar[frozenset[str]] = frozenset({"device", "plot_episodes", "seed", "stride"})
+    NOT_KEYED: ClassVar[frozenset[str]] = frozenset()
+
 
     stride: int = Field(4, ge=1, description="score every stride-th frame of each held-out episode")
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the model runs")
@@ -69,6 +78,12 @@ class EvalConfig(EvalRecipe):
 
 class CollectConfig(BaseModel):
     """Scripted-expert demonstrations, written as a LeRobot v2.1 dataset."""
+    # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
+    KEYED: ClassVar[frozenset[str]] = frozenset({
+        "camera", "device", "episodes", "execute_steps", "instructions_per_layout", "noise", "num_envs",
+        "only_success", "seed", "task"})
+    NOT_KEYED: ClassVar[frozenset[str]] = frozenset({"dst", "policy"})
+
 
     dst: str = Field("data", description="destination folder (must not exist)")
     task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task the scripted expert solves",

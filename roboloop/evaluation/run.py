@@ -5,9 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
-
-from roboloop.errors import RoboloopError
 from roboloop.evaluation.config import DEFAULT_EXECUTE_STEPS, ROBOLOOP_TASKS, CollectConfig, EvalConfig
 
 if TYPE_CHECKING:
@@ -95,33 +92,13 @@ def _feature_names(task: str) -> tuple[list[str] | None, list[str] | None]:
     return state, (["d_shoulder", "d_elbow"] if "-Joint-" in task else ["d_tip_x", "d_tip_y"])
 
 
-def _run_entry(stage: str, cfg: BaseModel, work: Path, on_line, timeout_s: float | None, what: str) -> dict:
-    """`python -m roboloop.entry STAGE CONFIG.json` in a child process group (Isaac Lab keeps one simulation per
-    process; a cancelled caller kills the simulator too). Returns the stage's JSON result; raises on failure."""
-    import json
-    import os
-    import sys
-
-    from roboloop import fsutil
-    from roboloop.procs import run_streaming
-
-    work.mkdir(parents=True, exist_ok=True)
-    cfg_file = fsutil.atomic_write_text(work / f"{stage}_config.json", cfg.model_dump_json(indent=2))
-    cmd = [sys.executable, "-m", "roboloop.entry", stage, str(cfg_file)]
-    code, tail = run_streaming(cmd, on_line, timeout_s, {**os.environ, "PYTHONUNBUFFERED": "1"}, what=what)
-    if code != 0:
-        cause = next((ln for ln in reversed(tail) if ": " in ln and ln.split(":")[0].endswith("Error")), tail[-1:])
-        raise ChildFailed(f"{what} failed (exit {code}): {cause if isinstance(cause, str) else ' | '.join(cause)}")
-    return json.loads(tail[-1])
-
-
-class ChildFailed(RoboloopError):
-    """A simulator or recording child process failed; the message carries its error line."""
+# children start through one public module (roboloop.procs); the names stay importable from here
+from roboloop.procs import ChildFailed, run_entry  # noqa: E402,F401
 
 
 def evaluate_in_subprocess(cfg: EvalConfig, on_line=print, timeout_s: float | None = None) -> dict:
     """Evaluate in a child process group; returns the report dict (also in `cfg.output_dir`/report.json)."""
-    return _run_entry("evaluate", cfg, Path(cfg.output_dir), on_line, timeout_s,
+    return run_entry("evaluate", cfg, Path(cfg.output_dir), on_line, timeout_s,
                       f"evaluation of {cfg.policy} on {cfg.task}")
 
 
@@ -129,7 +106,7 @@ def collect_in_subprocess(cfg: CollectConfig, on_line=print, timeout_s: float | 
     """Record demonstrations in a child process group; returns its JSON summary."""
     work = Path(cfg.dst).parent / f".{Path(cfg.dst).name}.collect"
     try:
-        return _run_entry("collect", cfg, work, on_line, timeout_s, f"collecting {cfg.task} demos")
+        return run_entry("collect", cfg, work, on_line, timeout_s, f"collecting {cfg.task} demos")
     finally:
         import shutil
 

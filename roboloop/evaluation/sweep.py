@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roboloop import fsutil
-from roboloop.training import checkpoint
 
 
 @dataclass
@@ -29,6 +28,8 @@ class Scored:
 
 def kept_checkpoints(run: str | Path) -> list[tuple[int, Path]]:
     """(step, folder) of the run's finished checkpoints, oldest first."""
+    from roboloop.training import checkpoint  # torch: only when sweeping (flows import this module)
+
     out = []
     for p in checkpoint.complete(Path(run) / "checkpoints"):
         if checkpoint.is_sharded(p):
@@ -40,6 +41,7 @@ def kept_checkpoints(run: str | Path) -> list[tuple[int, Path]]:
 
 def export_checkpoint(run: str | Path, ckpt: Path, step: int, dst: str | Path) -> Path:
     """A model folder at `dst` with the checkpoint's weights (an earlier export of the same step is reused)."""
+    from roboloop.training import checkpoint
 
     run, dst = Path(run), Path(dst)
     for f in ("config.json", "stats.json"):

@@ -24,14 +24,13 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from roboloop import fsutil
 from roboloop.binomial import non_inferior, paired_difference, paired_error_gate, paired_gate
-from roboloop.datasets import layout
 from roboloop.errors import RoboloopError
+from roboloop.receipts import Decision
 from roboloop.registry.store import PreconditionFailed, open_store
 
 REQUIRED_LINEAGE = ("git_commit", "dataset_md5", "config", "metrics")
@@ -95,16 +94,6 @@ def parse_version(ref: str | int) -> int:
     if not s.isdigit():
         raise RegistryError(f"not a version: {ref!r} (use 3, v3 or an alias {ALIASES})")
     return int(s)
-
-
-@dataclass
-class Decision:
-    version: int
-    promoted: bool
-    reason: str
-    champion_before: int | None
-    champion_after: int | None
-    time: float
 
 
 class Registry:
@@ -243,7 +232,7 @@ class Registry:
             return dst  # already here, intact
         with fsutil.atomic_dir(dst, "model", overwrite, meta=me, flag="--dst") as tmp:
             for rel, meta in files.items():
-                out = tmp / layout.check_relative(rel)
+                out = tmp / fsutil.check_relative(rel)
                 self.store.get_file(f"{self._vdir(name, v)}/files/{rel}", out)
                 if hashlib.sha256(out.read_bytes()).hexdigest() != meta["sha256"]:
                     raise CorruptVersionError(f"{name} v{v}: {rel} does not match its manifest checksum")
@@ -294,8 +283,12 @@ class Registry:
                 ok, reason = True, "forced"
             else:
                 ok, reason = self._against(name, ev, int(champ), margin, alpha, rescore, rescored)
-            d = Decision(v, ok, reason, champ, v if ok else champ, time.time())
-            new = {**al, "decisions": [*al.get("decisions", []), asdict(d)]}
+            now = time.time()
+            d = Decision(registry=self.uri, name=name, version=v, promoted=ok, reason=reason,
+                         champion=v if ok else champ, champion_before=champ, time=now)
+            record = {"version": v, "promoted": ok, "reason": reason, "champion_before": champ,
+                      "champion_after": d.champion, "time": now}
+            new = {**al, "decisions": [*al.get("decisions", []), record]}
             if ok:
                 new["champion"] = v
                 if new.get("challenger") == v:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from roboloop import fsutil
-from roboloop.datasets.layout import check_relative
+from roboloop.fsutil import check_relative
 
 
 class PreconditionFailed(Exception):

@@ -20,6 +20,17 @@ def reward_mode(task: str, reward: str) -> str:
 
 class RLRecipe(BaseModel):
     """How to fine-tune (the flow's parameter; the policy and output folder are added by `RLConfig`)."""
+    # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
+    KEYED: ClassVar[frozenset[str]] = frozenset({
+        "clip", "critic_warmup_updates", "denoise_steps", "entropy_coef", "env_steps", "env_workers",
+        "envs_per_worker", "epochs", "execute_steps", "final_std", "freeze_backbone", "gae_lambda", "gamma",
+        "grad_clip", "init_std", "is_cap", "learner_device", "lr", "max_staleness", "max_std", "min_std",
+        "minibatch", "mode", "noise", "reward", "reward_scale", "rollout_device", "seed", "segment_decisions",
+        "segments_per_update", "target_kl", "task", "value_coef", "value_lr", "x0"})
+    NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
+        "checkpoint_every", "env_cpus", "keep_last", "learner_gpus", "learner_threads", "placement", "ray_address",
+        "resume", "rollout_gpus"})
+
 
     task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task the policy acts in")
     mode: Literal["sync", "async"] = Field(

@@ -371,12 +371,12 @@ def progress_line(event: dict) -> str:
 def rl_in_subprocess(cfg: RLConfig, on_line=print, timeout_s: float | None = None) -> dict:
     """Run RL in a child process group (its Ray workers die with it when the caller is cancelled); returns the
     JSON result."""
-    from roboloop.evaluation.run import _run_entry
+    from roboloop.procs import run_entry
 
     out = Path(cfg.output_dir).absolute()
     work = out.parent / f".{out.name}.rl"
     try:
-        return _run_entry("rl", cfg, work, on_line, timeout_s, f"RL fine-tuning of {cfg.policy} on {cfg.task}")
+        return run_entry("rl", cfg, work, on_line, timeout_s, f"RL fine-tuning of {cfg.policy} on {cfg.task}")
     finally:  # only the config file written there, and the folder if that leaves it empty
         (work / "rl_config.json").unlink(missing_ok=True)
         with contextlib.suppress(OSError):

@@ -95,6 +95,15 @@ PRESETS = {"tiny": tiny, "small": small, "base": base, "n15": n15}
 class TrainRecipe(BaseModel):
     """How to train: model, optimisation, data pipeline, checkpoints. The closed loop's parameter (the
     dataset and the output folder are the loop's to choose); `TrainConfig` adds them."""
+    # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
+    KEYED: ClassVar[frozenset[str]] = frozenset({
+        "aux_target", "aux_weight", "deterministic", "device", "fp8_backend", "grad_clip", "init_from", "lr",
+        "max_samples", "max_tokens", "model_overrides", "precision", "preset", "seed", "shuffle_buffer", "steps",
+        "strategy", "val_fraction", "warmup_steps", "weight_decay", "window", "with_video"})
+    NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
+        "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
+        "resume"})
+
 
     preset: Literal["tiny", "small", "base", "n15"] = Field("tiny", description="model size preset")
     model_overrides: dict[str, int | float | str | list[int]] = Field(

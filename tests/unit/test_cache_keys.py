@@ -51,3 +51,22 @@ def test_the_shipped_assets_are_hashed_by_content(monkeypatch):
         assert lineage.code_version() == first
     finally:
         os.utime(asset, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_every_field_of_a_keyed_config_is_declared_keyed_or_not():
+    """A new field must say whether it shapes the output (KEYED) or not (NOT_KEYED), on the model itself."""
+    from roboloop.datasets.config import ConvertConfig
+    from roboloop.evaluation.config import CollectConfig, EvalRecipe, OfflineRecipe
+    from roboloop.keys import keyed, undeclared
+    from roboloop.rl.config import RLRecipe
+    from roboloop.training.config import TrainRecipe
+
+    for cls in (ConvertConfig, TrainRecipe, RLRecipe, EvalRecipe, OfflineRecipe, CollectConfig):
+        assert undeclared(cls) == [], f"{cls.__name__}: classify {undeclared(cls)} in KEYED or NOT_KEYED"
+    fast, slow = TrainRecipe(num_workers=1, resume=False), TrainRecipe(num_workers=4)
+    assert keyed(fast) == keyed(slow) and keyed(TrainRecipe(lr=1e-2)) != keyed(slow)
+
+    class Grown(TrainRecipe):  # what the test catches: a field nobody classified
+        new_knob: int = 0
+
+    assert undeclared(Grown) == ["new_knob"]

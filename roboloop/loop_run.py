@@ -1,0 +1,199 @@
+"""The closed loop, written once: `run_loop(cfg, steps) -> LoopSummary`.
+
+    ingest -> convert -> train -> evaluate (simulator, with the random baseline; or offline) -> register
+    then, with `rounds` > 1, DAgger rounds: the policy acts, the expert labels what it visited, the labels join
+    the data as a new version, training continues from the previous weights, evaluate, register;
+    then, with `rl`, an RL round: the last model fine-tuned in the simulator, evaluated, registered as a child.
+
+`steps` supplies the stage calls (`Steps`). `LocalSteps` calls the library's stages directly with the receipt
+cache (`roboloop loop`, benches); the `closed-loop` flow passes Prefect task adapters (`tasks.loop`), so each
+stage shows as a task run with its artifacts. Either way the receipts, caches and registry entries are the
+same, so a loop run by one is a verified cache hit for the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from roboloop.datasets.config import ConvertConfig
+from roboloop.evaluation.config import CollectConfig, EvalRecipe, OfflineRecipe
+from roboloop.lineage import Lineage
+from roboloop.loop import LoopConfig
+from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
+from roboloop.rl.config import RLRecipe
+from roboloop.summary import LoopSummary, RoundResult
+from roboloop.training.config import LaunchConfig, TrainRecipe
+
+
+class Steps(Protocol):
+    """The stage calls the loop makes; each returns the stage's receipt (see `roboloop.stages`)."""
+
+    def ingest(self, source: str, collect: CollectConfig | None, track: bool) -> DatasetRef: ...
+    def convert(self, raw: DatasetRef, cfg: ConvertConfig, track: bool) -> DatasetRef: ...
+    def train(self, data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | None, track: bool,
+              execution: ExecutionSettings) -> ModelRef: ...
+    def evaluate(self, policy: str | ModelRef, recipe: EvalRecipe, against: str | None = None,
+                 margin: float = 0.05) -> EvalSummary: ...
+    def evaluate_offline(self, model: ModelRef, data: DatasetRef, recipe: OfflineRecipe) -> OfflineSummary: ...
+    def register(self, model: ModelRef, lineage: Lineage, name: str, margin: float) -> Decision: ...
+    def dagger_collect(self, model: ModelRef, recipe: CollectConfig, round_: int, track: bool) -> DatasetRef: ...
+    def aggregate(self, sources: list[DatasetRef], round_: int, track: bool) -> DatasetRef: ...
+    def rl(self, parent: ModelRef, recipe: RLRecipe, track: bool) -> ModelRef: ...
+
+
+class LocalSteps:
+    """The library's stages, in this process (children for training, simulation and RL, as always), with the
+    receipt cache; no Prefect. `on_line` gets the children's progress lines."""
+
+    def __init__(self, on_line: Callable[[str], None] = print, cache=None):
+        from roboloop.cache import ReceiptCache
+
+        self.on_line, self.cache = on_line, cache or ReceiptCache()
+
+    def ingest(self, source, collect, track):
+        from roboloop import stages
+
+        return stages.ingest(source, collect=collect, track=track, on_line=self.on_line)
+
+    def convert(self, raw, cfg, track):
+        from roboloop import stages
+
+        return stages.convert(raw, cfg, cache=self.cache, track=track)
+
+    def train(self, data, recipe, launch, track, execution):
+        from roboloop import stages
+
+        return stages.train(data, recipe, launch, cache=self.cache, track=track, execution=execution,
+                            on_line=self.on_line)
+
+    def evaluate(self, policy, recipe, against=None, margin=0.05):
+        from roboloop import stages
+
+        return stages.evaluate(policy, recipe, cache=self.cache, on_line=self.on_line, against=against, margin=margin)
+
+    def evaluate_offline(self, model, data, recipe):
+        from roboloop import stages
+
+        return stages.evaluate_offline(model, data, recipe, cache=self.cache)
+
+    def register(self, model, lineage, name, margin):
+        from roboloop import stages
+
+        return stages.register(model, lineage, name, margin=margin)
+
+    def dagger_collect(self, model, recipe, round_, track):
+        from roboloop import stages
+
+        return stages.dagger_collect(model, recipe, round_, cache=self.cache, track=track, on_line=self.on_line)
+
+    def aggregate(self, sources, round_, track):
+        from roboloop import stages
+
+        return stages.aggregate(sources, cache=self.cache, track=track)
+
+    def rl(self, parent, recipe, track):
+        from roboloop import stages
+
+        return stages.rl_finetune(parent, recipe, cache=self.cache, on_line=self.on_line, track=track)
+
+
+def run_loop(cfg: LoopConfig, steps: Steps) -> LoopSummary:
+    """One pass of the closed loop (and its DAgger and RL rounds); returns what it produced."""
+    execution = ExecutionSettings(execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
+    raw = steps.ingest(cfg.source, cfg.collect_if_missing, cfg.track)
+    data = steps.convert(raw, cfg.convert, cfg.track)
+    model = steps.train(data, cfg.train, cfg.launch, cfg.track, execution)
+    if cfg.evaluation == "offline":
+        offline = steps.evaluate_offline(model, data, cfg.offline)
+        decision = steps.register(model, lineage(cfg, raw, data, model, None, None, offline=offline),
+                                  cfg.model_name, cfg.margin)
+        return summary(data, model, None, None, decision, offline=offline)
+    evaluation = steps.evaluate(model, cfg.eval, cfg.model_name, cfg.margin)
+    baseline = steps.evaluate("random", baseline_recipe(cfg)) if cfg.baseline else None
+    decision = steps.register(model, lineage(cfg, raw, data, model, evaluation, baseline), cfg.model_name,
+                              cfg.margin)
+    rounds = [round_result(0, data, model, evaluation, decision)]
+    for r in range(1, cfg.rounds):
+        visited = steps.dagger_collect(model, dagger_recipe(cfg), r, cfg.track)
+        raw = steps.aggregate([raw, visited], r, cfg.track)
+        data = steps.convert(raw, cfg.convert, cfg.track)
+        recipe = cfg.train.model_copy(update={"init_from": model.path, "steps": cfg.dagger.steps,
+                                              "lr": cfg.dagger.lr, "warmup_steps": 0})
+        parent = decision
+        model = steps.train(data, recipe, cfg.launch, cfg.track, execution)
+        evaluation = steps.evaluate(model, cfg.eval, cfg.model_name, cfg.margin)
+        decision = steps.register(model, lineage(cfg, raw, data, model, evaluation, baseline, r, parent),
+                                  cfg.model_name, cfg.margin)
+        rounds.append(round_result(r, data, model, evaluation, decision, "dagger"))
+    if cfg.rl is not None:
+        parent_model = model.model_copy(update={"registry": decision.registry, "name": decision.name,
+                                                "version": decision.version})
+        model = steps.rl(parent_model, cfg.rl, cfg.track)
+        evaluation = steps.evaluate(model, cfg.eval.model_copy(update={"execute_steps": cfg.rl.execute_steps}),
+                                    cfg.model_name, cfg.margin)
+        decision = steps.register(model, rl_lineage(model, parent_model, evaluation, cfg.rl), cfg.model_name,
+                                  cfg.margin)
+        rounds.append(round_result(len(rounds), data, model, evaluation, decision, "rl"))
+    return summary(data, model, evaluation, baseline, decision, rounds)
+
+
+def baseline_recipe(cfg: LoopConfig) -> EvalRecipe:
+    """The random policy on the first `baseline_episodes` of the policy's episodes (the same layouts)."""
+    return cfg.eval.model_copy(update={"videos": 1, "early_stop": False,
+                                       "episodes": min(cfg.eval.episodes, cfg.baseline_episodes or cfg.eval.episodes)})
+
+
+def dagger_recipe(cfg: LoopConfig) -> CollectConfig:
+    """A DAgger round's recording: the loop's task, device and execution, the demonstrations' seed and camera
+    (so the new labels merge with them)."""
+    base = cfg.collect_if_missing or CollectConfig()
+    return CollectConfig(task=cfg.eval.task, episodes=cfg.dagger.episodes, num_envs=cfg.dagger.num_envs,
+                         device=cfg.eval.device, seed=base.seed, camera=base.camera,
+                         execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
+
+
+def lineage(cfg: LoopConfig, raw: DatasetRef, data: DatasetRef, model: ModelRef, ev: EvalSummary | None,
+            baseline: EvalSummary | None, round_: int = 0, parent: Decision | None = None,
+            offline: OfflineSummary | None = None) -> Lineage:
+    configs = {"source": cfg.source, "convert": cfg.convert.model_dump(mode="json"), "round": round_,
+               "evaluation": cfg.evaluation}
+    configs["eval" if ev else "offline"] = (cfg.eval if ev else cfg.offline).model_dump(mode="json")
+    if round_:
+        configs["dagger"] = cfg.dagger.model_dump(mode="json")
+    parents = [f"{parent.name}@v{parent.version}"] if parent else []
+    return Lineage.of(raw, data, model, ev, baseline=baseline, configs=configs, parents=parents, offline=offline)
+
+
+def rl_lineage(model: ModelRef, parent: ModelRef, ev: EvalSummary, recipe: RLRecipe) -> Lineage:
+    """An RL model's lineage: its parent version (or folder) and the dataset the parent was cloned on."""
+    from roboloop import stages
+
+    parents = [f"{parent.name}@v{parent.version}"] if parent.version else [parent.path]
+    return Lineage.of(None, stages.parent_dataset(parent), model, ev, parents=parents,
+                      configs={"rl": recipe.model_dump(mode="json"), "parent_weights": parent.weights_sha256})
+
+
+def round_result(r: int, data: DatasetRef, model: ModelRef, ev: EvalSummary, d: Decision,
+                 kind: str = "demonstrations") -> RoundResult:
+    return RoundResult(round=r, kind=kind, dataset_md5=data.md5, episodes=data.num_episodes, model=model.path,
+                       weights_sha256=model.weights_sha256, success_rate=ev.success_rate, ci_low=ev.ci_low,
+                       ci_high=ev.ci_high, successes=ev.successes, evaluated=ev.episodes, version=d.version,
+                       promoted=d.promoted)
+
+
+def summary(data: DatasetRef, model: ModelRef, ev: EvalSummary | None, baseline: EvalSummary | None,
+            decision: Decision, rounds: list[RoundResult] | None = None,
+            offline: OfflineSummary | None = None) -> LoopSummary:
+    return LoopSummary(dataset_v3=data.path, dataset_md5=data.md5, model=model.path, model_md5=model.md5,
+                       weights_sha256=model.weights_sha256, final_loss=model.metrics.get("final_loss"),
+                       success_rate=ev.success_rate if ev else None, ci=(ev.ci_low, ev.ci_high) if ev else None,
+                       eval_run=ev.run_dir if ev else offline.run_dir if offline else "",
+                       random_success_rate=baseline.success_rate if baseline else None, decision=decision,
+                       rounds=rounds or [], offline=offline)
+
+
+def rounds_plot_dir(s: LoopSummary) -> Path | None:
+    """Where a multi-round loop's rounds plot goes (beside its last evaluation)."""
+    return Path(s.eval_run) if len(s.rounds) > 1 and s.eval_run else None
