@@ -32,6 +32,11 @@ def browser(request, stack, tmp_path):
     opts.binary_location = chromium
     d = webdriver.Chrome(service=Service(driver), options=opts)
     d.implicitly_wait(0)
+    # a renderer that stops answering must fail the test in minutes, not hold CI (seen once: 25 min, both cores
+    # spinning in two renderers after the run had completed)
+    d.set_page_load_timeout(90)
+    d.set_script_timeout(30)
+    d.command_executor.client_config.timeout = 90
     try:
         yield d
     finally:
