@@ -138,8 +138,8 @@ PRESETS = {"demo": demo, "ci": ci, "nightly_gpu": nightly_gpu}
 def for_source(cfg: LoopConfig, source: str, evaluation: Literal["simulator", "offline"] = "offline",
                model_name: str | None = None) -> LoopConfig:
     """`cfg` run on a user's own dataset (a folder anywhere or s3://...), which the loop only reads: nothing is
-    recorded into it, 10% of its episodes are held out when evaluating offline, and the model is registered
-    under the dataset's name unless one is given."""
+    recorded into it, every camera it has is fed to the model, 10% of its episodes are held out when evaluating
+    offline, and the model is registered under the dataset's name unless one is given."""
     import re
     from pathlib import PurePosixPath
 
@@ -150,7 +150,8 @@ def for_source(cfg: LoopConfig, source: str, evaluation: Literal["simulator", "o
 
         source = str(Path(source).expanduser().absolute())
     name = model_name or re.sub(r"[^a-z0-9]+", "-", PurePosixPath(source.rstrip("/")).name.lower()).strip("-")
-    train = cfg.train
+    # a user's cameras are what their robot sees: feed them (the demo's reach task trains on state + language)
+    train = cfg.train.model_copy(update={"with_video": True})
     if evaluation == "offline" and train.val_fraction <= 0:
         train = train.model_copy(update={"val_fraction": 0.1})
     return LoopConfig.model_validate({**cfg.model_dump(), "source": source, "collect_if_missing": None,

@@ -104,6 +104,7 @@ def test_a_users_dataset_runs_the_preset_offline_and_is_only_read(tmp_path, monk
     cfg = for_source(demo(), "recordings/My Robot G1/")
     assert cfg.source == str(tmp_path / "recordings/My Robot G1") and cfg.collect_if_missing is None
     assert cfg.evaluation == "offline" and cfg.train.val_fraction == 0.1 and cfg.model_name == "my-robot-g1"
+    assert cfg.train.with_video  # the user's cameras are fed (the demo's reach recipe trains without them)
     assert cfg.train.steps == demo().train.steps  # the preset's recipe otherwise
     s3 = for_source(demo(), "s3://bucket/lab/so101", "simulator", "arm")
     assert (s3.source, s3.evaluation, s3.model_name) == ("s3://bucket/lab/so101", "simulator", "arm")
