@@ -158,7 +158,7 @@ class Trainer:
                  num_parameters(self.model) / 1e6, self.prec.name, self.prec.reason,
                  cfg.strategy if env.world_size > 1 else "1 rank", self.device, env.rank, env.world_size)
         if env.is_main:
-            log.info(camera_line(ds, cfg.with_video))
+            print(camera_line(ds, cfg.with_video), flush=True)  # in the run log beside the loss lines
 
     def resume(self) -> int:
         """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""
