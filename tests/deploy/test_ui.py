@@ -30,6 +30,9 @@ def browser(request, stack, tmp_path):
                 "--autoplay-policy=no-user-gesture-required"):
         opts.add_argument(arg)
     opts.binary_location = chromium
+    # return from a navigation at DOMContentLoaded: the flow-run page once never finished "loading" (its live
+    # requests kept it busy) and d.get() blocked for 25 min; every step below waits for its elements anyway
+    opts.page_load_strategy = "eager"
     d = webdriver.Chrome(service=Service(driver), options=opts)
     d.implicitly_wait(0)
     # a renderer that stops answering must fail the test in minutes, not hold CI (seen once: 25 min, both cores
