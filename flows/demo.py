@@ -58,11 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with embedded():
         s = closed_loop(cfg)
-    print("\n" + "=" * 72)
-    print(f"closed loop finished in {time.time() - t0:.0f} s")
-    print("\n".join(s.human()))
-    print("=" * 72)
-    print(s.json_line())
+    print("\n" + s.report(time.time() - t0))
     return 0
 
 

@@ -51,9 +51,5 @@ def cmd_loop(args: argparse.Namespace) -> int:
               "--no-track to skip)", file=sys.stderr)
     t0 = time.time()
     s = run_loop(cfg, LocalSteps(on_line=lambda line: print(line, file=sys.stderr, flush=True)))
-    print("=" * 72)
-    print(f"closed loop finished in {time.time() - t0:.0f} s")
-    print("\n".join(s.human()))
-    print("=" * 72)
-    print(s.json_line())
+    print(s.report(time.time() - t0))
     return 0

@@ -14,7 +14,6 @@ same, so a loop run by one is a verified cache hit for the other.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 
 from roboloop.datasets.config import ConvertConfig
@@ -193,7 +192,3 @@ def summary(data: DatasetRef, model: ModelRef, ev: EvalSummary | None, baseline:
                        random_success_rate=baseline.success_rate if baseline else None, decision=decision,
                        rounds=rounds or [], offline=offline)
 
-
-def rounds_plot_dir(s: LoopSummary) -> Path | None:
-    """Where a multi-round loop's rounds plot goes (beside its last evaluation)."""
-    return Path(s.eval_run) if len(s.rounds) > 1 and s.eval_run else None

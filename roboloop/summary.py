@@ -111,6 +111,11 @@ class LoopSummary(BaseModel):
                        + (f"  vs baselines: {base}" if base else ""))
         return out
 
+    def report(self, elapsed_s: float) -> str:
+        """What `make demo` and `roboloop loop` print at the end: the framed human lines, then the JSON line."""
+        bar = "=" * 72
+        return "\n".join([bar, f"closed loop finished in {elapsed_s:.0f} s", *self.human(), bar, self.json_line()])
+
     def json_line(self) -> str:
         """The summary as one JSON line (the last line `make demo` and `roboloop loop` print)."""
         import json
