@@ -68,8 +68,9 @@ def main() -> None:
     lr_root = work / "lerobot" / "ds"
     shutil.copytree(src, lr_root)
 
+    # a conversion, its receipt (source and output md5s) included; never a cache hit from an earlier run
     ours_wall, ours_rss = run([sys.executable, "-m", "roboloop.cli", "convert", str(src),
-                                         str(work / "roboloop"), "--no-progress"])
+                                         str(work / "roboloop"), "--no-progress", "--no-cache"])
     lr_wall, lr_rss = run([sys.executable, "-m", "lerobot.scripts.convert_dataset_v21_to_v30",
                                      "--repo-id=bench/ds", f"--root={lr_root}", "--push-to-hub=false"])
     print(json.dumps({

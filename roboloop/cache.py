@@ -98,5 +98,9 @@ class ReceiptCache:
         log.warning("cached output of %s is gone or changed; recomputing", key)
         return None
 
+    def has(self, key: str) -> bool:
+        """Is a receipt stored under `key` (checked or not)?"""
+        return self._path(key).exists()
+
     def put(self, key: str, receipt: Receipt) -> None:
         fsutil.atomic_write_text(self._path(key), receipt.model_dump_json(indent=1))

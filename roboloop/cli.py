@@ -6,15 +6,14 @@ import argparse
 import json
 import logging
 import math
-import os
 import signal
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, get_args, get_origin
 
 from roboloop import __version__
+from roboloop.cli_stages import add_stage_flags, cmd_convert, cmd_evaluate, cmd_ingest, cmd_train
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -68,31 +67,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def cmd_convert(args: argparse.Namespace) -> int:
-    from roboloop.datasets.convert import ConvertConfig, convert
-    from roboloop.datasets.validate import DatasetDefectError
-
-    cfg = _model_from_args(ConvertConfig, args)
-    try:
-        out = convert(args.src, args.dst, cfg, overwrite=args.overwrite)  # type: ignore[arg-type]
-    except DatasetDefectError as e:
-        print(e.report.to_json() if args.json else e.report.human(), file=sys.stderr)
-        print(f"refused: {args.src} has {len(e.report.defects)} defect(s); nothing was written", file=sys.stderr)
-        return 1
-    print(jsonline({"dst": str(out)}))
-    return 0
-
-
-def cmd_ingest(args: argparse.Namespace) -> int:
-    from roboloop.datasets.ingest import ingest
-
-    result = ingest(args.source, cache_dir=args.cache_dir, workers=args.workers, strict=False, deep=args.deep)
-    if not result.report.ok:
-        print(result.report.human(), file=sys.stderr)
-    print(jsonline(result.to_dict()))
-    return 0 if result.report.ok else 1
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from roboloop.datasets.generate import GenSpec, generate_v21
 
@@ -124,69 +98,6 @@ def _parse_cam(text: str) -> tuple[str, int, int]:
     if not (key and h.isdigit() and w.isdigit()):
         raise argparse.ArgumentTypeError(f"--camera takes KEY=HxW, got {text!r}")
     return key, int(h), int(w)
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    from roboloop.training.config import TrainConfig
-    from roboloop.training.launch import LaunchConfig, run_torchrun
-
-    cfg = TrainConfig.model_validate_json(Path(args.config).read_text()) if args.config else \
-        _model_from_args(TrainConfig, args)
-    launch = LaunchConfig.from_settings(**{k: getattr(args, k, None) for k in LaunchConfig.model_fields})
-    if launch.nproc_per_node > 1 or launch.nnodes > 1:
-        from roboloop.training.metrics import summary
-
-        out = run_torchrun(cfg, launch, overwrite=args.overwrite)  # type: ignore[arg-type]
-        print(jsonline({"output_dir": str(out), **summary(out), "ranks": launch.nproc_per_node * launch.nnodes}))
-        return 0
-    from roboloop.training.train import train
-
-    result = train(cfg, overwrite=args.overwrite)  # type: ignore[arg-type]
-    print(jsonline({"output_dir": str(result.output_dir), "first_loss": result.first_loss,
-                      "final_loss": result.final_loss, "steps": result.steps, "resumed_from": result.resumed_from}))
-    return 0
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from roboloop.evaluation.run import EvalConfig, run_evaluation
-
-    if args.offline:
-        return _evaluate_offline(args)
-    if str(args.policy).startswith("registry:"):  # a wrong reference fails now, not after the simulator starts
-        from roboloop.registry import Registry, parse_ref
-
-        uri, name, ref = parse_ref(args.policy)
-        Registry(uri).resolve(name, ref)
-    report = run_evaluation(_model_from_args(EvalConfig, args))  # type: ignore[arg-type]
-    print(report.to_json())
-    return 0
-
-
-def _evaluate_offline(args: argparse.Namespace) -> int:
-    from roboloop.evaluation.offline import compare, evaluate_offline
-
-    if not args.dataset or not args.policy or args.policy in ("expert", "random"):
-        raise SystemExit("evaluate --offline needs --dataset V3_DIR and --policy MODEL (a model folder or "
-                         "registry:NAME@REF)")
-
-    def model(ref: str) -> str:
-        if ref.startswith("registry:"):
-            from roboloop.registry import resolve_model_ref
-
-            return str(resolve_model_ref(ref))
-        return ref
-
-    episodes = args.score if args.score in ("validation", "all") else [int(e) for e in args.score.split(",")]
-    device = args.device or "cpu"
-    if args.against:
-        c = compare(args.dataset, model(args.policy), model(args.against), episodes, args.stride,
-                    margin=args.margin, seed=args.seed or 0, device=device)
-        print(c.line())
-        return 0
-    out = args.output_dir or f"artifacts/evals/offline-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
-    print(evaluate_offline(args.dataset, model(args.policy), episodes, args.stride, device, args.seed or 0,
-                           output_dir=out).line())
-    return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -309,6 +220,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     c.add_argument("--overwrite", action="store_true", help="replace an earlier roboloop conversion at DST (moved "
                    "aside, never deleted); other folders are never touched")
     options(c, "convert", "roboloop.datasets.config:ConvertConfig")
+    add_stage_flags(c)
     c.set_defaults(fn=cmd_convert)
 
     i = sub.add_parser("ingest", help="download (S3) or register (folder) a dataset, verified and validated")
@@ -316,6 +228,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     i.add_argument("--cache-dir", default=".roboloop/cache")
     i.add_argument("--workers", type=int, default=8)
     i.add_argument("--deep", action="store_true")
+    add_stage_flags(i)
     i.set_defaults(fn=cmd_ingest)
 
     g = sub.add_parser("generate", help="write a synthetic LeRobot dataset with real mp4 video")
@@ -325,12 +238,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     options(g, "generate", "roboloop.datasets.config:GenSpec", skip=frozenset({"cameras", "image_keys", "tasks"}))
     g.set_defaults(fn=cmd_generate)
 
-    t = sub.add_parser("train", help="train the VLA policy on a v3 dataset (resumes from its checkpoints)")
+    t = sub.add_parser("train", help="train a policy (--family; roboloop's VLA by default) on a v3 dataset "
+                      "(resumes from its checkpoints)")
     t.add_argument("--config", help="a TrainConfig JSON file (what flows hand to torchrun ranks)")
     t.add_argument("--overwrite", action="store_true", help="move an existing run in --output-dir aside (never "
                    "deleted) and start over; without it, only a matching run is resumed")
     options(t, "train", "roboloop.training.config:TrainConfig", skip=frozenset({"model_overrides"}))
     options(t.add_argument_group("torchrun (N > 1 ranks or nodes)"), "train", "roboloop.training.config:LaunchConfig")
+    add_stage_flags(t)
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("evaluate", help="run a policy for exactly N episodes in Isaac Lab or gymnasium; "
@@ -346,6 +261,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     off.add_argument("--against", help="a second model: paired comparison on the same frames (challenger = --policy)")
     off.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin, relative to the "
                      "--against model's error")
+    add_stage_flags(e, track=False)
     e.set_defaults(fn=cmd_evaluate)
     cp = sub.add_parser("compare", help="paired comparison of two evaluation runs on the same episodes (task, "
                         "seed): difference, 95%% interval, decision or episodes still needed; one JSON line")

@@ -115,6 +115,7 @@ class Lineage(BaseModel):
     dataset_md5: str = Field(description="DVC md5 of the training dataset (v3)")
     raw_dataset_md5: str | None = Field(None, description="DVC md5 of the raw dataset it was converted from")
     model_md5: str | None = Field(None, description="DVC md5 of the model folder")
+    family: str = Field("vla", description="the model's policy family (roboloop.policies)")
     config: dict[str, Any] = Field(description="train config (and the convert/eval configs)")
     seed: int = 0
     metrics: dict[str, Any] = Field(description="training metrics (first/final loss, steps, ...)")
@@ -139,6 +140,7 @@ class Lineage(BaseModel):
         return cls(raw=raw, dataset=dataset, model=model, evaluation=evaluation, baseline=baseline, offline=offline,
                    offline_eval=offline.gate_record() if offline is not None else None,
                    dataset_md5=dataset.md5, raw_dataset_md5=raw.md5 if raw else None, model_md5=model.md5,
+                   family=model.family,
                    config={**configs, "train": model.config}, seed=int(model.config.get("seed", 0)),
                    metrics={**model.metrics, "weights_sha256": model.weights_sha256}, eval=ev, **kw)
 

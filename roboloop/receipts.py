@@ -47,12 +47,13 @@ class ExecutionSettings(BaseModel):
 
 
 class ModelRef(Receipt):
-    """A trained model folder (model.safetensors, config.json, stats.json, metrics.jsonl)."""
+    """A trained model folder (model.safetensors, policy.json, stats.json, metrics.jsonl, its family's files)."""
 
     path: str = Field(description="model folder")
     weights_sha256: str = Field(description="sha256 of model.safetensors: the model's identity")
     md5: str = Field(description="DVC md5 of the folder (checkpoints and liveness files excluded)")
     dataset_md5: str = Field(description="md5 of the dataset it was trained on")
+    family: str = Field("vla", description="its policy family (roboloop.policies), which loads it")
     config: dict[str, Any] = Field(description="the training config it was trained with")
     metrics: dict[str, Any] = Field(default_factory=dict, description="first/final loss, steps, throughput")
     execution: ExecutionSettings = Field(default_factory=ExecutionSettings, description="how it runs")

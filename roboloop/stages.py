@@ -11,8 +11,8 @@ The loop (`roboloop.loop.run_loop`: `roboloop loop`, the `closed-loop` flow's ta
 `roboloop reproduce` and `roboloop registry add` call these. With a `ReceiptCache`, a stage whose inputs
 (their content identities), config and code are unchanged returns its earlier receipt, once its output
 has been checked (or restored from DVC); output folders are named by that key, so a different input
-never lands on an earlier output. (`roboloop convert`, `ingest`, `train` and `evaluate` still call the
-domain functions directly, without receipts.)
+never lands on an earlier output. `roboloop convert`, `ingest`, `train` and `evaluate` are these stages too
+(`roboloop.cli_stages`): same receipts and caches, with the user's explicit output folders.
 """
 
 from __future__ import annotations
@@ -96,10 +96,12 @@ def ingest(source: str, cache_dir: str | Path | None = None, deep: bool = False,
 
 
 def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = None, dst: str | Path | None = None,
-            track: bool = False) -> DatasetRef:
+            track: bool = False, overwrite: bool = False) -> DatasetRef:
     """v2.x -> v3.0. A v3.0 dataset is returned as is, unless it is to be tracked and could not be tracked where
     it is (a folder outside the repository, an S3 download): then the loop versions a copy of it under
-    artifacts/ (the user's folder is only read)."""
+    artifacts/ (the user's folder is only read). An explicit `dst` (`roboloop convert SRC DST`) takes a cached
+    result only if it is that folder; `overwrite` lets another conversion replace an earlier one of roboloop's
+    there (moved aside, never deleted)."""
     from roboloop.datasets.convert import convert as convert_dataset
 
     if raw.format == "v3.0":
@@ -107,14 +109,15 @@ def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = No
             return raw
         return snapshot(raw, cache, dst)
     key = cache_key("convert", raw.md5, keyed(cfg))
-    if cache and (hit := cache.get(key, DatasetRef)):
-        return hit
-    out = Path(dst) if dst else artifacts_root() / "datasets" / f"v3-{key.split('-')[-1][:16]}"
-    marker = {"key": key}
-    if fsutil.read_marker(out) and fsutil.read_marker(out).get("key") == key:  # type: ignore[union-attr]
+    out = Path(dst).absolute() if dst else artifacts_root() / "datasets" / f"v3-{key.split('-')[-1][:16]}"
+    if cache and (hit := cache.get(key, DatasetRef)) and (dst is None or Path(hit.path) == out):
+        return dataset_ref(out, source=raw.md5, track=True) if track and not hit.tracked else hit
+    ours = (fsutil.read_marker(out) or {}).get("key") == key
+    if ours and not (cache and cache.has(key)) and (out / "meta" / "info.json").is_file():
         ref = dataset_ref(out, source=raw.md5, track=track)  # this very conversion, receipt lost: reuse
-    else:
-        convert_dataset(raw.path, out, cfg.model_copy(update={"progress": False}), overwrite=False, marker=marker)
+    else:  # (a conversion of ours whose receipt no longer checks out is redone; the old one is moved aside)
+        convert_dataset(raw.path, out, cfg.model_copy(update={"progress": False}), overwrite=overwrite or ours,
+                        marker={"key": key})
         ref = dataset_ref(out, source=raw.md5, track=track)
     if cache:
         cache.put(key, ref)
@@ -190,28 +193,40 @@ def model_ref(path: str | Path, dataset_md5: str, execution: ExecutionSettings |
     from roboloop.training.metrics import summary
 
     path = Path(path).absolute()
+    from roboloop.policies import model_info
+
     if not (path / "model.safetensors").is_file():
         raise FileNotFoundError(f"{path}: no model.safetensors; not a finished roboloop model")
-    cfg = json.loads((path / "config.json").read_text())
+    info = model_info(path)
     md5 = dvc.track(path).md5 if track else dir_md5(path, MODEL_IGNORE)
     return ModelRef(path=str(path), weights_sha256=file_sha256(path / "model.safetensors"), md5=md5,
-                    dataset_md5=dataset_md5, config=cfg.get("train", {}), metrics=summary(path),
+                    dataset_md5=dataset_md5, family=info.family, config=info.train, metrics=summary(path),
                     execution=execution or ExecutionSettings(), tracked=track, **registry)  # type: ignore[arg-type]
 
 
 def train(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | None = None,
           cache: ReceiptCache | None = None, output_dir: str | Path | None = None, track: bool = False,
-          execution: ExecutionSettings | None = None, on_line: OnLine = print) -> ModelRef:
-    """Train on `data` under torchrun (resuming this run's checkpoints; another run's folder is refused)."""
+          execution: ExecutionSettings | None = None, on_line: OnLine = print, overwrite: bool = False,
+          in_process: bool = False) -> ModelRef:
+    """Train on `data` under torchrun (resuming this run's checkpoints; another run's folder is refused), or, one
+    rank with `in_process` (`roboloop train`), in this process. An explicit `output_dir` takes a cached result only
+    if it is that folder."""
     from roboloop.training.launch import run_torchrun
 
     launch = launch or LaunchConfig.from_settings()
     world = launch.nproc_per_node * launch.nnodes
     key = cache_key("train", data.md5, keyed(recipe), world)
-    if cache and (hit := cache.get(key, ModelRef)):
+    out = Path(output_dir).absolute() if output_dir else \
+        artifacts_root() / "models" / f"{recipe.preset}-{key.split('-')[-1][:16]}"
+    if cache and not overwrite and (hit := cache.get(key, ModelRef)) and (output_dir is None or Path(hit.path) == out):
         return hit
-    out = Path(output_dir) if output_dir else artifacts_root() / "models" / f"{recipe.preset}-{key.split('-')[-1][:16]}"
-    run_torchrun(TrainConfig.of(recipe, data.path, str(out)), launch, on_line=on_line)
+    cfg = TrainConfig.of(recipe, data.path, str(out))
+    if in_process and world == 1:
+        from roboloop.training.train import train as train_here
+
+        train_here(cfg, overwrite=overwrite)
+    else:
+        run_torchrun(cfg, launch, on_line=on_line, overwrite=overwrite)
     ref = model_ref(out, data.md5, execution, track)
     if cache:
         cache.put(key, ref)
@@ -268,10 +283,10 @@ def champion_outcomes(name: str, recipe: EvalRecipe, registry: str | None = None
 def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | None = None,
              runs_root: str | Path | None = None, save_rollouts: str | None = None,
              on_line: OnLine = print, against: str | None = None, registry: str | None = None,
-             margin: float = 0.05) -> EvalSummary:
+             margin: float = 0.05, output_dir: str | Path | None = None) -> EvalSummary:
     """Exactly `recipe.episodes` episodes in a child process, into a run folder of its own; with
     `recipe.early_stop` and `against` (a registry model name), fewer when the paired decision against that
-    model's champion is certain earlier."""
+    model's champion is certain earlier. An explicit `output_dir` takes a cached result only if it is that folder."""
     from roboloop.evaluation.run import evaluate_in_subprocess
 
     model = resolve_policy(policy)
@@ -283,11 +298,12 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     label = policy if isinstance(policy, str) else f"{model.name or Path(model.path).name}"  # type: ignore[union-attr]
     policy_id = model.weights_sha256 if model else str(policy)
     key = cache_key("evaluate", policy_id, keyed(recipe), save_rollouts is not None, reference, margin)
-    if cache and save_rollouts is None and (hit := cache.get(key, EvalSummary)):
+    if cache and save_rollouts is None and (hit := cache.get(key, EvalSummary)) and \
+            (output_dir is None or Path(hit.run_dir) == Path(output_dir).absolute()):
         return hit
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    run_dir = Path(runs_root or artifacts_root() / "evals") / f"{slug(label, 32)}-{slug(recipe.task, 32)}-{stamp}-" \
-                                                              f"{secrets.token_hex(2)}"
+    run_dir = Path(output_dir).absolute() if output_dir else Path(runs_root or artifacts_root() / "evals") / \
+        f"{slug(label, 32)}-{slug(recipe.task, 32)}-{stamp}-{secrets.token_hex(2)}"
     cfg = EvalConfig.of(recipe, policy=model.path if model else str(policy), output_dir=str(run_dir),
                         save_rollouts=save_rollouts, stop_against=reference, stop_margin=margin)
     report = evaluate_in_subprocess(cfg, on_line=on_line)

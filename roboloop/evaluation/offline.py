@@ -79,12 +79,11 @@ def baseline_predictions(ds, keys: np.ndarray, mean_action: np.ndarray, horizon:
 
 
 def _load(dataset: str | Path, model_dir: str | Path, device: str, seed: int):
-    from roboloop.evaluation.policies import ModelPolicy
+    from roboloop.policies import load_policy
     from roboloop.training.data import V3Dataset
 
-    policy = ModelPolicy(model_dir, device=device, seed=seed)
-    ds = V3Dataset(dataset, horizon=policy.cfg.horizon, state_key=policy.data["state_key"],
-                   action_key=policy.data["action_key"])
+    policy = load_policy(model_dir, device=device, seed=seed)
+    ds = V3Dataset(dataset, horizon=policy.horizon, state_key=policy.state_key, action_key=policy.action_key)
     return policy, ds
 
 
@@ -94,8 +93,9 @@ def held_out(model_dir: str | Path, ds_episodes: list[int], episodes: str | list
         return sorted(episodes), "given"
     if episodes == "all":
         return sorted(ds_episodes), "all"
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    val = (cfg.get("split") or {}).get("validation_episodes") or []
+    from roboloop.policies import model_info
+
+    val = model_info(model_dir).split.get("validation_episodes") or []
     if not val:
         raise ValueError(f"{model_dir}: the model holds out no episodes (trained with val_fraction 0); train with "
                          "val_fraction > 0, or score --episodes all (which includes its training data)")
@@ -126,7 +126,7 @@ def predict(policy, ds, episodes: list[int], stride: int = 1, batch: int = 64) -
                 if (e, cam) not in frames:
                     n = ds.ep_to[e] - ds.ep_from[e]
                     frames = {kk: v for kk, v in frames.items() if kk[0] == e}  # one episode's frames in memory
-                    frames[(e, cam)] = ds.decode_window(e, cam, 0, n, policy.cfg.image_size)
+                    frames[(e, cam)] = ds.decode_window(e, cam, 0, n, policy.image_size)
                 imgs.append(frames[(e, cam)][int(ds.frame_index[k])])
             images[cam] = torch.from_numpy(np.stack(imgs))
         obs = Obs(torch.from_numpy(np.stack([ds.state[k] for k in ks])), images, [ds.task(k) for k in ks])

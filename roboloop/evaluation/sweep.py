@@ -14,6 +14,8 @@ from pathlib import Path
 
 from roboloop import fsutil
 
+NOT_MODEL_FILES = {"run_config.json", "heartbeat.json", "train_config.json", fsutil.MARKER}
+
 
 @dataclass
 class Scored:
@@ -44,18 +46,22 @@ def export_checkpoint(run: str | Path, ckpt: Path, step: int, dst: str | Path) -
     from roboloop.training import checkpoint
 
     run, dst = Path(run), Path(dst)
-    for f in ("config.json", "stats.json"):
+    from roboloop.policies import POLICY_FILE
+
+    for f in (POLICY_FILE, "stats.json"):
         if not (run / f).is_file():
             raise FileNotFoundError(f"{run}: no {f}; sweep a finished run (its config and normalisation are needed)")
     if (dst / "model.safetensors").is_file() and (fsutil.read_marker(dst) or {}).get("checkpoint_step") == step:
         return dst
     state = checkpoint.load(ckpt)
     weights = {k.removeprefix("module."): v.contiguous() for k, v in state["model"].items()}
-    cfg = json.loads((run / "config.json").read_text())
-    cfg["checkpoint_step"] = step
     with fsutil.atomic_dir(dst, "model", overwrite=True, meta={"checkpoint_step": step, "run": run.name}) as tmp:
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-        (tmp / "stats.json").write_bytes((run / "stats.json").read_bytes())
+        for meta_file in run.iterdir():  # the run's metadata (its family's files among them), not logs or weights
+            if meta_file.is_file() and meta_file.suffix == ".json" and meta_file.name not in NOT_MODEL_FILES:
+                meta = json.loads(meta_file.read_text())
+                if meta_file.name in (POLICY_FILE, "config.json"):
+                    meta["checkpoint_step"] = step
+                (tmp / meta_file.name).write_text(json.dumps(meta, indent=1))
         fsutil.save_safetensors(weights, tmp / "model.safetensors")
     return dst
 

@@ -61,6 +61,9 @@ def _model_dir(policy: str) -> Path:
     p = Path(policy)
     if not (p / "model.safetensors").exists():
         raise RoboloopError(f"{policy}: not a model folder (no model.safetensors) or registry reference")
+    from roboloop.policies import require
+
+    require(p, "rl", "RL fine-tuning (flow-noise PPO)")
     return p
 
 
@@ -94,10 +97,10 @@ class _Workers:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        from roboloop.policies import model_info
         from roboloop.rl.workers import EnvWorker, Learner, RolloutWorker
 
-        data = json.loads((model_dir / "config.json").read_text()).get("data", {})
-        camera = bool(data.get("with_video", True) and (data.get("camera_keys") or data.get("video_keys")))
+        camera = bool(model_info(model_dir).camera_keys)
         rl = cfg.model_dump()
         bundles = [{"CPU": 1.0, "GPU": cfg.learner_gpus} if cfg.learner_gpus else {"CPU": 1.0},
                    {"CPU": 1.0, "GPU": cfg.rollout_gpus} if cfg.rollout_gpus else {"CPU": 1.0}]
@@ -319,6 +322,8 @@ class Run:
 
     def _publish(self, parent: Path, weights: dict) -> Path:
 
+        from roboloop.policies import POLICY_FILE
+
         dst = self.out / "model"
         conf = json.loads((parent / "config.json").read_text())
         conf["model"]["initial_noise"] = self.cfg.x0  # it acts from the x_0 it was fine-tuned with
@@ -326,6 +331,8 @@ class Run:
                       "env_steps": self.env_steps, "config": self.cfg.model_dump(mode="json")}
         with fsutil.atomic_dir(dst, kind="rl-model", overwrite=True) as tmp:  # a previous one is moved aside
             shutil.copy2(parent / "stats.json", tmp / "stats.json")
+            if (parent / POLICY_FILE).is_file():
+                shutil.copy2(parent / POLICY_FILE, tmp / POLICY_FILE)
             (tmp / "config.json").write_text(json.dumps(conf, indent=2))
             fsutil.save_safetensors(weights, tmp / "model.safetensors")
         return dst

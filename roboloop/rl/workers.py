@@ -54,7 +54,7 @@ class Segment:
 
 
 def _policy(model_dir: str, device: str, rl: dict):
-    from roboloop.evaluation.policies import ModelPolicy
+    from roboloop.policies.vla import ModelPolicy  # RL is the VLA family's capability
     from roboloop.rl.policy import FlowNoisePolicy
 
     mp = ModelPolicy(model_dir, device)

@@ -97,14 +97,16 @@ class TrainRecipe(BaseModel):
     dataset and the output folder are the loop's to choose); `TrainConfig` adds them."""
     # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
     KEYED: ClassVar[frozenset[str]] = frozenset({
-        "aux_target", "aux_weight", "deterministic", "device", "fp8_backend", "grad_clip", "init_from", "lr",
-        "max_samples", "max_tokens", "model_overrides", "precision", "preset", "seed", "shuffle_buffer", "steps",
-        "strategy", "val_fraction", "warmup_steps", "weight_decay", "window", "with_video"})
+        "aux_target", "aux_weight", "deterministic", "device", "family", "fp8_backend", "grad_clip", "init_from",
+        "lr", "max_samples", "max_tokens", "model_overrides", "precision", "preset", "seed", "shuffle_buffer",
+        "steps", "strategy", "val_fraction", "warmup_steps", "weight_decay", "window", "with_video"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
         "resume"})
 
 
+    family: str = Field("vla", description="policy family (roboloop.policies): vla (roboloop's GR00T-style VLA), or "
+                        "package.module:Class of your own PolicyFamily")
     preset: Literal["tiny", "small", "base", "n15"] = Field("tiny", description="model size preset")
     model_overrides: dict[str, int | float | str | list[int]] = Field(
         default_factory=dict, description="fields of ModelConfig to change from the preset")

@@ -139,14 +139,18 @@ def check_init_from(init: str | Path | None) -> None:
     if not init:
         return
     init = Path(init)
-    for f in ("model.safetensors", "config.json", "stats.json"):
+    for f in ("model.safetensors", "stats.json"):
         if not (init / f).is_file():
             raise FileNotFoundError(f"init_from {init}: missing {f}; not a finished roboloop model")
-    for f in ("config.json", "stats.json"):
+    for f in ("policy.json", "config.json", "stats.json"):
         try:
-            json.loads((init / f).read_text())
+            if (init / f).is_file():
+                json.loads((init / f).read_text())
         except ValueError as e:
             raise CorruptFileError(f"init_from {init / f} is not valid JSON ({e})") from e
+    from roboloop.policies import model_info
+
+    model_info(init)  # a folder some family wrote
     from safetensors import safe_open
 
     try:

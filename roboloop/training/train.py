@@ -19,13 +19,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from roboloop import fsutil
+from roboloop import fsutil, policies
 from roboloop.errors import DiskFullError
 from roboloop.training import checkpoint, distributed, metrics, outdir, precision
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import Normalizer, SampleStream, V3Dataset
-from roboloop.training.model import VLAPolicy, num_parameters, train_flops
-from roboloop.training.packing import PackedBatch
+from roboloop.training.model import num_parameters
 from roboloop.training.pipeline import BatchPipeline, Packer
 from roboloop.training.split import split_episodes
 
@@ -34,16 +33,6 @@ log = logging.getLogger(__name__)
 
 class NonFiniteLossError(RuntimeError):
     pass
-
-
-def flow_noise(keys: list[int], step: int, seed: int, horizon: int, action_dim: int) -> tuple[torch.Tensor, ...]:
-    """Per-sample noise and time draws seeded by (seed, step, key): independent of how samples are split."""
-    noise, u = [], []
-    for k in keys:
-        g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 10_000_019 + k)
-        noise.append(torch.randn(horizon, action_dim, generator=g))
-        u.append(torch.rand(1, generator=g))
-    return torch.stack(noise), torch.cat(u)
 
 
 @dataclass
@@ -115,16 +104,18 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
         self.ds = ds = V3Dataset(cfg.dataset, aux_key=cfg.aux_target if cfg.with_video else None)
-        aux_dim = ds.aux.shape[1] if ds.aux is not None else 0
-        self.mcfg = mcfg = cfg.model_config_resolved(ds.state.shape[1], ds.action.shape[1], aux_dim)
-        ds.horizon = mcfg.horizon
+        self.family = policies.family(cfg.family)
+        self.policy = pol = self.family.build(cfg, features_of(ds, cfg.with_video))
+        needs = pol.needs
+        self.model = pol.module
+        ds.horizon = needs.horizon
+        self.with_video = cfg.with_video and needs.cameras
         self.train_episodes, self.val_episodes = split_episodes([e.episode_index for e in ds.meta.episodes],
                                                                 cfg.val_fraction, cfg.seed)
         self.prec = precision.plan(cfg.precision, self.device.type, cfg.fp8_backend)
-        self.model = VLAPolicy(mcfg)
-        self.depth_mm = ds.depth_ranges(ds.meta.dataset_stats()) if cfg.with_video else {}
+        self.depth_mm = ds.depth_ranges(ds.meta.dataset_stats()) if self.with_video else {}
         if cfg.init_from:
-            self.stats = load_init(self.model, mcfg, Path(cfg.init_from), [ds.state_key, ds.action_key])
+            self.stats = self.family.load_init(pol, Path(cfg.init_from), [ds.state_key, ds.action_key])
             self.depth_mm.update(init_depth_ranges(Path(cfg.init_from)))  # the scaling its weights learnt
         else:
             st = ds.meta.dataset_stats()
@@ -134,31 +125,30 @@ class Trainer:
         if ds.aux_key:  # a training target only: normalised by this dataset's stats, not stored with the model
             aux_norm = Normalizer.from_meta(ds.meta, [ds.aux_key])
             norm.mean[ds.aux_key], norm.std[ds.aux_key] = aux_norm.mean[ds.aux_key], aux_norm.std[ds.aux_key]
-        self.model.aux_weight = cfg.aux_weight
         self.model.to(self.device)
         precision.apply_fp8(self.model, self.prec)
         self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
         self.ddp_model = distributed.wrap(self.model, env, cfg.strategy)  # FSDP shards before the optimizer
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_at(s, cfg))
-        self.stream = SampleStream(ds, mcfg.image_size, mcfg.max_text_len, window=cfg.window,
+        self.stream = SampleStream(ds, needs.image_size, needs.max_text_len, window=cfg.window,
                                    shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.num_workers, seed=cfg.seed,
-                                   normalizer=norm, with_video=cfg.with_video, tokenizer=mcfg.tokenizer,
-                                   state_tokens=mcfg.num_state_tokens, episodes=self.train_episodes,
+                                   normalizer=norm, with_video=self.with_video, tokenizer=needs.tokenizer,
+                                   state_tokens=needs.state_tokens, episodes=self.train_episodes,
                                    depth_mm=self.depth_mm)
         self.ckpt_dir = self.out / "checkpoints"
         self.start = self.resume()
-        packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, mcfg.tokens_per_image, env.world_size)
-        self.pipe = BatchPipeline(packer, self.stream, env.rank, env.world_size, mcfg.tokens_per_image, self.device,
+        packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, needs.tokens_per_image, env.world_size)
+        self.pipe = BatchPipeline(packer, self.stream, env.rank, env.world_size, needs.tokens_per_image, self.device,
                                   prefetch=cfg.prefetch)
         self.peak = precision.peak_flops(self.device, self.prec.name)
         self.metrics_path = self.out / "metrics.jsonl"
         self.last_ckpt_time = time.time()
-        log.info("model %s: %.2fM parameters, precision %s (%s), %s, device %s, rank %d/%d", cfg.preset,
+        log.info("%s %s: %.2fM parameters, precision %s (%s), %s, device %s, rank %d/%d", cfg.family, cfg.preset,
                  num_parameters(self.model) / 1e6, self.prec.name, self.prec.reason,
                  cfg.strategy if env.world_size > 1 else "1 rank", self.device, env.rank, env.world_size)
         if env.is_main:
-            print(camera_line(ds, cfg.with_video), flush=True)  # in the run log beside the loss lines
+            print(camera_line(ds, self.with_video), flush=True)  # in the run log beside the loss lines
 
     def resume(self) -> int:
         """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""
@@ -203,9 +193,9 @@ class Trainer:
             self.stream.close()
         weights = distributed.full_state_dict(self.model, self.sharded)
         if env.is_main:
-            save_final(self.out, weights, self.mcfg.model_dump(), cfg, self.ds, self.stats,
+            save_final(self.out, weights, self.family, self.policy, cfg, self.ds, self.stats,
                        {"train_episodes": self.train_episodes, "validation_episodes": self.val_episodes},
-                       self.depth_mm)
+                       self.depth_mm, self.with_video)
         return TrainResult(self.out, last_loss, first_loss, cfg.steps, self.start)
 
     def train_step(self, step: int) -> tuple[float, dict]:
@@ -215,11 +205,11 @@ class Trainer:
         ready = self.pipe.next()
         wait = self.pipe.wait_s
         batch = ready.batch
-        noise, u = flow_noise(ready.mine, step, cfg.seed, self.mcfg.horizon, self.mcfg.action_dim)
+        # Each rank divides by the global count; DDP/FSDP average, so scale back by W. The wrapper's forward
+        # is the loss, so DDP's / FSDP's hooks fire.
+        inputs = self.policy.loss_inputs(batch, ready.mine, step, ready.denominator / env.world_size)
         with self.prec.autocast(device.type), precision.fp8_context(self.prec):
-            # Each rank divides by the global count; DDP/FSDP average, so scale back by W.
-            loss = self.model.loss(batch, noise=noise, u=u, denominator=ready.denominator) \
-                if env.world_size == 1 else _ddp_loss(self.ddp_model, batch, noise, u, ready.denominator, env)
+            loss = (self.model if env.world_size == 1 else self.ddp_model)(*inputs)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         t_prep = time.perf_counter()
@@ -235,13 +225,12 @@ class Trainer:
         value = global_loss.item()
         dt = time.perf_counter() - t0
         tokens = int(batch.seq_lens.sum())
-        flops = train_flops(self.mcfg, batch.seq_lens.tolist(), int(batch.images.shape[0])) * env.world_size
+        flops = self.policy.flops(batch)
         row = {"step": step + 1, "loss": value, "lr": self.sched.get_last_lr()[0],
                "samples_per_s": len(ready.keys) / dt, "tokens_per_s": tokens * env.world_size / dt,
                "nonpad_fraction": tokens / cfg.max_tokens, "data_wait_fraction": min(1.0, wait / dt),
-               "mfu": flops / dt / (self.peak * env.world_size) if self.peak else None}
-        if self.model.last_aux_loss is not None:  # this rank's auxiliary-target L1 (normalised units)
-            row["aux_loss"] = float(self.model.last_aux_loss)
+               "mfu": flops / dt / self.peak if self.peak and flops is not None else None,
+               **self.policy.extra_metrics()}
         return value, row
 
     def log(self, step: int, loss: float, row: dict, bar: tqdm) -> None:
@@ -283,36 +272,6 @@ def _check_same_run(saved: dict, cfg: TrainConfig, found: Path) -> None:
                          "runs: use another output_dir, or resume=False to start over")
 
 
-def _ddp_loss(ddp_model: torch.nn.Module, batch: PackedBatch, noise: torch.Tensor, u: torch.Tensor,
-              denom: float, env: distributed.DistEnv) -> torch.Tensor:
-    """Run the loss through the wrapper's forward so that DDP's / FSDP's hooks fire."""
-    return ddp_model(batch, noise, u, denom / env.world_size)
-
-
-def load_init(model: torch.nn.Module, mcfg, init: Path, keys: list[str]) -> dict:
-    """Load `init`'s weights into `model` (same architecture required); return its normalisation stats, which
-    the continued run keeps so that the weights go on meaning what they meant."""
-    from safetensors.torch import load_file
-
-    from roboloop.errors import ModelMismatchError
-
-    for f in ("model.safetensors", "config.json", "stats.json"):
-        if not (init / f).is_file():
-            raise FileNotFoundError(f"init_from {init}: missing {f}; not a finished roboloop model")
-    saved = json.loads((init / "config.json").read_text())["model"]
-    now = mcfg.model_dump(mode="json")
-    diff = sorted(k for k in now if k in saved and json.dumps(saved[k]) != json.dumps(now[k]))
-    if diff:
-        raise ModelMismatchError(f"init_from {init}: its model differs in {', '.join(diff)} "
-                                 f"({', '.join(f'{k}={saved[k]!r} vs {now[k]!r}' for k in diff[:3])})")
-    model.load_state_dict(load_file(init / "model.safetensors"))
-    stats = json.loads((init / "stats.json").read_text())
-    missing = [k for k in keys if k not in stats]
-    if missing:
-        raise ModelMismatchError(f"init_from {init}: stats.json has no {missing}; it was trained on other features")
-    return {k: stats[k] for k in keys}
-
-
 def camera_line(ds: V3Dataset, with_video: bool) -> str:
     """The run log's word on cameras: which the model sees, and any the dataset has that it does not."""
     if not ds.cameras:
@@ -324,27 +283,37 @@ def camera_line(ds: V3Dataset, with_video: bool) -> str:
 
 
 def init_depth_ranges(init: Path) -> dict[str, tuple[float, float]]:
-    data = json.loads((init / "config.json").read_text()).get("data", {})
-    return {c["key"]: tuple(c["depth_mm"]) for c in data.get("cameras", []) if c.get("depth_mm")}
+    return {c["key"]: tuple(c["depth_mm"]) for c in policies.model_info(init).cameras if c.get("depth_mm")}
 
 
-def save_final(out: Path, weights: dict[str, torch.Tensor], model_cfg: dict, cfg: TrainConfig,
-               ds: V3Dataset, stats: dict, split: dict, depth_mm: dict[str, tuple[float, float]] | None = None) -> None:
-    """config, stats and plot first, the weights last: `model.safetensors` existing means the run finished."""
+def features_of(ds: V3Dataset, with_video: bool) -> policies.Features:
+    return policies.Features(ds.state_key, ds.action_key, int(ds.state.shape[1]), int(ds.action.shape[1]),
+                             tuple(c.describe() for c in ds.cameras) if with_video else (), float(ds.meta.info.fps),
+                             int(ds.aux.shape[1]) if ds.aux is not None else 0)
+
+
+def save_final(out: Path, weights: dict[str, torch.Tensor], family, trainable, cfg: TrainConfig, ds: V3Dataset,
+               stats: dict, split: dict, depth_mm: dict[str, tuple[float, float]] | None = None,
+               with_video: bool = True) -> None:
+    """The family's files, stats and plot first, the weights last: `model.safetensors` existing means the run
+    finished."""
     depth_mm = depth_mm or {}
     used = [{**c.describe(), **({"depth_mm": list(depth_mm[c.key])} if c.key in depth_mm else {})}
-            for c in ds.cameras] if cfg.with_video else []
-    data = {"state_key": ds.state_key, "action_key": ds.action_key, "camera_keys": [c["key"] for c in used],
-            "cameras": used, "cameras_not_used": [] if cfg.with_video else [c.describe() for c in ds.cameras],
-            "fps": ds.meta.info.fps, "with_video": cfg.with_video}
-    fsutil.atomic_write_json(out / "config.json", {"model": model_cfg, "train": cfg.model_dump(), "data": data,
-                                                   "split": split})
+            for c in ds.cameras] if with_video else []
+    data: dict = {"state_key": ds.state_key, "action_key": ds.action_key, "camera_keys": [c["key"] for c in used],
+            "cameras": used, "cameras_not_used": [] if with_video else [c.describe() for c in ds.cameras],
+            "fps": ds.meta.info.fps, "with_video": with_video}
+    info = policies.ModelInfo(cfg.family, ds.state_key, ds.action_key, int(ds.state.shape[1]),
+                              int(ds.action.shape[1]), trainable.needs.horizon, data["camera_keys"], used,
+                              cfg.model_dump(mode="json"), split)
+    family.write_meta(out, trainable, info, data)
+    fsutil.atomic_write_json(out / policies.POLICY_FILE, info.to_json())
     fsutil.atomic_write_json(out / "stats.json", stats)
     plot_loss(out / "metrics.jsonl", out / "loss.png")
-    tmp = fsutil.temp_sibling(out / "model.safetensors")
+    tmp = fsutil.temp_sibling(out / policies.WEIGHTS_FILE)
     try:
         fsutil.save_safetensors(weights, tmp)
-        os.replace(tmp, out / "model.safetensors")
+        os.replace(tmp, out / policies.WEIGHTS_FILE)
     except Exception as e:
         tmp.unlink(missing_ok=True)
         if "code: 28" in str(e) or "No space left" in str(e):  # safetensors wraps the OS error in its own type
@@ -364,7 +333,7 @@ def plot_loss(metrics_file: Path, png: Path) -> None:
     ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])
     ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("flow-matching loss")
+    ax.set_ylabel("training loss")
     fig.tight_layout()
     fig.savefig(png, dpi=100)
     plt.close(fig)

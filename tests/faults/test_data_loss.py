@@ -66,8 +66,11 @@ def test_convert_refuses_existing_destinations_and_never_touches_the_source(v21_
     assert tree_hash(src) == before_src and tree_hash(mine) == before_mine
     out = tmp_path / "out"
     assert run_cli("convert", src, out, "--no-progress").code == 0
-    one_line_error(run_cli("convert", src, out), "already holds a roboloop dataset_v3", "--overwrite")
-    assert tree_hash(src) == before_src
+    before_out = tree_hash(out)
+    assert run_cli("convert", src, out).code == 0 and tree_hash(out) == before_out  # the same conversion: reused
+    one_line_error(run_cli("convert", src, out, "--max-episodes-per-file", "1"),  # another one: refused
+                   "already holds a roboloop dataset_v3", "--overwrite")
+    assert tree_hash(src) == before_src and tree_hash(out) == before_out
     assert_no_debris(tmp_path)
 
 

@@ -54,7 +54,7 @@ def _cfg(model, out, env_steps):
 
 
 def test_async_run_stays_within_staleness_resumes_and_shuts_down(tmp_path):
-    from roboloop.evaluation.policies import ModelPolicy
+    from roboloop.policies.vla import ModelPolicy
     from roboloop.rl.run import read_metrics, rl_in_subprocess
 
     model = _untrained_model(tmp_path / "bc")

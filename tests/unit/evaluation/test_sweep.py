@@ -46,7 +46,7 @@ def _tree_hash(root) -> str:
 def test_kept_checkpoints_export_as_loadable_models_without_touching_the_run(run, tmp_path):
     from safetensors.torch import load_file
 
-    from roboloop.evaluation.policies import ModelPolicy
+    from roboloop.policies.vla import ModelPolicy
 
     before = _tree_hash(run)
     kept = kept_checkpoints(run)

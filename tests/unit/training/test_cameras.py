@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from roboloop.evaluation.offline import evaluate_offline
-from roboloop.evaluation.policies import ModelPolicy
+from roboloop.policies.vla import ModelPolicy
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import SampleStream, V3Dataset
 from roboloop.training.train import train

@@ -179,8 +179,8 @@ def test_auxiliary_target_trains_from_recorded_environment_state_and_is_named_wh
     import torch
 
     from roboloop.datasets.writer import EpisodeWriterV21
-    from roboloop.evaluation.policies import ModelPolicy
     from roboloop.evaluation.protocol import Obs
+    from roboloop.policies.vla import ModelPolicy
 
     rng = np.random.default_rng(1)
     w = EpisodeWriterV21(tmp_path / "rec", 30, ["q0", "q1"], ["dx", "dy"], {"observation.images.top": (32, 32)},

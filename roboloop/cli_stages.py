@@ -1,0 +1,150 @@
+"""`roboloop convert | ingest | train | evaluate`: the loop's stages (`roboloop.stages`) from the command line.
+
+Each returns the stage's receipt (the last line of output is one JSON object), uses the receipt cache (a rerun
+with nothing changed is a verified hit: its output is checked, restored from DVC or recomputed when it is gone),
+and DVC-tracks its output with `--track`. `evaluate` runs the simulator in a child process, as the loop does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _cache(args: argparse.Namespace):
+    from roboloop.cache import ReceiptCache
+
+    return None if getattr(args, "no_cache", False) else ReceiptCache()
+
+
+class ChildLines:
+    """A child's output, passed to stderr as it comes, except a traceback (shown with -v): the command's own
+    one-line error names the cause."""
+
+    def __init__(self, verbose: bool = False):
+        self.verbose, self.in_traceback = verbose, False
+
+    def __call__(self, line: str) -> None:
+        if line.startswith("Traceback (most recent call last)"):
+            self.in_traceback = True
+        if self.verbose or not self.in_traceback:
+            print(line, file=sys.stderr, flush=True)
+
+
+def _print(receipt, **extra) -> None:
+    from roboloop.cli import jsonline
+
+    print(jsonline({**receipt.model_dump(mode="json"), **extra}))
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from roboloop import stages
+    from roboloop.cli import _model_from_args
+    from roboloop.datasets.convert import ConvertConfig
+    from roboloop.datasets.convert import convert as convert_dataset
+    from roboloop.datasets.validate import DatasetDefectError
+
+    cfg = _model_from_args(ConvertConfig, args)
+    try:
+        try:
+            raw = stages.dataset_ref(args.src)
+        except Exception:  # not readable as a dataset: the converter's own checks name the defect
+            convert_dataset(args.src, args.dst, cfg, overwrite=args.overwrite)  # type: ignore[arg-type]
+            raise
+        ref = stages.convert(raw, cfg, cache=_cache(args), dst=args.dst, track=args.track,  # type: ignore[arg-type]
+                             overwrite=args.overwrite)
+    except DatasetDefectError as e:
+        print(e.report.to_json() if args.json else e.report.human(), file=sys.stderr)
+        print(f"refused: {args.src} has {len(e.report.defects)} defect(s); nothing was written", file=sys.stderr)
+        return 1
+    _print(ref, dst=ref.path)
+    return 0
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from roboloop import stages
+    from roboloop.datasets.validate import DatasetDefectError
+
+    try:
+        ref = stages.ingest(args.source, cache_dir=args.cache_dir, deep=args.deep, workers=args.workers,
+                            track=args.track, on_line=ChildLines(args.verbose))
+    except DatasetDefectError as e:
+        print(e.report.human(), file=sys.stderr)
+        print(json.dumps({"path": str(args.source), "ok": False, "defects": len(e.report.defects)}))
+        return 1
+    _print(ref, ok=True)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from roboloop import stages
+    from roboloop.cli import _model_from_args
+    from roboloop.training.config import LaunchConfig, TrainConfig
+    from roboloop.training.outdir import dataset_fingerprint
+
+    cfg: TrainConfig = TrainConfig.model_validate_json(Path(args.config).read_text()) if args.config else \
+        _model_from_args(TrainConfig, args)  # type: ignore[assignment]
+    launch = LaunchConfig.from_settings(**{k: getattr(args, k, None) for k in LaunchConfig.model_fields})
+    dataset_fingerprint(cfg.dataset)  # a missing or unreadable dataset is named before anything is hashed
+    data = stages.dataset_ref(cfg.dataset)
+    ref = stages.train(data, cfg.recipe(), launch, cache=_cache(args), output_dir=cfg.output_dir, track=args.track,
+                       overwrite=args.overwrite, in_process=True, on_line=ChildLines(args.verbose))
+    ranks = launch.nproc_per_node * launch.nnodes
+    _print(ref, output_dir=ref.path, **ref.metrics, **({"ranks": ranks} if ranks > 1 else {}))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from roboloop import stages
+    from roboloop.cli import _model_from_args
+    from roboloop.evaluation.config import EvalConfig, EvalRecipe
+
+    if args.offline:
+        return _evaluate_offline(args)
+    cfg: EvalConfig = _model_from_args(EvalConfig, args)  # type: ignore[assignment]
+    recipe = EvalRecipe(**cfg.model_dump(include=set(EvalRecipe.model_fields)))
+    summary = stages.evaluate(cfg.policy, recipe, cache=None if cfg.save_rollouts else _cache(args),
+                              save_rollouts=cfg.save_rollouts, output_dir=args.output_dir,  # None: a new run folder
+                              on_line=ChildLines(args.verbose))
+    report = json.loads((Path(summary.run_dir) / "report.json").read_text())
+    from roboloop.cli import jsonline
+
+    print(jsonline({**report, "run_dir": summary.run_dir, "report_sha256": summary.report_sha256}))
+    return 0
+
+
+def _evaluate_offline(args: argparse.Namespace) -> int:
+    from roboloop.evaluation.offline import compare, evaluate_offline
+
+    if not args.dataset or not args.policy or args.policy in ("expert", "random"):
+        raise SystemExit("evaluate --offline needs --dataset V3_DIR and --policy MODEL (a model folder or "
+                         "registry:NAME@REF)")
+
+    def model(ref: str) -> str:
+        if ref.startswith("registry:"):
+            from roboloop.registry import resolve_model_ref
+
+            return str(resolve_model_ref(ref))
+        return ref
+
+    episodes = args.score if args.score in ("validation", "all") else [int(e) for e in args.score.split(",")]
+    device = args.device or "cpu"
+    if args.against:
+        c = compare(args.dataset, model(args.policy), model(args.against), episodes, args.stride,
+                    margin=args.margin, seed=args.seed or 0, device=device)
+        print(c.line())
+        return 0
+    out = args.output_dir or f"artifacts/evals/offline-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    print(evaluate_offline(args.dataset, model(args.policy), episodes, args.stride, device, args.seed or 0,
+                           output_dir=out).line())
+    return 0
+
+
+def add_stage_flags(parser: argparse.ArgumentParser, track: bool = True) -> None:
+    if track:
+        parser.add_argument("--track", action="store_true", help="DVC-track the output (and push it to the remote)")
+    parser.add_argument("--no-cache", action="store_true", help="recompute even when a verified cached result exists")

@@ -1,0 +1,210 @@
+"""Policy families: the one seam between roboloop's machinery and a kind of model.
+
+Training, simulator and offline evaluation, the registry, lineage and serving never ask which model
+they hold: they ask a family. roboloop's GR00T-style VLA (`roboloop.policies.vla`) is the first;
+a family is chosen by `TrainRecipe.family` (a built-in name, or `package.module:Class` for one of
+your own) and recorded in every model folder it writes (`policy.json`), so a folder is loaded back
+by the family that made it, in any process.
+
+Adding a family (LeRobot's ACT, a linear baseline, ...) is implementing these methods; nothing
+outside the family's module changes. `tests/unit/test_policy_family.py` is a complete example.
+
+    class MyFamily:                                   # implements PolicyFamily
+        name = "mine"
+        capabilities = frozenset()                    # e.g. {"rl"} if `roboloop rl` can fine-tune it
+
+        def build(self, cfg, features) -> Trainable   # the trainable model for a TrainConfig and a dataset
+        def load_init(self, trainable, folder, keys)  # continue from a model folder (DAgger, fine-tuning);
+                                                      # returns the stats to keep normalising with
+        def write_meta(self, out, trainable, info, data)  # the family's own files (the trainer writes
+                                                      # policy.json, stats.json, then the weights last)
+        def load(self, folder, device, seed, inference_steps) -> Policy   # act with a model folder
+
+    class MyTrainable:                                # implements Trainable
+        module: nn.Module                             # what the optimizer, DDP/FSDP, FP8 and checkpoints see
+        needs: DataNeeds                              # what the loader must give it
+        def loss_inputs(self, batch, keys, step, denominator) -> tuple   # module(*inputs) is the loss
+        def flops(self, batch) -> float | None        # training FLOPs of one batch (MFU), None if unknown
+        def extra_metrics(self) -> dict               # more metrics.jsonl fields (e.g. an auxiliary loss)
+
+    class MyPolicy:                                   # implements Policy (what `load` returns)
+        name, state_dim, action_dim, horizon, state_key, action_key, camera_keys, image_size, stats
+        def act(self, obs: Obs) -> Tensor             # (N, H, A) action chunk in the environment's units
+
+Batches are roboloop's `PackedBatch` (normalised state, action chunk and its mask, each camera
+resized to `needs.image_size`, instruction tokens); normalisation uses the dataset's stats (mean/std),
+which the trainer stores in the folder's `stats.json`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from roboloop.evaluation.protocol import Obs
+    from roboloop.training.packing import PackedBatch
+
+POLICY_FILE = "policy.json"  # roboloop's metadata in every model folder, whatever the family
+WEIGHTS_FILE = "model.safetensors"  # written last: its presence means finished; its sha256 is the identity
+BUILTIN = {"vla": "roboloop.policies.vla:VLAFamily"}
+
+
+class UnknownFamilyError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a dataset offers a family to build from."""
+
+    state_key: str
+    action_key: str
+    state_dim: int
+    action_dim: int
+    cameras: tuple[dict, ...]  # each camera's description (key, kind, storage, height, width)
+    fps: float
+    aux_dim: int = 0  # size of the recipe's auxiliary target (0: none)
+
+
+@dataclass(frozen=True)
+class DataNeeds:
+    """What a trainable reads from the data: the loader is built from this."""
+
+    horizon: int  # action chunk length
+    cameras: bool = True  # decode camera frames (False: state + language only)
+    image_size: tuple[int, int] = (64, 64)  # (H, W) every camera is resized to
+    tokens_per_image: int = 0  # the packer's token budget per image
+    state_tokens: int = 1
+    max_text_len: int = 96
+    tokenizer: str | None = None  # local Hugging Face tokenizer folder; None: byte tokens
+
+
+@runtime_checkable
+class Policy(Protocol):
+    name: str
+    state_dim: int
+    action_dim: int
+    horizon: int
+    state_key: str
+    action_key: str
+    camera_keys: list[str]
+    image_size: tuple[int, int]
+    stats: dict
+
+    def act(self, obs: Obs) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Trainable(Protocol):
+    module: Any
+    needs: DataNeeds
+
+    def loss_inputs(self, batch: PackedBatch, keys: list[int], step: int, denominator: float) -> tuple: ...
+
+    def flops(self, batch: PackedBatch) -> float | None: ...
+
+    def extra_metrics(self) -> dict: ...
+
+
+@runtime_checkable
+class PolicyFamily(Protocol):
+    name: str
+    capabilities: frozenset[str]
+
+    def build(self, cfg: Any, features: Features) -> Trainable: ...
+
+    def load_init(self, trainable: Trainable, folder: Path, keys: list[str]) -> dict: ...
+
+    def write_meta(self, out: Path, trainable: Trainable, info: ModelInfo, data: dict) -> None: ...
+
+    def load(self, folder: Path, device: str = "cpu", seed: int = 0, inference_steps: int | None = None) -> Policy: ...
+
+
+_FAMILIES: dict[str, PolicyFamily] = {}
+
+
+def family(name: str) -> PolicyFamily:
+    """The family called `name`: a built-in (`vla`) or `package.module:Class` (imported, instantiated once)."""
+    if name not in _FAMILIES:
+        path = BUILTIN.get(name, name)
+        if ":" not in path:
+            raise UnknownFamilyError(f"unknown policy family {name!r}: use one of {sorted(BUILTIN)} or "
+                                     "'package.module:Class' of a PolicyFamily")
+        mod, _, cls = path.partition(":")
+        try:
+            obj = getattr(importlib.import_module(mod), cls)()
+        except (ImportError, AttributeError) as e:
+            raise UnknownFamilyError(f"policy family {name!r} cannot be loaded ({e})") from e
+        missing = [m for m in ("build", "load_init", "write_meta", "load") if not callable(getattr(obj, m, None))]
+        if missing:
+            raise UnknownFamilyError(f"policy family {name!r} lacks {', '.join(missing)}")
+        _FAMILIES[name] = obj
+    return _FAMILIES[name]
+
+
+@dataclass
+class ModelInfo:
+    """roboloop's metadata of a model folder, whatever its family (policy.json)."""
+
+    family: str
+    state_key: str
+    action_key: str
+    state_dim: int
+    action_dim: int
+    horizon: int
+    camera_keys: list[str] = field(default_factory=list)
+    cameras: list[dict] = field(default_factory=list)  # each camera's description (+ depth_mm for depth)
+    train: dict = field(default_factory=dict)  # the TrainConfig it was trained with (empty: unknown)
+    split: dict = field(default_factory=dict)  # {"train_episodes": [...], "validation_episodes": [...]}
+    notes: list[str] = field(default_factory=list)  # what is not known about it (imported folders)
+    checkpoint_step: int | None = None  # set when the folder was exported from a run's checkpoint
+
+    def to_json(self) -> dict:
+        return dict(vars(self))
+
+
+def model_info(folder: str | Path) -> ModelInfo:
+    """The folder's `policy.json`, or (folders written before families existed) its VLA config.json."""
+    from roboloop.errors import CorruptFileError
+
+    folder = Path(folder)
+    for name in (POLICY_FILE, "config.json"):
+        f = folder / name
+        if not f.is_file():
+            continue
+        try:
+            d = json.loads(f.read_text())
+        except ValueError as e:
+            raise CorruptFileError(f"{f} is not valid JSON ({e})") from e
+        if name == POLICY_FILE:
+            known = ModelInfo.__dataclass_fields__
+            return ModelInfo(**{k: v for k, v in d.items() if k in known})
+        if "model" in d:  # a roboloop VLA folder from before policy.json
+            m, data = d["model"], d.get("data", {})
+            cams = data.get("camera_keys", data.get("video_keys")) or [] if data.get("with_video", True) else []
+            return ModelInfo("vla", data.get("state_key", "observation.state"), data.get("action_key", "action"),
+                             m["state_dim"], m["action_dim"], m["horizon"], list(cams), data.get("cameras", []),
+                             d.get("train", {}), d.get("split") or {})
+    raise FileNotFoundError(f"{folder}: no {POLICY_FILE} (nor a roboloop config.json); not a roboloop model folder")
+
+
+def load_policy(folder: str | Path, device: str = "cpu", seed: int = 0,
+                inference_steps: int | None = None) -> Policy:
+    """A model folder as a Policy, loaded by the family that wrote it."""
+    folder = Path(folder)
+    if not (folder / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"{folder}: missing {WEIGHTS_FILE}; not a finished model folder")
+    return family(model_info(folder).family).load(folder, device, seed, inference_steps)
+
+
+def require(folder: str | Path, capability: str, what: str) -> None:
+    """Refuse, naming the family, a folder whose family cannot do `capability` (e.g. RL fine-tuning)."""
+    name = model_info(folder).family
+    if capability not in family(name).capabilities:
+        raise UnknownFamilyError(f"{folder}: {what} is not available for policy family {name!r}")
