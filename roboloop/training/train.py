@@ -301,8 +301,8 @@ def save_final(out: Path, weights: dict[str, torch.Tensor], family, trainable, c
     used = [{**c.describe(), **({"depth_mm": list(depth_mm[c.key])} if c.key in depth_mm else {})}
             for c in ds.cameras] if with_video else []
     data: dict = {"state_key": ds.state_key, "action_key": ds.action_key, "camera_keys": [c["key"] for c in used],
-            "cameras": used, "cameras_not_used": [] if with_video else [c.describe() for c in ds.cameras],
-            "fps": ds.meta.info.fps, "with_video": with_video}
+                  "cameras": used, "cameras_not_used": [] if with_video else [c.describe() for c in ds.cameras],
+                  "fps": ds.meta.info.fps, "with_video": with_video}
     info = policies.ModelInfo(cfg.family, ds.state_key, ds.action_key, int(ds.state.shape[1]),
                               int(ds.action.shape[1]), trainable.needs.horizon, data["camera_keys"], used,
                               cfg.model_dump(mode="json"), split)
