@@ -1,10 +1,18 @@
 """FP8 vs bf16 training step time and MFU at `base` and `n15` (needs a CUDA GPU, CC >= 8.9 for FP8).
 
-    python bench/precision.py [--presets base n15] [--fp8-backend torchao|te] [--steps 20]
+    python bench/precision.py [--presets base n15] [--fp8-backend torchao|te] [--steps 20] [--compile]
+    python bench/precision.py --grid [--fp8-backend torchao]   # per-linear break-even on this GPU
 
 Synthetic packed batches (2 cameras, 16-64 instruction tokens) of `--max-tokens` tokens;
-same model, same data, bf16 autocast vs FP8 on linears above the break-even size. Ends with
-one JSON line: per preset step ms, MFU and `speedup` (bf16 step time / FP8 step time).
+same model, same data, bf16 autocast vs FP8 on linears above the threshold. Baseline: the bf16
+arm, compiled exactly when the FP8 arm is (`--compile` compiles both; without it neither is),
+so the ratio is FP8's alone. Ends with one JSON line: per preset step ms, MFU and `speedup`
+(bf16 step time / FP8 step time).
+
+`--grid` times forward+backward of one linear (tokens x features x features) in FP8 and in
+bf16 over a grid of widths, prints each ratio and the smallest width from which FP8 is faster
+at every larger one, and records it for this GPU model in the cache dir's
+`fp8_thresholds.json`, which training then uses instead of the documented default.
 """
 
 from __future__ import annotations
@@ -31,13 +39,13 @@ def batch(cfg, max_tokens: int):
     return next(pack(samples, max_tokens, cfg.tokens_per_image)).to("cuda")
 
 
-def step_time(preset: str, mode: str, backend: str, steps: int, max_tokens: int) -> dict:
+def step_time(preset: str, mode: str, backend: str, steps: int, max_tokens: int, compile_: bool) -> dict:
     cfg = PRESETS[preset]()
     torch.manual_seed(0)
     model = VLAPolicy(cfg).cuda()
     plan = precision.PrecisionPlan(mode, "bench", backend if mode == "fp8" else None)
     converted = precision.apply_fp8(model, plan)
-    if mode == "fp8" and backend == "torchao":
+    if compile_:  # both arms or neither: the ratio is FP8's, not the compiler's
         model = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     b = batch(cfg, max_tokens)
@@ -55,7 +63,50 @@ def step_time(preset: str, mode: str, backend: str, steps: int, max_tokens: int)
     flops = train_flops(cfg, b.seq_lens.tolist(), int(b.images.shape[0]))
     peak = precision.peak_flops(torch.device("cuda"), "bf16")  # MFU against the bf16 peak in both modes
     return {"step_ms": round(dt * 1e3, 2), "params_b": round(num_parameters(model) / 1e9, 3),
-            "fp8_linears": converted, "mfu": round(flops / dt / peak, 4) if peak else None}
+            "fp8_linears": converted, "mfu": round(flops / dt / peak, 4) if peak else None, "compiled": compile_}
+
+
+def linear_ms(features: int, tokens: int, mode: str, backend: str, compile_: bool, iters: int = 20) -> float:
+    """ms of forward + backward of one (features x features) linear on `tokens` tokens."""
+    lin = torch.nn.Sequential(torch.nn.Linear(features, features, bias=False)).cuda()
+    plan = precision.PrecisionPlan(mode, "bench", backend if mode == "fp8" else None)
+    precision.apply_fp8(lin, plan, min_features=16)
+    f = torch.compile(lin) if compile_ else lin
+    x = torch.randn(tokens, features, device="cuda", requires_grad=True)
+    for i in range(iters + 3):
+        if i == 3:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        with plan.autocast("cuda"), precision.fp8_context(plan):
+            y = f(x)
+        y.float().sum().backward()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters * 1e3
+
+
+def grid(backend: str, tokens: int, compile_: bool) -> dict:
+    from pathlib import Path
+
+    from roboloop import fsutil
+    from roboloop.settings import settings
+
+    rows = {}
+    for feats in (256, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192):
+        bf, f8 = linear_ms(feats, tokens, "bf16", backend, compile_), linear_ms(feats, tokens, "fp8", backend, compile_)
+        rows[feats] = round(bf / f8, 3)
+        print(f"linear {feats}x{feats}, {tokens} tokens: bf16 {bf:.3f} ms, fp8 {f8:.3f} ms, speedup {bf / f8:.2f}",
+              flush=True)
+    wins = sorted(rows)
+    threshold = next((w for i, w in enumerate(wins) if all(rows[v] > 1.0 for v in wins[i:])), None)
+    name = torch.cuda.get_device_name()
+    if threshold is not None:
+        f = Path(settings().cache_dir) / precision.FP8_THRESHOLDS_FILE
+        known = json.loads(f.read_text()) if f.is_file() else {}
+        f.parent.mkdir(parents=True, exist_ok=True)
+        fsutil.atomic_write_json(f, {**known, name: threshold})
+    return {"device": name, "fp8_backend": backend, "tokens": tokens, "compiled": compile_,
+            "speedup_by_features": rows, "break_even_features": threshold,
+            "note": "FP8 never faster on this grid" if threshold is None else "recorded for training"}
 
 
 def main() -> None:
@@ -64,14 +115,20 @@ def main() -> None:
     ap.add_argument("--fp8-backend", default="torchao", choices=["torchao", "te"])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=8192)
+    ap.add_argument("--compile", action="store_true", help="torch.compile both arms (default: neither)")
+    ap.add_argument("--grid", action="store_true", help="measure the per-linear break-even and record it")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/precision.py needs a CUDA GPU")
     precision.plan("fp8", "cuda", args.fp8_backend)  # fails early, saying what is missing
-    out = {"device": torch.cuda.get_device_name(), "fp8_backend": args.fp8_backend}
+    if args.grid:
+        print(json.dumps(grid(args.fp8_backend, args.max_tokens, args.compile)))
+        return
+    out = {"device": torch.cuda.get_device_name(), "fp8_backend": args.fp8_backend, "compiled": args.compile,
+           "baseline": "bf16 autocast, same model, data and compilation"}
     for preset in args.presets:
-        bf16 = step_time(preset, "bf16", args.fp8_backend, args.steps, args.max_tokens)
-        fp8 = step_time(preset, "fp8", args.fp8_backend, args.steps, args.max_tokens)
+        bf16 = step_time(preset, "bf16", args.fp8_backend, args.steps, args.max_tokens, args.compile)
+        fp8 = step_time(preset, "fp8", args.fp8_backend, args.steps, args.max_tokens, args.compile)
         out[preset] = {"bf16": bf16, "fp8": fp8, "speedup": round(bf16["step_ms"] / fp8["step_ms"], 3)}
     print(json.dumps(out))
 

@@ -66,8 +66,10 @@ def require_fp8(backend: str) -> None:
         cap = cuda_capability()
         problems.append(f"GPU compute capability {cap} < 8.9 (FP8 needs Ada, Hopper or Blackwell)")
     if backend == "te" and not has_module("transformer_engine"):
-        problems.append("Transformer Engine is not installed (install `roboloop[gpu]` or use an NGC container)")
+        problems.append("Transformer Engine is not installed (pip install --no-build-isolation "
+                        "'transformer-engine[pytorch]==2.20.2' on a machine with CUDA headers, or use an NGC PyTorch "
+                        "container; fp8_backend=torchao needs only `pip install 'roboloop[gpu]'`)")
     if backend == "torchao" and not has_module("torchao"):
-        problems.append("torchao is not installed (pip install torchao)")
+        problems.append("torchao is not installed (pip install 'roboloop[gpu]')")
     if problems:
         raise MissingCapability("precision=fp8 cannot run here: " + "; ".join(problems))

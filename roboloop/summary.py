@@ -47,6 +47,13 @@ def plot_rounds(rounds: list[RoundResult], png: Path) -> Path:
     return plots.save(fig, png)
 
 
+def run_line(rec: dict) -> str:
+    """One line for logs, summaries and the UI: precision and attention as a training run used them."""
+    fp8 = f", {rec['fp8_linears']} linears in FP8 ({rec['fp8_backend']})" if rec.get("precision") == "fp8" else ""
+    att = f"; attention {rec['attention']} ({rec.get('attention_reason', '')})" if rec.get("attention") else ""
+    return f"precision {rec['precision']}{fp8} ({rec['precision_reason']}){att}; device {rec['device']}"
+
+
 class LoopSummary(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -63,6 +70,7 @@ class LoopSummary(BaseModel):
     decision: Decision
     offline: OfflineSummary | None = Field(None, description="offline evaluation on held-out episodes")
     rounds: list[RoundResult] = Field(default_factory=list, description="every round's result (DAgger)")
+    training: str | None = Field(None, description="what the training run used: precision, attention, device")
 
     def markdown(self) -> str:
         d = self.decision
@@ -70,6 +78,8 @@ class LoopSummary(BaseModel):
         lines = ["## roboloop closed loop", "", "| stage | result |", "|---|---|",
                  f"| dataset | `{self.dataset_v3}` (md5 `{self.dataset_md5}`) |",
                  f"| model | `{self.model}` (final loss {loss}) |"]
+        if self.training:
+            lines.append(f"| training | {self.training} |")
         if self.success_rate is not None and self.ci is not None:
             lines.append(f"| policy success | **{self.success_rate:.1%}** (95% CI {self.ci[0]:.1%}-{self.ci[1]:.1%}) |")
         if self.offline is not None:
@@ -95,6 +105,7 @@ class LoopSummary(BaseModel):
         r = self.decision
         out = [f"  dataset (v3, DVC md5 {self.dataset_md5}): {self.dataset_v3}",
                f"  model (weights sha256 {self.weights_sha256[:16]}): {self.model}",
+               *([f"  training:            {self.training}"] if self.training else []),
                f"  evaluation run:      {self.eval_run}" + (
                    "  (offline.json, open_loop.png)" if self.offline else "  (report.json, eval.png, videos/)"),
                f"  registry entry:      {r.name} v{r.version} in {r.registry} "

@@ -26,6 +26,7 @@ outside the family's module changes. `tests/unit/test_policy_family.py` is a com
         def loss_inputs(self, batch, keys, step, denominator) -> tuple   # module(*inputs) is the loss
         def flops(self, batch) -> float | None        # training FLOPs of one batch (MFU), None if unknown
         def extra_metrics(self) -> dict               # more metrics.jsonl fields (e.g. an auxiliary loss)
+        def kernels(self, device_type, dtype) -> dict # optional: kernels chosen and why (recorded with the run)
 
     class MyPolicy:                                   # implements Policy (what `load` returns)
         name, state_dim, action_dim, horizon, state_key, action_key, camera_keys, image_size, stats
@@ -164,6 +165,7 @@ class ModelInfo:
     split: dict = field(default_factory=dict)  # {"train_episodes": [...], "validation_episodes": [...]}
     notes: list[str] = field(default_factory=list)  # what is not known about it (imported folders)
     checkpoint_step: int | None = None  # set when the folder was exported from a run's checkpoint
+    runtime: dict = field(default_factory=dict)  # what ran: precision, FP8 linears, attention, device, versions
 
     def to_json(self) -> dict:
         return dict(vars(self))

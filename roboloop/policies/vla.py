@@ -46,6 +46,12 @@ class VLATrainable:
     def flops(self, batch: PackedBatch) -> float | None:
         return train_flops(self.config, batch.seq_lens.tolist(), int(batch.images.shape[0]))
 
+    def kernels(self, device_type: str, dtype: torch.dtype) -> dict:
+        from roboloop.training.attention import explain_backend
+
+        choice, why = explain_backend(self.config.attention, device_type, dtype)
+        return {"attention": choice, "attention_reason": why}
+
     def extra_metrics(self) -> dict:
         aux = self.module.last_aux_loss  # this rank's auxiliary-target L1 (normalised units)
         return {} if aux is None else {"aux_loss": float(aux)}

@@ -30,27 +30,33 @@ log = logging.getLogger(__name__)
 Backend = Literal["auto", "flash", "torch_varlen", "sdpa"]
 
 
-@cache
-def resolve_backend(requested: Backend, device_type: str, dtype: torch.dtype) -> str:
+def explain_backend(requested: Backend, device_type: str, dtype: torch.dtype) -> tuple[str, str]:
+    """(backend, why) for `requested` on this device and input dtype; an explicit backend that cannot run raises."""
     half = dtype in (torch.float16, torch.bfloat16)
     if requested == "auto":
         if device_type == "cuda" and half and availability.flash_attn_available():
-            choice, why = "flash", "flash-attn is installed and inputs are fp16/bf16 on CUDA"
-        elif device_type == "cuda" and half and availability.torch_varlen_available():
-            choice, why = "torch_varlen", "flash-attn not installed; PyTorch varlen flash attention on CUDA"
-        else:
-            reason = "not on CUDA" if device_type != "cuda" else "inputs are fp32" if not half else \
-                "no flash-attn and no PyTorch varlen"
-            choice, why = "sdpa", f"{reason}: SDPA with a block-diagonal mask"
-        log.info("attention backend: %s (%s)", choice, why)
-        return choice
+            return "flash", "auto: flash-attn is installed and inputs are fp16/bf16 on CUDA"
+        if device_type == "cuda" and half and availability.torch_varlen_available():
+            return "torch_varlen", "auto: flash-attn not installed; PyTorch varlen flash attention on CUDA"
+        reason = "not on CUDA" if device_type != "cuda" else "inputs are fp32" if not half else \
+            "no flash-attn and no PyTorch varlen"
+        return "sdpa", f"auto: {reason}: SDPA over padded segments"
     if requested == "flash" and not availability.flash_attn_available():
-        raise availability.MissingCapability("attention=flash needs flash-attn and a CUDA GPU (pip install flash-attn)")
+        raise availability.MissingCapability("attention=flash needs flash-attn and a CUDA GPU (pip install "
+                                             "--no-build-isolation flash-attn; see the README's GPU section)")
     if requested == "torch_varlen" and not availability.torch_varlen_available():
         raise availability.MissingCapability("attention=torch_varlen needs a CUDA GPU and PyTorch >= 2.10")
     if requested in ("flash", "torch_varlen") and not half:
         raise availability.MissingCapability(f"attention={requested} needs fp16/bf16 inputs, got {dtype}")
-    return requested
+    return requested, "requested"
+
+
+@cache
+def resolve_backend(requested: Backend, device_type: str, dtype: torch.dtype) -> str:
+    choice, why = explain_backend(requested, device_type, dtype)
+    if requested == "auto":
+        log.info("attention backend: %s (%s)", choice, why)
+    return choice
 
 
 def block_diagonal_mask(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int,

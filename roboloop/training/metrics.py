@@ -33,6 +33,8 @@ def summary(out: str | Path) -> dict[str, Any]:
     def finite(x: Any) -> Any:
         return x if not isinstance(x, float) or math.isfinite(x) else None
 
+    ran = next((r["run"] for r in reversed(rows) if "run" in r), None)  # the last (re)start's record
     return {"steps": last["step"], "first_loss": finite(rows[0]["loss"]), "final_loss": finite(last["loss"]),
             "samples_per_s": round(sum(r["samples_per_s"] for r in tail) / len(tail), 1),
-            "data_wait_fraction": round(last.get("data_wait_fraction", 0.0), 3), "mfu": last.get("mfu")}
+            "data_wait_fraction": round(last.get("data_wait_fraction", 0.0), 3), "mfu": last.get("mfu"),
+            **({"run": {k: v for k, v in ran.items() if k != "fp8_linear_names"}} if ran else {})}

@@ -1,10 +1,15 @@
 """Precision policy: `auto | fp8 | bf16 | fp32`.
 
 FP8 only pays off on large GEMMs (torchao measures 0.80x at 1024x2048x1024 and 1.39x at
-4096x8192x16384 on H100), so only linears whose in/out features both reach
-`FP8_MIN_FEATURES` are converted; small ones stay bf16. FP8 runs through Transformer Engine
-(`fp8_autocast`, DelayedScaling) or torchao's float8 training (tensorwise scaling). An
+4096x8192x16384 on H100), so only linears whose in/out features both reach a threshold are
+converted; small ones stay bf16. The threshold is the break-even `bench/precision.py --grid`
+measured on this GPU model when one is recorded (`FP8_THRESHOLDS_FILE`), else the documented
+default `FP8_MIN_FEATURES`. A plan named fp8 that would convert no linear is bf16, with that
+reason (`settle`). FP8 runs through Transformer Engine (`fp8_autocast`, DelayedScaling) or
+torchao's float8 training (tensorwise scaling; `emulate` runs its casts on CPU for tests). An
 explicit `fp8` that cannot run fails with what is missing; `auto` falls back and says so.
+Every run records what actually ran (`run_record`): metrics.jsonl's first row, the model's
+policy.json, the lineage.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from roboloop import availability
 
 log = logging.getLogger(__name__)
 FP8_MIN_FEATURES = 1024  # break-even on H100 is around 1-2k; below it FP8 casts cost more than they save
+FP8_THRESHOLDS_FILE = "fp8_thresholds.json"  # under the cache dir: {GPU name: measured break-even features}
 
 
 @dataclass
@@ -66,16 +72,77 @@ def fp8_filter(min_features: int = FP8_MIN_FEATURES) -> Callable[[nn.Module, str
     return keep
 
 
-def apply_fp8(model: nn.Module, p: PrecisionPlan, min_features: int = FP8_MIN_FEATURES) -> int:
+def convertible(model: nn.Module, min_features: int = FP8_MIN_FEATURES) -> list[str]:
+    """Names of the linears FP8 would convert (both features >= `min_features`, multiples of 16)."""
+    keep = fp8_filter(min_features)
+    return [n for n, m in model.named_modules() if keep(m, n)]
+
+
+def settle(p: PrecisionPlan, model: nn.Module, min_features: int, what: str) -> tuple[PrecisionPlan, list[str]]:
+    """The plan that will really run on `model`, and the linears FP8 converts: an fp8 plan that converts none
+    is bf16 (a plan that does nothing is not reported as done)."""
+    if p.name != "fp8":
+        return p, []
+    names = convertible(model, min_features)
+    if not names:
+        return PrecisionPlan("bf16", f"bf16: no linear >= {min_features} features in {what} (FP8 would convert "
+                             f"none; {p.reason})"), []
+    return p, names
+
+
+def fp8_threshold(device: torch.device) -> tuple[int, str]:
+    """(min features, where it came from): the break-even measured on this GPU model, else the default."""
+    import json
+    from pathlib import Path
+
+    from roboloop.settings import settings
+
+    if device.type == "cuda":
+        f = Path(settings().cache_dir) / FP8_THRESHOLDS_FILE
+        name = torch.cuda.get_device_name(device)
+        try:
+            measured = json.loads(f.read_text()).get(name) if f.is_file() else None
+        except ValueError:
+            measured = None
+        if measured:
+            return int(measured), f"measured on {name} ({f})"
+    return FP8_MIN_FEATURES, "documented default (bench/precision.py --grid measures this GPU's)"
+
+
+def run_record(requested: str, p: PrecisionPlan, fp8_names: list[str], threshold: int, threshold_source: str,
+               device: torch.device, kernels: dict | None = None) -> dict:
+    """What ran: precision requested and used (and why), FP8 backend and converted linears, the attention kernel
+    and why, device, capability, torch/CUDA versions."""
+    cuda = device.type == "cuda"
+    cap = torch.cuda.get_device_capability(device) if cuda else None
+    return {"precision_requested": requested, "precision": p.name, "precision_reason": p.reason,
+            "fp8_backend": p.fp8_backend if p.name == "fp8" else None, "fp8_linears": len(fp8_names),
+            "fp8_linear_names": fp8_names, "fp8_min_features": threshold, "fp8_threshold_source": threshold_source,
+            **(kernels or {}), "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "capability": f"{cap[0]}.{cap[1]}" if cap else None, "torch": torch.__version__,
+            "cuda": torch.version.cuda}
+
+
+def record_line(rec: dict) -> str:
+    from roboloop.summary import run_line
+
+    return run_line(rec)
+
+
+def apply_fp8(model: nn.Module, p: PrecisionPlan, min_features: int = FP8_MIN_FEATURES,
+              emulate: bool = False) -> int:
     """Convert the large linears for FP8 training; returns how many were converted."""
     if p.name != "fp8":
         return 0
     keep = fp8_filter(min_features)
     names = [n for n, m in model.named_modules() if keep(m, n)]
     if p.fp8_backend == "torchao":
-        from torchao.float8 import convert_to_float8_training
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        convert_to_float8_training(model, module_filter_fn=keep)
+        # pad_inner_dim: the weight-gradient GEMM's inner dimension is the packed token count, which is not
+        # a multiple of 16 in general
+        convert_to_float8_training(model, module_filter_fn=keep,
+                                   config=Float8LinearConfig(emulate=emulate, pad_inner_dim=True))
     else:
         import transformer_engine.pytorch as te
 
@@ -87,9 +154,35 @@ def apply_fp8(model: nn.Module, p: PrecisionPlan, min_features: int = FP8_MIN_FE
                 new.weight.copy_(old.weight)
                 if old.bias is not None:
                     new.bias.copy_(old.bias)
-            setattr(parent, name.rsplit(".", 1)[-1], new)
+            setattr(parent, name.rsplit(".", 1)[-1], TokenAligned(new))
     log.info("FP8 (%s) on %d linears >= %d features", p.fp8_backend, len(names), min_features)
     return len(names)
+
+
+class TokenAligned(nn.Module):
+    """A linear whose token count (all leading dimensions) is padded to a multiple of 16 and cut back after:
+    FP8 GEMMs need aligned shapes, and a packed batch's token count is whatever its samples add up to."""
+
+    ALIGN = 16
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.fp8_linear = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead, n = x.shape[:-1], x.shape[:-1].numel()
+        flat = x.reshape(n, x.shape[-1])
+        pad = (-n) % self.ALIGN
+        if pad:
+            flat = torch.nn.functional.pad(flat, (0, 0, 0, pad))
+        y = self.fp8_linear(flat)
+        return y[:n].reshape(*lead, y.shape[-1])
+
+
+def plain_state_dict(sd: dict) -> dict:
+    """The weights as the unconverted model names them (what a model folder stores and every loader reads):
+    Transformer Engine's wrapped linears back to `name.weight`, its FP8 scaling state dropped."""
+    return {k.replace(".fp8_linear.", "."): v for k, v in sd.items() if not k.endswith("_extra_state")}
 
 
 def fp8_context(p: PrecisionPlan) -> contextlib.AbstractContextManager:

@@ -126,7 +126,14 @@ class Trainer:
             aux_norm = Normalizer.from_meta(ds.meta, [ds.aux_key])
             norm.mean[ds.aux_key], norm.std[ds.aux_key] = aux_norm.mean[ds.aux_key], aux_norm.std[ds.aux_key]
         self.model.to(self.device)
-        precision.apply_fp8(self.model, self.prec)
+        threshold, source = precision.fp8_threshold(self.device)
+        self.prec, fp8_names = precision.settle(self.prec, self.model, threshold, f"preset {cfg.preset}")
+        precision.apply_fp8(self.model, self.prec, threshold)
+        half = self.prec.name in ("bf16", "fp8") and self.device.type == "cuda"
+        dtype = torch.bfloat16 if half else torch.float32
+        kernels: dict = getattr(pol, "kernels", lambda *_: {})(self.device.type, dtype)
+        self.run_record = precision.run_record(cfg.precision, self.prec, fp8_names, threshold, source, self.device,
+                                               kernels)
         self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
         self.ddp_model = distributed.wrap(self.model, env, cfg.strategy)  # FSDP shards before the optimizer
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -147,8 +154,9 @@ class Trainer:
         log.info("%s %s: %.2fM parameters, precision %s (%s), %s, device %s, rank %d/%d", cfg.family, cfg.preset,
                  num_parameters(self.model) / 1e6, self.prec.name, self.prec.reason,
                  cfg.strategy if env.world_size > 1 else "1 rank", self.device, env.rank, env.world_size)
-        if env.is_main:
-            print(camera_line(ds, self.with_video), flush=True)  # in the run log beside the loss lines
+        if env.is_main:  # in the run log beside the loss lines
+            print(camera_line(ds, self.with_video), flush=True)
+            print(precision.record_line(self.run_record), flush=True)
 
     def resume(self) -> int:
         """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""
@@ -183,19 +191,19 @@ class Trainer:
         try:
             for step in bar:
                 last_loss, row = self.train_step(step)
-                if step == self.start:
-                    first_loss = last_loss
+                if step == self.start:  # each (re)start's first row says what ran
+                    first_loss, row["run"] = last_loss, self.run_record
                 self.log(step, last_loss, row, bar)
                 self.maybe_checkpoint(step)
                 if env.is_main:
                     checkpoint.heartbeat(self.out / "heartbeat.json", step + 1, loss=last_loss)
         finally:
             self.stream.close()
-        weights = distributed.full_state_dict(self.model, self.sharded)
+        weights = precision.plain_state_dict(distributed.full_state_dict(self.model, self.sharded))
         if env.is_main:
             save_final(self.out, weights, self.family, self.policy, cfg, self.ds, self.stats,
                        {"train_episodes": self.train_episodes, "validation_episodes": self.val_episodes},
-                       self.depth_mm, self.with_video)
+                       self.depth_mm, self.with_video, self.run_record)
         return TrainResult(self.out, last_loss, first_loss, cfg.steps, self.start)
 
     def train_step(self, step: int) -> tuple[float, dict]:
@@ -294,7 +302,7 @@ def features_of(ds: V3Dataset, with_video: bool) -> policies.Features:
 
 def save_final(out: Path, weights: dict[str, torch.Tensor], family, trainable, cfg: TrainConfig, ds: V3Dataset,
                stats: dict, split: dict, depth_mm: dict[str, tuple[float, float]] | None = None,
-               with_video: bool = True) -> None:
+               with_video: bool = True, run_record: dict | None = None) -> None:
     """The family's files, stats and plot first, the weights last: `model.safetensors` existing means the run
     finished."""
     depth_mm = depth_mm or {}
@@ -305,7 +313,7 @@ def save_final(out: Path, weights: dict[str, torch.Tensor], family, trainable, c
                   "fps": ds.meta.info.fps, "with_video": with_video}
     info = policies.ModelInfo(cfg.family, ds.state_key, ds.action_key, int(ds.state.shape[1]),
                               int(ds.action.shape[1]), trainable.needs.horizon, data["camera_keys"], used,
-                              cfg.model_dump(mode="json"), split)
+                              cfg.model_dump(mode="json"), split, runtime=run_record or {})
     family.write_meta(out, trainable, info, data)
     fsutil.atomic_write_json(out / policies.POLICY_FILE, info.to_json())
     fsutil.atomic_write_json(out / "stats.json", stats)

@@ -54,6 +54,22 @@ def test_two_ranks_match_one_rank(v3, tmp_path):
     assert (tmp_path / "two" / "model.safetensors").exists()
 
 
+@pytest.mark.multigpu
+def test_two_cuda_ranks_over_nccl_match_one_rank(v3, tmp_path):
+    """The same check on two GPUs: DDP over NCCL, launched through torchrun."""
+    common = dict(dataset=str(v3), steps=10, lr=2e-3, warmup_steps=2, checkpoint_every_steps=0, num_workers=1,
+                  model_overrides={"image_size": [32, 32], "horizon": 8}, device="cuda", precision="fp32",
+                  deterministic=True)
+    train(TrainConfig(output_dir=str(tmp_path / "one"), max_tokens=1024, **common))
+    cfg_file = tmp_path / "two.json"
+    cfg_file.write_text(TrainConfig(output_dir=str(tmp_path / "two"), max_tokens=512, **common).model_dump_json())
+    cmd = torchrun_command(str(cfg_file), nproc_per_node=2, rdzv_endpoint=f"127.0.0.1:{_port()}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert len(one) == len(two) == 10 and max(abs(a - b) for a, b in zip(one, two, strict=True)) <= 1e-3
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     import sys
 

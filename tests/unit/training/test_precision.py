@@ -40,9 +40,77 @@ def test_fp8_only_above_break_even():
     assert not keep(nn.Linear(2048, 6), "x")
 
 
+def _hopper_with_torchao(monkeypatch):
+    monkeypatch.setattr(availability, "cuda_available", lambda: True)
+    monkeypatch.setattr(availability, "cuda_capability", lambda: (9, 0))
+    monkeypatch.setattr(availability, "has_module", lambda name: name == "torchao")
+
+
+def test_a_plan_named_fp8_that_converts_no_linear_is_bf16_and_base_converts_its_large_ones(monkeypatch):
+    from roboloop.training.config import base, small
+    from roboloop.training.model import VLAPolicy
+
+    _hopper_with_torchao(monkeypatch)
+    p = precision.plan("auto", "cuda")
+    assert p.name == "fp8"
+    with torch.device("meta"):  # shapes only: no memory for base's weights
+        small_model, base_model = VLAPolicy(small()), VLAPolicy(base())
+    settled, names = precision.settle(p, small_model, precision.FP8_MIN_FEATURES, "preset small")
+    assert (settled.name, names) == ("bf16", [])
+    assert "no linear >= 1024 features in preset small" in settled.reason
+    settled, names = precision.settle(p, base_model, precision.FP8_MIN_FEATURES, "preset base")
+    assert settled.name == "fp8" and len(names) >= 32 and "blocks.0.mlp.fc1" in names
+    rec = precision.run_record("auto", settled, names, 1024, "default", torch.device("cpu"))
+    assert rec["fp8_linears"] == len(names) and rec["fp8_backend"] == "torchao"
+    assert "linears in FP8 (torchao)" in precision.record_line(rec)
+
+
+def test_the_measured_threshold_is_used_for_its_gpu(monkeypatch, tmp_path):
+    import json
+
+    monkeypatch.setenv("ROBOLOOP_CACHE_DIR", str(tmp_path))
+    assert precision.fp8_threshold(torch.device("cpu"))[0] == precision.FP8_MIN_FEATURES
+    (tmp_path / precision.FP8_THRESHOLDS_FILE).write_text(json.dumps({"NVIDIA H100 80GB HBM3": 2048}))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda _d=None: "NVIDIA H100 80GB HBM3")
+    value, source = precision.fp8_threshold(torch.device("cuda"))
+    assert value == 2048 and "measured on NVIDIA H100" in source
+
+
+def test_torchao_conversion_runs_on_cpu_in_emulation():
+    import torchao  # noqa: F401  (the gpu extra: installed everywhere, so this never skips)
+
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 64))
+    fp8 = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 64))
+    fp8.load_state_dict(ref.state_dict())
+    n = precision.apply_fp8(fp8, precision.PrecisionPlan("fp8", "test", "torchao"), 1024, emulate=True)
+    assert n == 1 and type(fp8[0]).__name__ == "Float8Linear" and type(fp8[2]) is nn.Linear
+    x = torch.randn(64, 1024)
+    a, b = ref(x), fp8(x)
+    b.sum().backward()
+    assert ((a - b).norm() / a.norm()).item() < 0.1 and fp8[0].weight.grad is not None
+
+
+def test_token_aligned_linears_see_multiples_of_16_and_return_exactly_the_unpadded_result():
+    seen = []
+    inner = nn.Linear(32, 8)
+    inner.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    aligned = precision.TokenAligned(inner)
+    for shape in [(37, 32), (3, 5, 32), (16, 32)]:
+        x = torch.randn(*shape, requires_grad=True)
+        y = aligned(x)
+        assert y.shape == (*shape[:-1], 8) and torch.allclose(y, inner(x), atol=1e-6)
+        y.sum().backward()
+        assert x.grad is not None and x.grad.shape == x.shape
+    assert all(n % 16 == 0 for n in seen[::2])  # (every other call is the unwrapped reference)
+    wrapped = nn.Sequential(precision.TokenAligned(nn.Linear(4, 4)))
+    assert set(precision.plain_state_dict(wrapped.state_dict())) == set(nn.Sequential(nn.Linear(4, 4)).state_dict())
+
+
 @pytest.mark.gpu
 def test_torchao_fp8_linear_close_to_bf16():
-    pytest.importorskip("torchao")
+    import torchao  # noqa: F401
+
     if not availability.fp8_hardware():
         pytest.skip("needs compute capability >= 8.9")
     torch.manual_seed(0)
