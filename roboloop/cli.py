@@ -10,7 +10,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from roboloop import __version__
 from roboloop.cli_stages import add_stage_flags, cmd_convert, cmd_evaluate, cmd_ingest, cmd_train
@@ -30,8 +30,12 @@ def _add_model_options(
             continue
         flag = "--" + name.replace("_", "-")
         ann = f.annotation
-        if get_origin(ann) is Literal:
-            parser.add_argument(flag, choices=get_args(ann), default=None, help=f.description)
+        lit = next((a for a in get_args(ann) if get_origin(a) is Literal), None)  # Literal[...] | None
+        if get_origin(ann) is Literal or lit is not None:
+            parser.add_argument(flag, choices=get_args(lit if lit is not None else ann), default=None,
+                                help=f.description)
+        elif ann == dict[str, Any]:
+            parser.add_argument(flag, type=json.loads, default=None, help=f"{f.description} (JSON)")
         elif ann is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.description)
         elif ann in (int, float, str) or ann in (int | None, float | None, str | None):

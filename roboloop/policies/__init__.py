@@ -18,6 +18,8 @@ outside the family's module changes. `tests/unit/test_policy_family.py` is a com
                                                       # returns the stats to keep normalising with
         def write_meta(self, out, trainable, info, data)  # the family's own files (the trainer writes
                                                       # policy.json, stats.json, then the weights last)
+        def weights(self, state_dict) -> dict         # optional: the trained module's weights as the folder
+                                                      # names them (default: as they are)
         def load(self, folder, device, seed, inference_steps) -> Policy   # act with a model folder
 
     class MyTrainable:                                # implements Trainable
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
 
 POLICY_FILE = "policy.json"  # roboloop's metadata in every model folder, whatever the family
 WEIGHTS_FILE = "model.safetensors"  # written last: its presence means finished; its sha256 is the identity
-BUILTIN = {"vla": "roboloop.policies.vla:VLAFamily"}
+BUILTIN = {"vla": "roboloop.policies.vla:VLAFamily", "lerobot": "roboloop.policies.lerobot:LeRobotFamily"}
 
 
 class UnknownFamilyError(ValueError):
@@ -71,6 +73,7 @@ class Features:
     cameras: tuple[dict, ...]  # each camera's description (key, kind, storage, height, width)
     fps: float
     aux_dim: int = 0  # size of the recipe's auxiliary target (0: none)
+    stats: dict = field(default_factory=dict)  # the dataset's stats per feature ({key: {"mean": ..., ...}})
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,9 @@ class DataNeeds:
 
     horizon: int  # action chunk length
     cameras: bool = True  # decode camera frames (False: state + language only)
-    image_size: tuple[int, int] = (64, 64)  # (H, W) every camera is resized to
+    image_size: tuple[int, int] | None = (64, 64)  # (H, W) every camera is resized to; None: each as stored
+    camera_keys: tuple[str, ...] | None = None  # the cameras it reads (None: every one the dataset has)
+    normalized: bool = True  # state and actions normalised by the loader (False: raw; the family normalises)
     tokens_per_image: int = 0  # the packer's token budget per image
     state_tokens: int = 1
     max_text_len: int = 96
@@ -187,6 +192,15 @@ def model_info(folder: str | Path) -> ModelInfo:
         if name == POLICY_FILE:
             known = ModelInfo.__dataclass_fields__
             return ModelInfo(**{k: v for k, v in d.items() if k in known})
+        if "type" in d and "input_features" in d:  # a LeRobot policy folder (lerobot-train's pretrained_model)
+            ins, outs = d.get("input_features") or {}, d.get("output_features") or {}
+            state = next((k for k, f in ins.items() if f.get("type") == "STATE"), "observation.state")
+            action = next(iter(outs), "action")
+            return ModelInfo("lerobot", state, action, int((ins.get(state) or {"shape": [0]})["shape"][-1]),
+                             int(outs[action]["shape"][-1]) if action in outs else 0,
+                             int(d.get("chunk_size") or d.get("horizon") or 1),
+                             [k for k, f in ins.items() if f.get("type") == "VISUAL"],
+                             notes=["not trained by roboloop: its training config, dataset and split are unknown"])
         if "model" in d:  # a roboloop VLA folder from before policy.json
             m, data = d["model"], d.get("data", {})
             cams = data.get("camera_keys", data.get("video_keys")) or [] if data.get("with_video", True) else []

@@ -5,9 +5,9 @@ Presets are functions (torchtitan style); variants derive from a base by changin
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 BYTE_VOCAB = 259  # 256 bytes + pad, bos, eos
 
@@ -98,8 +98,9 @@ class TrainRecipe(BaseModel):
     # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
     KEYED: ClassVar[frozenset[str]] = frozenset({
         "aux_target", "aux_weight", "deterministic", "device", "family", "fp8_backend", "grad_clip", "init_from",
-        "lr", "max_samples", "max_tokens", "model_overrides", "precision", "preset", "seed", "shuffle_buffer",
-        "steps", "strategy", "val_fraction", "warmup_steps", "weight_decay", "window", "with_video"})
+        "lr", "max_samples", "max_tokens", "model_overrides", "policy_config", "policy_type", "precision", "preset",
+        "seed", "shuffle_buffer", "steps", "strategy", "val_fraction", "warmup_steps", "weight_decay", "window",
+        "with_video"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
         "resume"})
@@ -107,7 +108,13 @@ class TrainRecipe(BaseModel):
 
     family: str = Field("vla", description="policy family (roboloop.policies): vla (roboloop's GR00T-style VLA), or "
                         "package.module:Class of your own PolicyFamily")
-    preset: Literal["tiny", "small", "base", "n15"] = Field("tiny", description="model size preset")
+    policy_type: Literal["act"] | None = Field(
+        None, description="one of LeRobot's policies, trained on roboloop's engine (family lerobot): act; the "
+        "other types in LeRobot's factory are refused with the reason")
+    policy_config: dict[str, Any] = Field(
+        default_factory=dict, description="options of LeRobot's config for policy_type, named as LeRobot names "
+        "them (e.g. {\"dim_model\": 256, \"chunk_size\": 50}); pretrained backbones only from local folders")
+    preset: Literal["tiny", "small", "base", "n15"] = Field("tiny", description="model size preset (family vla)")
     model_overrides: dict[str, int | float | str | list[int]] = Field(
         default_factory=dict, description="fields of ModelConfig to change from the preset")
     steps: int = Field(300, ge=1, description="optimizer steps")
@@ -142,6 +149,14 @@ class TrainRecipe(BaseModel):
                                              "(DDP) or shard parameters/optimizer (FSDP2)")
     prefetch: bool = Field(True, description="prepare the next batch (decode, pin, copy) during the step")
     deterministic: bool = Field(False, description="deterministic kernels (exact resume comparisons)")
+
+    @model_validator(mode="after")
+    def _policy_type_means_lerobot(self):
+        if self.policy_type and self.family == "vla":
+            self.family = "lerobot"
+        if self.family == "lerobot" and not self.policy_type:
+            raise ValueError("family lerobot needs policy_type (e.g. act)")
+        return self
 
     def model_config_resolved(self, state_dim: int, action_dim: int, aux_dim: int = 0) -> ModelConfig:
         over: dict = {"aux_dim": aux_dim, **self.model_overrides}

@@ -255,12 +255,14 @@ class SampleStream:
     restarted run continue with exactly the samples an uninterrupted run would have seen.
     """
 
-    def __init__(self, ds: V3Dataset, image_size: tuple[int, int], max_text_len: int, window: int = 32,
+    def __init__(self, ds: V3Dataset, image_size: tuple[int, int] | None, max_text_len: int, window: int = 32,
                  shuffle_buffer: int = 512, num_workers: int = 2, seed: int = 0,
                  normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256,
                  tokenizer: str | None = None, state_tokens: int = 1, episodes: list[int] | None = None,
-                 depth_mm: dict[str, tuple[float, float]] | None = None):
-        self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len
+                 depth_mm: dict[str, tuple[float, float]] | None = None, cameras: list[str] | None = None):
+        self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len  # image_size None: as stored
+        # the cameras fed, in the dataset's order (None: all of them)
+        self.cams = [k for k in ds.camera_keys if cameras is None or k in cameras]
         # the episodes samples are drawn from (the training split); None: all of them
         self.episodes = None if episodes is None else set(episodes)
         if self.episodes is not None and not self.episodes:
@@ -268,7 +270,7 @@ class SampleStream:
         self.state_tokens = state_tokens  # backbone tokens the model gives the state (see ModelConfig)
         self.window, self.shuffle_buffer, self.num_workers = window, shuffle_buffer, max(1, num_workers)
         self.seed, self.norm = seed, normalizer
-        self.with_video = with_video and bool(ds.camera_keys)
+        self.with_video = with_video and bool(self.cams)
         # the range each depth camera is scaled from: the model's own (continued training), else this dataset's
         self.depth_mm = depth_mm if depth_mm is not None else \
             ds.depth_ranges(ds.meta.dataset_stats()) if self.with_video else {}
@@ -319,7 +321,7 @@ class SampleStream:
 
     def num_tokens(self, key: int, tokens_per_image: int) -> int:
         """Backbone tokens of a key's sample, known without decoding anything."""
-        num_cams = len(self.ds.camera_keys) if self.with_video else 0
+        num_cams = len(self.cams) if self.with_video else 0
         return num_cams * tokens_per_image + len(self._tokens[int(self.ds.task_index[key])]) + self.state_tokens
 
     def num_valid_steps(self, key: int) -> int:
@@ -345,7 +347,7 @@ class SampleStream:
                 self._cache.popitem(last=False)
 
     def _decode(self, ep: int, first: int, count: int) -> dict[str, np.ndarray]:
-        return {k: self.ds.decode_window(ep, k, first, count, self.image_size) for k in self.ds.camera_keys}
+        return {k: self.ds.decode_window(ep, k, first, count, self.image_size) for k in self.cams}
 
     def materialize(self, keys: list[int]) -> list[Sample]:
         self.prefetch(keys)
@@ -358,7 +360,7 @@ class SampleStream:
             ep, first, _ = self._window_of(key)
             frames = self._cache[(ep, first)].result()
             j = int(ds.frame_index[key]) - first
-            images = [cams.to_model_input(frames[k][j:j + 1], self.depth_mm.get(k))[0] for k in ds.camera_keys]
+            images = [cams.to_model_input(frames[k][j:j + 1], self.depth_mm.get(k))[0] for k in self.cams]
         actions, pad = ds.action_chunk(key)
         state = ds.state[key]
         aux = ds.aux[key] if ds.aux is not None else None

@@ -46,6 +46,8 @@ class PackedBatch:
     action_mask: torch.Tensor  # (N, H)
     seq_lens: torch.Tensor  # (N,) backbone tokens per sample
     aux: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0))  # (N, E) auxiliary targets; E = 0: none
+    # (num_images, 2) each image's own (H, W): cameras of different sizes are zero-padded to the largest
+    image_hw: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 2, dtype=torch.long))
 
     @property
     def num_samples(self) -> int:
@@ -68,8 +70,13 @@ def collate(samples: Sequence[Sample], tokens_per_image: int, state_tokens: int 
         toks.append(s.instruction)
         tok_sample.append(torch.full((s.instruction.numel(),), i, dtype=torch.long))
         tok_pos.append(torch.arange(s.instruction.numel()))
+    hw = torch.tensor([img.shape[-2:] for img in images], dtype=torch.long).reshape(-1, 2)
+    if images and (hw != hw[0]).any():  # cameras at their own resolutions: pad to the largest, keep the sizes
+        h, w = int(hw[:, 0].max()), int(hw[:, 1].max())
+        images = [torch.nn.functional.pad(img, (0, w - img.shape[-1], 0, h - img.shape[-2])) for img in images]
     return PackedBatch(
         images=torch.stack(images) if images else torch.zeros(0, 3, 1, 1),
+        image_hw=hw,
         image_sample=torch.tensor(img_sample, dtype=torch.long),
         image_camera=torch.tensor(img_cam, dtype=torch.long),
         tokens=torch.cat(toks) if toks else torch.zeros(0, dtype=torch.long),

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -122,7 +123,7 @@ class Trainer:
             self.stats = {k: {s: v.tolist() for s, v in st[k].items()} for k in (ds.state_key, ds.action_key)
                           if k in st}
         norm = Normalizer.from_stats(self.stats, [ds.state_key, ds.action_key], ds.root)
-        if ds.aux_key:  # a training target only: normalised by this dataset's stats, not stored with the model
+        if ds.aux_key and needs.normalized:  # a training target only: this dataset's stats, not stored with the model
             aux_norm = Normalizer.from_meta(ds.meta, [ds.aux_key])
             norm.mean[ds.aux_key], norm.std[ds.aux_key] = aux_norm.mean[ds.aux_key], aux_norm.std[ds.aux_key]
         self.model.to(self.device)
@@ -140,9 +141,11 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_at(s, cfg))
         self.stream = SampleStream(ds, needs.image_size, needs.max_text_len, window=cfg.window,
                                    shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.num_workers, seed=cfg.seed,
-                                   normalizer=norm, with_video=self.with_video, tokenizer=needs.tokenizer,
+                                   normalizer=norm if needs.normalized else None,  # else the family's own
+                                   with_video=self.with_video, tokenizer=needs.tokenizer,
                                    state_tokens=needs.state_tokens, episodes=self.train_episodes,
-                                   depth_mm=self.depth_mm)
+                                   depth_mm=self.depth_mm,
+                                   cameras=list(needs.camera_keys) if needs.camera_keys is not None else None)
         self.ckpt_dir = self.out / "checkpoints"
         self.start = self.resume()
         packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, needs.tokens_per_image, env.world_size)
@@ -155,7 +158,7 @@ class Trainer:
                  num_parameters(self.model) / 1e6, self.prec.name, self.prec.reason,
                  cfg.strategy if env.world_size > 1 else "1 rank", self.device, env.rank, env.world_size)
         if env.is_main:  # in the run log beside the loss lines
-            print(camera_line(ds, self.with_video), flush=True)
+            print(camera_line(ds, self.with_video, needs.camera_keys), flush=True)
             print(precision.record_line(self.run_record), flush=True)
 
     def resume(self) -> int:
@@ -200,6 +203,7 @@ class Trainer:
         finally:
             self.stream.close()
         weights = precision.plain_state_dict(distributed.full_state_dict(self.model, self.sharded))
+        weights = getattr(self.family, "weights", lambda sd: sd)(weights)  # as the family's folder names them
         if env.is_main:
             save_final(self.out, weights, self.family, self.policy, cfg, self.ds, self.stats,
                        {"train_episodes": self.train_episodes, "validation_episodes": self.val_episodes},
@@ -280,14 +284,19 @@ def _check_same_run(saved: dict, cfg: TrainConfig, found: Path) -> None:
                          "runs: use another output_dir, or resume=False to start over")
 
 
-def camera_line(ds: V3Dataset, with_video: bool) -> str:
+def camera_line(ds: V3Dataset, with_video: bool, wanted: tuple[str, ...] | None = None) -> str:
     """The run log's word on cameras: which the model sees, and any the dataset has that it does not."""
     if not ds.cameras:
         return "cameras: none in this dataset (state + language only)"
-    kinds = ", ".join(f"{c.key} ({'depth ' if c.depth else ''}{c.storage}, {c.height}x{c.width})" for c in ds.cameras)
+
+    def kinds(cams) -> str:
+        return ", ".join(f"{c.key} ({'depth ' if c.depth else ''}{c.storage}, {c.height}x{c.width})" for c in cams)
+
     if not with_video:
-        return f"cameras: NOT USED (with_video=False); the dataset has {kinds}"
-    return f"cameras: {kinds}"
+        return f"cameras: NOT USED (with_video=False); the dataset has {kinds(ds.cameras)}"
+    skipped = [c for c in ds.cameras if wanted is not None and c.key not in wanted]
+    fed = [c for c in ds.cameras if c not in skipped]
+    return f"cameras: {kinds(fed)}" + (f"; NOT USED by this policy family: {kinds(skipped)}" if skipped else "")
 
 
 def init_depth_ranges(init: Path) -> dict[str, tuple[float, float]]:
@@ -297,7 +306,9 @@ def init_depth_ranges(init: Path) -> dict[str, tuple[float, float]]:
 def features_of(ds: V3Dataset, with_video: bool) -> policies.Features:
     return policies.Features(ds.state_key, ds.action_key, int(ds.state.shape[1]), int(ds.action.shape[1]),
                              tuple(c.describe() for c in ds.cameras) if with_video else (), float(ds.meta.info.fps),
-                             int(ds.aux.shape[1]) if ds.aux is not None else 0)
+                             int(ds.aux.shape[1]) if ds.aux is not None else 0,
+                             {k: {s: np.asarray(v).tolist() for s, v in d.items()}
+                              for k, d in ds.meta.dataset_stats().items()})
 
 
 def save_final(out: Path, weights: dict[str, torch.Tensor], family, trainable, cfg: TrainConfig, ds: V3Dataset,
@@ -306,10 +317,11 @@ def save_final(out: Path, weights: dict[str, torch.Tensor], family, trainable, c
     """The family's files, stats and plot first, the weights last: `model.safetensors` existing means the run
     finished."""
     depth_mm = depth_mm or {}
-    used = [{**c.describe(), **({"depth_mm": list(depth_mm[c.key])} if c.key in depth_mm else {})}
-            for c in ds.cameras] if with_video else []
+    wanted = trainable.needs.camera_keys  # the cameras this family reads (None: all)
+    fed = [c for c in ds.cameras if with_video and (wanted is None or c.key in wanted)]
+    used = [{**c.describe(), **({"depth_mm": list(depth_mm[c.key])} if c.key in depth_mm else {})} for c in fed]
     data: dict = {"state_key": ds.state_key, "action_key": ds.action_key, "camera_keys": [c["key"] for c in used],
-                  "cameras": used, "cameras_not_used": [] if with_video else [c.describe() for c in ds.cameras],
+                  "cameras": used, "cameras_not_used": [c.describe() for c in ds.cameras if c not in fed],
                   "fps": ds.meta.info.fps, "with_video": with_video}
     info = policies.ModelInfo(cfg.family, ds.state_key, ds.action_key, int(ds.state.shape[1]),
                               int(ds.action.shape[1]), trainable.needs.horizon, data["camera_keys"], used,

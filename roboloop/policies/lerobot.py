@@ -1,0 +1,207 @@
+"""LeRobot's own policies (ACT, ...) as a roboloop policy family: LeRobot builds, normalises and saves them,
+roboloop's loader feeds them and roboloop's trainer trains them.
+
+Built with LeRobot's config classes (`make_policy_config(type, **policy_config)`: every option LeRobot's
+config has, named as LeRobot names it) and its pre/post-processors (normalisation with the dataset's
+stats). Inputs are the dataset's state and its colour cameras, each at its own stored resolution
+(privileged `observation.environment_state` never is one). Pretrained backbones come only from local
+folders: `pretrained_backbone_weights` defaults to none (LeRobot's default downloads ImageNet weights).
+
+Model folder: what LeRobot's `save_pretrained` writes (config.json, model.safetensors and the processors'
+policy_preprocessor.json / policy_postprocessor.json with their state files), so LeRobot's own
+`PreTrainedPolicy.from_pretrained(DIR)` and `make_pre_post_processors(cfg, pretrained_path=DIR)` read it;
+roboloop's metadata is beside it in policy.json and stats.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from roboloop.errors import RoboloopError
+from roboloop.evaluation.protocol import Obs
+from roboloop.policies import DataNeeds, Features, ModelInfo, model_info
+from roboloop.training.packing import PackedBatch
+
+# types LeRobot's factory has that train here, and why the others are refused
+SUPPORTED = ("act",)
+REFUSED = {
+    "diffusion": "needs observation history (n_obs_steps=2), which roboloop's loader does not give yet",
+    "vqbet": "needs observation history (n_obs_steps=5), which roboloop's loader does not give yet",
+    "tdmpc": "is trained online with rewards (a model-based RL agent), not from demonstrations",
+    "smolvla": "needs the SmolVLM2 weights from the Hugging Face Hub: not supported yet (no local-folder path)",
+    "pi0": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
+    "pi05": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
+    "pi0_fast": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
+    "groot": "needs the GR00T N1.5 weights from the Hugging Face Hub: use roboloop's own VLA (family vla)",
+}
+NO_DOWNLOAD = {"pretrained_backbone_weights": None}  # LeRobot's defaults that would reach for the network
+
+
+class LeRobotPolicyError(RoboloopError):
+    pass
+
+
+def policy_config(policy_type: str, overrides: dict, horizon: int | None, device: str):
+    """LeRobot's config for `policy_type` with roboloop's offline defaults and the user's overrides."""
+    from lerobot.policies.factory import make_policy_config
+
+    if policy_type in REFUSED:
+        raise LeRobotPolicyError(f"policy_type {policy_type!r} {REFUSED[policy_type]}")
+    if policy_type not in SUPPORTED:
+        raise LeRobotPolicyError(f"policy_type {policy_type!r} is not one roboloop trains: use one of {SUPPORTED}")
+    kw = {**NO_DOWNLOAD, **({"chunk_size": horizon, "n_action_steps": horizon} if horizon else {}), **overrides}
+    try:
+        return make_policy_config(policy_type, device=device, **kw)
+    except TypeError as e:  # an option LeRobot's config does not have
+        raise LeRobotPolicyError(f"policy_config for {policy_type}: {e}") from e
+
+
+def _lerobot_stats(stats: dict, keys: list[str]) -> dict:
+    return {k: {s: torch.as_tensor(np.asarray(v, dtype=np.float32)) for s, v in stats[k].items()}
+            for k in keys if k in stats}
+
+
+class LossModule(nn.Module):
+    """The LeRobot policy with its training loss as `forward` (what DDP/FSDP wrap)."""
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        loss, _ = self.policy.forward(batch)
+        return loss
+
+
+@dataclass
+class LeRobotTrainable:
+    module: LossModule
+    needs: DataNeeds
+    cfg: Any  # LeRobot's PreTrainedConfig
+    preprocessor: Any  # its PolicyProcessorPipelines
+    postprocessor: Any
+    state_key: str
+    cameras: list[str]
+
+    def batch(self, b: PackedBatch) -> dict:
+        """roboloop's packed batch as the dict LeRobot's preprocessor takes (raw units; images in [0, 1])."""
+        out: dict = {self.state_key: b.states.float(), "action": b.actions.float(), "action_is_pad": ~b.action_mask,
+                     "task": [""] * b.num_samples}
+        for c, key in enumerate(self.cameras):
+            sel = b.image_camera == c
+            h, w = (int(x) for x in b.image_hw[sel][0])
+            out[key] = b.images[sel][:, :, :h, :w].float()
+        return out
+
+    def loss_inputs(self, batch: PackedBatch, keys: list[int], step: int, denominator: float) -> tuple:
+        return (self.preprocessor(self.batch(batch)),)
+
+    def flops(self, batch: PackedBatch) -> float | None:
+        return None
+
+    def extra_metrics(self) -> dict:
+        return {}
+
+
+class LeRobotFamily:
+    """`policy_type` picks LeRobot's policy (`TrainRecipe.policy_type`); `policy_config` sets its options."""
+
+    name = "lerobot"
+    capabilities: frozenset[str] = frozenset()
+
+    def build(self, cfg, features: Features) -> LeRobotTrainable:
+        from lerobot.configs.types import FeatureType, PolicyFeature
+        from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+        if not cfg.policy_type:
+            raise LeRobotPolicyError("family lerobot needs train.policy_type (e.g. act)")
+        device = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+        horizon = cfg.model_overrides.get("horizon")
+        pcfg = policy_config(cfg.policy_type, dict(cfg.policy_config), int(horizon) if horizon else None, device)
+        colour = [c for c in features.cameras if not c.get("depth")]
+        pcfg.input_features = {features.state_key: PolicyFeature(FeatureType.STATE, (features.state_dim,)),
+                               **{c["key"]: PolicyFeature(FeatureType.VISUAL, (3, *c["shape"]))
+                                  for c in colour}}
+        pcfg.output_features = {features.action_key: PolicyFeature(FeatureType.ACTION, (features.action_dim,))}
+        try:
+            pcfg.validate_features()
+        except ValueError as e:
+            raise LeRobotPolicyError(f"{cfg.policy_type} cannot train on this dataset: {e}") from e
+        policy = get_policy_class(cfg.policy_type)(config=pcfg)
+        stats = _lerobot_stats(features.stats, [features.state_key, features.action_key, *[c["key"] for c in colour]])
+        pre, post = make_pre_post_processors(pcfg, dataset_stats=stats)
+        chunk = int(getattr(pcfg, "chunk_size", None) or getattr(pcfg, "horizon", None) or 1)
+        needs = DataNeeds(horizon=chunk, cameras=bool(colour), image_size=None, tokens_per_image=0,
+                          max_text_len=1, normalized=False, camera_keys=tuple(c["key"] for c in colour))
+        return LeRobotTrainable(LossModule(policy), needs, pcfg, pre, post, features.state_key,
+                                [c["key"] for c in colour])
+
+    def load_init(self, trainable: LeRobotTrainable, init: Path, keys: list[str]) -> dict:
+        from safetensors.torch import load_file
+
+        if model_info(init).family != self.name:
+            raise LeRobotPolicyError(f"init_from {init}: not a LeRobot policy folder")
+        trainable.module.policy.load_state_dict(load_file(init / "model.safetensors"))
+        return {k: v for k, v in json.loads((init / "stats.json").read_text()).items() if k in keys}
+
+    def write_meta(self, out: Path, trainable: LeRobotTrainable, info: ModelInfo, data: dict) -> None:
+        trainable.cfg._save_pretrained(out)  # config.json, as LeRobot's save_pretrained writes it
+        trainable.preprocessor.save_pretrained(out)
+        trainable.postprocessor.save_pretrained(out)
+
+    def weights(self, state: dict) -> dict:
+        """The trained module's weights as LeRobot's policy names them."""
+        return {k.removeprefix("policy."): v for k, v in state.items()}
+
+    def load(self, folder: Path, device: str = "cpu", seed: int = 0,
+             inference_steps: int | None = None) -> LeRobotPolicy:
+        return LeRobotPolicy(Path(folder), device)
+
+
+class LeRobotPolicy:
+    """A LeRobot model folder (written by roboloop or by `lerobot-train`) acting on roboloop observations."""
+
+    def __init__(self, folder: Path, device: str = "cpu"):
+        from lerobot.configs.policies import PreTrainedConfig
+        from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+        self.dir = folder
+        info = model_info(folder)
+        cfg = PreTrainedConfig.from_pretrained(str(folder))
+        cfg.device = device
+        self.policy = get_policy_class(cfg.type).from_pretrained(str(folder), config=cfg).eval()
+        self.pre, self.post = make_pre_post_processors(cfg, pretrained_path=str(folder),
+                                                       preprocessor_overrides={"device_processor":
+                                                                               {"device": device}})
+        self.name = f"{cfg.type}:{folder.name}"
+        self.state_key, self.action_key = info.state_key, info.action_key
+        self.state_dim, self.action_dim, self.horizon = info.state_dim, info.action_dim, info.horizon
+        self.camera_keys = [k for k, f in cfg.input_features.items() if f.type.name == "VISUAL"]
+        shape = cfg.input_features[self.camera_keys[0]].shape if self.camera_keys else (3, 0, 0)
+        self.image_size = (int(shape[1]), int(shape[2]))
+        if (folder / "stats.json").is_file():
+            raw = json.loads((folder / "stats.json").read_text())
+        else:  # a lerobot-train folder: the normaliser's own stats
+            raw = next((st.stats for st in self.pre.steps if getattr(st, "stats", None)), {})
+        self.stats = {k: {s: np.asarray(torch.as_tensor(v).cpu(), dtype=np.float32) for s, v in d.items()}
+                      for k, d in raw.items()}
+
+    @torch.no_grad()
+    def act(self, obs: Obs) -> torch.Tensor:
+        batch: dict = {self.state_key: obs.state.float(), "task": list(obs.instructions or [""] * obs.state.shape[0])}
+        for j, key in enumerate(self.camera_keys):
+            frames = obs.images[key] if key in obs.images else list(obs.images.values())[j]
+            x = torch.as_tensor(frames).permute(0, 3, 1, 2).float() / 255.0
+            want = tuple(self.policy.config.input_features[key].shape[1:])
+            if tuple(x.shape[-2:]) != want:
+                x = torch.nn.functional.interpolate(x, size=want, mode="bilinear", antialias=True)
+            batch[key] = x
+        chunk = self.policy.predict_action_chunk(self.pre(batch))
+        return self.post(chunk).float().cpu()

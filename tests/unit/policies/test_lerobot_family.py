@@ -1,0 +1,156 @@
+"""LeRobot's ACT on roboloop's engine, checked against LeRobot itself.
+
+The dataset is written by LeRobot's own writer, with cameras at different resolutions, one stored as PNGs in the
+parquet and a depth map (which ACT does not read: recorded as not used). roboloop's loader must give the batch
+LeRobot's `LeRobotDataset` gives for the same frames (state, action chunk, padding, each camera at its own size),
+the same weights on the same batch must give the same loss, LeRobot's `from_pretrained` must read the folder
+roboloop writes, and a run killed with -9 must resume exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from roboloop.training import checkpoint
+from roboloop.training.config import TrainConfig
+from roboloop.training.train import train
+from tests.conformance.cases import lerobot_writer
+
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning"),
+              pytest.mark.filterwarnings("ignore::UserWarning")]
+
+CAMS = {"observation.images.front": (32, 48)}
+IMAGES = {"observation.image": (24, 24)}
+DEPTH = {"observation.images.depth": (24, 32)}
+SMALL_ACT = {"dim_model": 32, "dim_feedforward": 64, "n_encoder_layers": 1, "n_decoder_layers": 1,
+             "n_heads": 2, "latent_dim": 8, "chunk_size": 5, "n_action_steps": 5}
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("act") / "ds"
+    lerobot_writer(CAMS, IMAGES, ["pick the cube"], num_episodes=3, depth=DEPTH)(root)
+    return root
+
+
+def _cfg(ds, out, **kw) -> TrainConfig:
+    return TrainConfig(**{"dataset": str(ds), "output_dir": str(out), "policy_type": "act",
+                          "policy_config": SMALL_ACT, "steps": 4, "max_samples": 4, "warmup_steps": 1,
+                          "checkpoint_every_steps": 0, "num_workers": 1, **kw})
+
+
+def _losses(out) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_roboloop_batches_are_lerobots_and_give_the_same_loss(recorded):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from roboloop.policies import family
+    from roboloop.training.data import SampleStream, V3Dataset
+    from roboloop.training.packing import collate
+    from roboloop.training.train import features_of
+
+    ds = V3Dataset(recorded, horizon=5)
+    torch.manual_seed(0)
+    trainable = family("lerobot").build(_cfg(recorded, "unused"), features_of(ds, True))
+    assert trainable.cameras == [*CAMS, *IMAGES]  # the depth map is not an ACT input
+    stream = SampleStream(ds, None, 1, num_workers=1, cameras=trainable.cameras)
+    keys = [0, 7, 11, 20]  # the last is 1 frame before an episode's end: its chunk is padded
+    ours = trainable.batch(collate(stream.materialize(keys), 0))
+    stream.close()
+    lr = LeRobotDataset("conformance/writer", root=recorded, delta_timestamps={"action": [i / 30 for i in range(5)]})
+    items = [lr[k] for k in keys]
+    theirs = {k: torch.stack([it[k] for it in items]) for k in ("observation.state", "action", "action_is_pad",
+                                                                   *trainable.cameras)}
+    theirs["task"] = [it["task"] for it in items]
+    assert torch.equal(ours["observation.state"], theirs["observation.state"])
+    assert torch.equal(ours["action_is_pad"], theirs["action_is_pad"]) and bool(theirs["action_is_pad"].any())
+    valid = ~theirs["action_is_pad"]
+    assert torch.equal(ours["action"][valid], theirs["action"][valid])
+    for cam in trainable.cameras:  # each at its own resolution; decoders agree within 2/255
+        assert ours[cam].shape == theirs[cam].shape, cam
+        assert float((ours[cam] - theirs[cam]).abs().max()) <= 2 / 255 + 1e-6, cam
+    policy = trainable.module.policy.eval()  # no dropout: the same weights on the same batch
+    theirs["action"][~valid] = 0.0  # what is under the padding does not count
+    ours["action"][~valid] = 0.0
+    with torch.no_grad():
+        torch.manual_seed(1)
+        a, _ = policy.forward(trainable.preprocessor(ours))
+        torch.manual_seed(1)
+        b, _ = policy.forward(trainable.preprocessor(theirs))
+    assert abs(float(a) - float(b)) <= 1e-3 * abs(float(b)), (float(a), float(b))
+
+
+def test_act_trains_and_lerobot_reads_the_folder_and_acts_on_its_own_frame(recorded, tmp_path):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    from lerobot.policies.act.modeling_act import ACTPolicy
+    from lerobot.policies.factory import make_pre_post_processors
+
+    from roboloop.evaluation.protocol import Obs
+    from roboloop.policies import load_policy, model_info
+
+    out = tmp_path / "act"
+    train(_cfg(recorded, out, val_fraction=0.34))
+    info = model_info(out)
+    assert info.family == "lerobot" and info.horizon == 5 and info.camera_keys == [*CAMS, *IMAGES]
+    data = json.loads((out / "policy.json").read_text())
+    assert data["train"]["policy_type"] == "act" and all(np.isfinite(_losses(out)))
+    policy = ACTPolicy.from_pretrained(str(out))  # LeRobot's own loaders
+    pre, post = make_pre_post_processors(policy.config, pretrained_path=str(out))
+    item = LeRobotDataset("conformance/writer", root=recorded)[9]
+    batch = {k: v for k, v in item.items() if k.startswith("observation.") and k != "observation.images.depth"}
+    action = post(policy.select_action(pre({**batch, "task": item["task"]})))
+    assert action.shape == (1, 6) and torch.isfinite(action).all()
+    ours = load_policy(out)  # and roboloop's, on a simulator-style observation (uint8 HWC frames)
+    obs = Obs(item["observation.state"][None], {k: (item[k].permute(1, 2, 0)[None] * 255).to(torch.uint8)
+                                                  for k in (*CAMS, *IMAGES)}, [item["task"]])
+    chunk = ours.act(obs)
+    assert chunk.shape == (1, 5, 6) and torch.isfinite(chunk).all()
+
+    from roboloop.evaluation.offline import evaluate_offline
+
+    report = evaluate_offline(recorded, out, "validation", output_dir=tmp_path / "offline")
+    assert report.episodes == info.split["validation_episodes"] and np.isfinite(report.mse_norm)
+
+
+def test_act_resumes_exactly_after_kill_9(recorded, tmp_path):
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    kw = dict(steps=12, checkpoint_every_steps=4, deterministic=True)
+    train(_cfg(recorded, ref, **kw))
+    cfg = _cfg(recorded, killed, **kw)
+    code = ("import sys; from roboloop.training.config import TrainConfig; from roboloop.training.train import train;"
+            " train(TrainConfig.model_validate_json(sys.argv[1]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, cfg.model_dump_json()], start_new_session=True,
+                            stderr=subprocess.DEVNULL)
+    hb, deadline = killed / "heartbeat.json", time.time() + 300
+    while time.time() < deadline and not (hb.exists() and json.loads(hb.read_text())["step"] >= 6):
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "model.safetensors").exists()
+    assert checkpoint.latest(killed / "checkpoints").name == "step-00000004"
+    assert train(cfg).resumed_from == 4
+    assert _losses(killed) == _losses(ref)
+
+
+def test_types_roboloop_does_not_train_are_refused_with_the_reason(recorded, tmp_path):
+    from roboloop.policies.lerobot import LeRobotPolicyError, policy_config
+
+    with pytest.raises(LeRobotPolicyError, match="observation history"):
+        policy_config("diffusion", {}, None, "cpu")
+    with pytest.raises(LeRobotPolicyError, match="Hugging Face Hub"):
+        policy_config("smolvla", {}, None, "cpu")
+    with pytest.raises(LeRobotPolicyError, match="no_such_option"):
+        train(_cfg(recorded, tmp_path / "x", policy_config={"no_such_option": 1}))
+    assert policy_config("act", {}, None, "cpu").pretrained_backbone_weights is None  # never a download
