@@ -437,13 +437,18 @@ def parent_dataset(parent: ModelRef) -> DatasetRef:
 
 
 def register_folder(path: str | Path, name: str, registry: str | None = None, evaluation: str | Path | None = None,
-                    promote: bool = False, margin: float = 0.05) -> Decision:
+                    promote: bool = False, margin: float = 0.05, dataset: str | Path | None = None) -> Decision:
     """`roboloop registry add`: a model folder trained outside the loop, registered with the lineage that can be
     read from it (its config, metrics, the dataset it names, this checkout's commit) and, with `evaluation` (a
     `roboloop evaluate --output-dir` run folder), that evaluation for the gate. Promoted only when asked, and
     then only through the gate."""
+    from roboloop.policies import model_info
+
     model = model_ref(path, dataset_md5="")
-    dataset = (model.config or {}).get("dataset")
+    if dataset and not (Path(dataset) / "meta" / "info.json").is_file():
+        raise FileNotFoundError(f"{dataset}: not a dataset folder (no meta/info.json): pass the dataset the model "
+                                "was trained on with --dataset, or leave it out")
+    dataset = dataset or (model.config or {}).get("dataset")  # the one its config names, if it is still there
     data = dataset_ref(dataset) if dataset and (Path(dataset) / "meta" / "info.json").is_file() else None
     model = model.model_copy(update={"dataset_md5": data.md5 if data else ""})
     ev = None
@@ -458,7 +463,8 @@ def register_folder(path: str | Path, name: str, registry: str | None = None, ev
     from roboloop.lineage import eval_record
 
     lin = Lineage(dataset=data, model=model, evaluation=ev, dataset_md5=data.md5 if data else "unknown",
-                  config={"registered_from": str(Path(path).absolute()), "train": model.config},
+                  config={"registered_from": str(Path(path).absolute()), "train": model.config,
+                          "unknown": model_info(path).notes},
                   seed=int(model.config.get("seed", 0)), metrics={**model.metrics, "weights_sha256":
                                                                  model.weights_sha256},
                   eval=eval_record(ev) if ev else None)

@@ -196,11 +196,24 @@ def model_info(folder: str | Path) -> ModelInfo:
             ins, outs = d.get("input_features") or {}, d.get("output_features") or {}
             state = next((k for k, f in ins.items() if f.get("type") == "STATE"), "observation.state")
             action = next(iter(outs), "action")
+            train, notes = {"policy_type": d["type"]}, ["not trained by roboloop: no held-out split is known"]
+            tc = folder / "train_config.json"  # what lerobot-train writes beside it
+            if tc.is_file():
+                t = json.loads(tc.read_text())
+                root = (t.get("dataset") or {}).get("root")
+                train |= {"trained_by": "lerobot-train", "seed": t.get("seed", 0), "steps": t.get("steps"),
+                          "batch_size": t.get("batch_size"), "lerobot_repo_id": (t.get("dataset") or {}).get("repo_id")}
+                if root and Path(root).is_absolute():
+                    train["dataset"] = root
+                elif root:
+                    notes.append(f"its dataset root {root!r} is relative to wherever lerobot-train ran: name the "
+                                 "dataset with --dataset")
+            else:
+                notes.append("its training config and dataset are unknown (no train_config.json)")
             return ModelInfo("lerobot", state, action, int((ins.get(state) or {"shape": [0]})["shape"][-1]),
                              int(outs[action]["shape"][-1]) if action in outs else 0,
                              int(d.get("chunk_size") or d.get("horizon") or 1),
-                             [k for k, f in ins.items() if f.get("type") == "VISUAL"],
-                             notes=["not trained by roboloop: its training config, dataset and split are unknown"])
+                             [k for k, f in ins.items() if f.get("type") == "VISUAL"], train=train, notes=notes)
         if "model" in d:  # a roboloop VLA folder from before policy.json
             m, data = d["model"], d.get("data", {})
             cams = data.get("camera_keys", data.get("video_keys")) or [] if data.get("with_video", True) else []

@@ -1,0 +1,48 @@
+"""LeRobot's ACT through the closed loop (`roboloop loop`, no Prefect server): trained on roboloop's engine from
+the reach task's recorded demonstrations (state + camera; ACT does not read the instruction, so the recording
+has one instruction per layout), evaluated in the reach task beside the random baseline, registered, and promoted
+or not by the gate; the registered folder is one LeRobot's own `from_pretrained` reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.isaac, pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
+ACT = {"dim_model": 64, "dim_feedforward": 128, "n_encoder_layers": 1, "n_decoder_layers": 1, "n_heads": 4,
+       "latent_dim": 8, "chunk_size": 8, "n_action_steps": 8}
+
+
+def test_act_through_the_closed_loop(tmp_path):
+    from roboloop.loop import ci
+
+    cfg = ci()
+    cfg = cfg.model_copy(update={
+        "collect_if_missing": cfg.collect_if_missing.model_copy(update={"instructions_per_layout": 1}),
+        "train": cfg.train.model_copy(update={"policy_type": "act", "family": "lerobot", "policy_config": ACT,
+                                              "steps": 30, "max_samples": 16, "lr": 1e-4}),
+        "model_name": "reach-act"})
+    (tmp_path / "loop.json").write_text(cfg.model_dump_json())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROBOLOOP_")}
+    p = subprocess.run([sys.executable, "-m", "roboloop.cli", "loop", "--config", "loop.json"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-4000:]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["registry_version"] == 1 and summary["promoted"] in (True, False) and summary["gate"]
+    assert summary["training"].startswith("precision fp32")
+
+    from lerobot.policies.act.modeling_act import ACTPolicy
+
+    from roboloop.registry import Registry
+
+    reg = Registry(tmp_path / ".roboloop" / "registry")
+    lineage = reg.lineage("reach-act", 1)
+    assert lineage["family"] == "lerobot" and lineage["config"]["train"]["policy_type"] == "act"
+    assert lineage["eval"]["episodes"] == 6 and lineage["baseline_eval"]["policy"] == "random"
+    folder = reg.download("reach-act", 1, tmp_path / "act-v1")
+    assert ACTPolicy.from_pretrained(str(folder)).config.chunk_size == 8
