@@ -166,7 +166,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
         if not args.name or not args.ref:
             raise ValueError("registry add NAME MODEL_DIR: a model name and a model folder")
         added = register_folder(args.ref, args.name, args.registry, args.eval, promote=args.promote,
-                                margin=args.margin, dataset=args.dataset)
+                                margin=args.margin, dataset=args.dataset, score_offline=args.score_offline)
         print(jsonline(added.model_dump(mode="json")))
         return 0 if added.promoted or not args.promote else 3
     return 0
@@ -295,6 +295,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     r.add_argument("ref", nargs="?", help="version (3, v3) or alias (champion, challenger); add: the model folder")
     r.add_argument("--eval", help="add: a `roboloop evaluate --output-dir` run of this model, kept for the gate")
     r.add_argument("--dataset", help="add: the v3 dataset the model was trained on (its md5 joins the lineage)")
+    r.add_argument("--score-offline", choices=["validation", "all"], help="add: score it offline on --dataset (the "
+                   "episodes it held out, or all of them when its split is unknown) and record that for the gate")
     r.add_argument("--promote", action="store_true", help="add: put it through the promotion gate (a first "
                    "version must beat a baseline)")
     r.add_argument("--registry", help="registry URI (default $ROBOLOOP_REGISTRY or .roboloop/registry)")

@@ -437,7 +437,8 @@ def parent_dataset(parent: ModelRef) -> DatasetRef:
 
 
 def register_folder(path: str | Path, name: str, registry: str | None = None, evaluation: str | Path | None = None,
-                    promote: bool = False, margin: float = 0.05, dataset: str | Path | None = None) -> Decision:
+                    promote: bool = False, margin: float = 0.05, dataset: str | Path | None = None,
+                    score_offline: str | None = None) -> Decision:
     """`roboloop registry add`: a model folder trained outside the loop, registered with the lineage that can be
     read from it (its config, metrics, the dataset it names, this checkout's commit) and, with `evaluation` (a
     `roboloop evaluate --output-dir` run folder), that evaluation for the gate. Promoted only when asked, and
@@ -460,14 +461,24 @@ def register_folder(path: str | Path, name: str, registry: str | None = None, ev
         if ev.policy_id != model.weights_sha256:
             raise ValueError(f"{run} evaluated other weights ({ev.policy_id[:12]}) than {path} "
                              f"({model.weights_sha256[:12]})")
+    offline = None
+    if score_offline:  # scored on the dataset now, recorded for the (paired, offline) gate
+        if data is None:
+            raise ValueError("--score-offline needs the dataset the model was trained on (--dataset)")
+        from roboloop.datasets.meta import load_meta
+
+        eps = None if score_offline == "validation" else [e.episode_index for e in load_meta(data.path).episodes]
+        offline = evaluate_offline(model, data, OfflineRecipe(), episodes=eps)
     from roboloop.lineage import eval_record
 
     lin = Lineage(dataset=data, model=model, evaluation=ev, dataset_md5=data.md5 if data else "unknown",
+                  family=model.family,
                   config={"registered_from": str(Path(path).absolute()), "train": model.config,
                           "unknown": model_info(path).notes},
                   seed=int(model.config.get("seed", 0)), metrics={**model.metrics, "weights_sha256":
                                                                  model.weights_sha256},
-                  eval=eval_record(ev) if ev else None)
+                  eval=eval_record(ev) if ev else None, offline=offline,
+                  offline_eval=offline.gate_record() if offline else None)
     return register(model, lin, name, registry, margin, promote=promote)
 
 

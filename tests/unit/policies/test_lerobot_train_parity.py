@@ -1,0 +1,98 @@
+"""roboloop against `lerobot-train` itself, on the same LeRobot-written dataset and ACT config.
+
+Curves: both train 50 steps at batch 4 with ACT's optimiser settings (AdamW, lr 1e-5, weight decay 1e-4, grad
+clip 10); their data orders and noise draws differ, so the per-step losses are compared as samples: the mean of
+steps 31-50 must not differ significantly (Welch's t-test, two-sided, p > 0.01), and both must have fallen from
+their start. (Same weights + the same batch give the same loss: test_lerobot_family.py.) Then the checkpoint
+lerobot-train wrote is brought in with `roboloop registry add`, scored offline from the registry and gated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conformance.cases import lerobot_writer
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
+ACT = {"dim_model": 32, "dim_feedforward": 64, "n_encoder_layers": 1, "n_decoder_layers": 1, "n_heads": 2,
+       "latent_dim": 8, "chunk_size": 5, "n_action_steps": 5}
+STEPS = 50
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parity")
+    lerobot_writer({"observation.images.front": (32, 48)}, {"observation.image": (24, 24)}, ["pick the cube"],
+                   num_episodes=4)(root / "ds")
+    venv = Path(sys.executable).parent
+    cmd = [str(venv / "lerobot-train"), "--dataset.repo_id=conformance/writer", f"--dataset.root={root / 'ds'}",
+           "--policy.type=act", "--policy.pretrained_backbone_weights=null", "--policy.device=cpu",
+           "--policy.push_to_hub=false", *[f"--policy.{k}={v}" for k, v in ACT.items()], f"--steps={STEPS}",
+           "--batch_size=4", f"--save_freq={STEPS}", "--log_freq=1", f"--output_dir={root / 'lr'}",
+           "--num_workers=0", "--wandb.enable=false", "--seed=0"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=root,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    theirs = [float(x) for x in re.findall(r"step:\S+ .*?loss:([0-9.e+-]+)", p.stdout + p.stderr)]
+    from roboloop.training.config import TrainConfig
+    from roboloop.training.train import train
+
+    train(TrainConfig(dataset=str(root / "ds"), output_dir=str(root / "rl"), policy_type="act", policy_config=ACT,
+                      steps=STEPS, max_samples=4, lr=1e-5, weight_decay=1e-4, grad_clip=10.0, warmup_steps=0,
+                      checkpoint_every_steps=0, num_workers=1))
+    ours = [json.loads(line)["loss"] for line in (root / "rl" / "metrics.jsonl").read_text().splitlines()]
+    return root, ours, theirs
+
+
+def _welch_p(a: list[float], b: list[float]) -> float:
+    from scipy import stats
+
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def test_loss_curves_agree_with_lerobot_train(runs):
+    _, ours, theirs = runs
+    assert len(ours) == STEPS and len(theirs) >= STEPS, (len(ours), len(theirs))
+    theirs = theirs[-STEPS:]
+    tail_ours, tail_theirs = ours[30:], theirs[30:]
+    p = _welch_p(tail_ours, tail_theirs)
+    mean = lambda x: sum(x) / len(x)  # noqa: E731
+    assert p > 0.01, (mean(tail_ours), mean(tail_theirs), p)
+    assert mean(ours[-10:]) < mean(ours[:5]) and mean(theirs[-10:]) < mean(theirs[:5])
+    assert all(math.isfinite(x) for x in ours)
+
+
+def test_a_lerobot_train_checkpoint_registers_scores_offline_and_is_gated(runs, tmp_path):
+    root, _, _ = runs
+    ckpt = root / "lr" / "checkpoints" / f"{STEPS:06d}" / "pretrained_model"
+    reg = tmp_path / "registry"
+
+    def cli(*args: str) -> dict:
+        p = subprocess.run([sys.executable, "-m", "roboloop.cli", *args], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert p.returncode in (0, 3), p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    added = cli("registry", "--registry", str(reg), "add", "act-lr", str(ckpt), "--dataset", str(root / "ds"),
+                "--score-offline", "all", "--promote")
+    assert added["version"] == 1 and added["promoted"] in (True, False) and "baseline" in added["reason"]
+    from roboloop.registry import Registry
+
+    lineage = Registry(reg).lineage("act-lr", 1)
+    assert lineage["family"] == "lerobot" and lineage["dataset"]["num_episodes"] == 4
+    assert lineage["config"]["train"]["trained_by"] == "lerobot-train"
+    assert any("no held-out split" in n for n in lineage["config"]["unknown"])
+    scored = cli("evaluate", "--offline", "--dataset", str(root / "ds"), "--policy", f"registry:{reg}#act-lr@1",
+                 "--score", "all", "--output-dir", str(tmp_path / "off"))
+    assert scored["samples"] > 0 and math.isfinite(scored["mse_norm"]) and set(scored["baselines"]) == \
+        {"mean_action", "previous_action"}
+    assert Registry(reg).lineage("act-lr", 1)["offline_eval"]["episodes"] == [0, 1, 2, 3]  # what the gate read
