@@ -42,6 +42,9 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
             "--work", "{tmp}"], {"success_before", "success_after", "gain", "sync_env_steps_per_s"},
            [pytest.mark.isaac]),
     "precision": (["--presets", "small", "--steps", "2"], {"device", "fp8_backend", "small"}, [pytest.mark.gpu]),
+    "lerobot_train": (["--height", "32", "--width", "48", "--episodes", "2", "--frames", "24", "--steps", "3",
+                       "--batch", "2", "--workers", "1", "--workdir", "{tmp}"],
+                      {"ratio_samples_per_s", "final_loss_ratio", "rss_ratio"}, []),
 }
 
 

@@ -1,0 +1,110 @@
+"""LeRobot's ACT trained by roboloop's engine vs by `lerobot-train`: same dataset, ACT config, batch size, steps.
+
+    python bench/lerobot_train.py [--height 480 --width 640] [--episodes 8] [--steps 20] [--batch 4]
+
+Baseline: `lerobot-train` (LeRobot 0.6.1: its LeRobotDataset + DataLoader with `--num-workers`, its training
+loop), both on this machine's CPU, one camera stored as h264 video at HxW (generated once under bench/out/).
+Samples/s is measured over the steps after the first two: LeRobot's from its own per-step `updt_s` + `data_s`
+log fields, roboloop's from its metrics.jsonl; peak RSS of each process tree is sampled every 20 ms. The final
+loss of each is the mean of its last five steps (their data orders differ). Ends with one JSON line:
+`ratio_samples_per_s` (roboloop / LeRobot), `final_loss_ratio`, `rss_ratio`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ACT = {"dim_model": 256, "dim_feedforward": 1024, "n_encoder_layers": 2, "n_decoder_layers": 1,
+       "chunk_size": 20, "n_action_steps": 20}
+
+
+def run(cmd: list[str], cwd: Path) -> tuple[str, float]:
+    """Output and peak RSS (MB) of the whole process tree."""
+    import psutil
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    with open(cwd / "log.txt", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        ps, peak = psutil.Process(proc.pid), 0
+        while proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                peak = max(peak, ps.memory_info().rss + sum(c.memory_info().rss for c in ps.children(recursive=True)))
+            time.sleep(0.02)
+    out = (cwd / "log.txt").read_text()
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[:3]} failed:\n{out[-3000:]}")
+    return out, peak / 2**20
+
+
+def dataset(args) -> Path:
+    dst = args.workdir / f"act_v3_{args.episodes}x{args.frames}_{args.height}x{args.width}"
+    if not (dst / "meta" / "info.json").is_file():
+        subprocess.run([sys.executable, "-m", "roboloop.cli", "generate", str(dst), "--v3", "--num-episodes",
+                        str(args.episodes), "--min-length", str(args.frames), "--max-length", str(args.frames),
+                        "--camera", f"observation.images.top={args.height}x{args.width}"], check=True,
+                       stdout=subprocess.DEVNULL)
+    return dst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--height", type=int, default=480)
+    ap.add_argument("--width", type=int, default=640)
+    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--frames", type=int, default=120)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=2, help="LeRobot DataLoader workers / roboloop decode threads")
+    ap.add_argument("--workdir", type=Path, default=HERE / "out")
+    args = ap.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    ds = dataset(args)
+    work = args.workdir / "lerobot_train_run"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "lerobot").mkdir(parents=True)
+    (work / "roboloop").mkdir()
+
+    venv = Path(sys.executable).parent
+    lr_out, lr_rss = run([str(venv / "lerobot-train"), "--dataset.repo_id=bench/act", f"--dataset.root={ds}",
+                          "--policy.type=act", "--policy.pretrained_backbone_weights=null", "--policy.device=cpu",
+                          "--policy.push_to_hub=false", *[f"--policy.{k}={v}" for k, v in ACT.items()],
+                          f"--steps={args.steps}", f"--batch_size={args.batch}", f"--num_workers={args.workers}",
+                          "--log_freq=1", f"--save_freq={args.steps}", "--output_dir=out", "--wandb.enable=false",
+                          "--seed=0"], work / "lerobot")
+    rows = [(float(m[0]), float(m[1]), float(m[2])) for m in
+            re.findall(r"loss:([0-9.e+-]+).*?updt_s:([0-9.e+-]+) data_s:([0-9.e+-]+)", lr_out)]
+    if len(rows) < args.steps:
+        raise SystemExit(f"lerobot-train logged {len(rows)} steps, expected {args.steps}:\n{lr_out[-2000:]}")
+    lr_sps = sum(args.batch / (u + d) for _, u, d in rows[2:]) / max(1, len(rows) - 2)
+    lr_loss = sum(r[0] for r in rows[-5:]) / len(rows[-5:])
+
+    _, rl_rss = run([sys.executable, "-m", "roboloop.cli", "train", "--dataset", str(ds), "--output-dir", "out",
+                     "--policy-type", "act", "--policy-config", json.dumps(ACT), "--steps", str(args.steps),
+                     "--max-samples", str(args.batch), "--lr", "1e-5", "--weight-decay", "1e-4", "--grad-clip", "10",
+                     "--warmup-steps", "0", "--num-workers", str(args.workers), "--checkpoint-every-steps", "0",
+                     "--no-cache"], work / "roboloop")
+    metrics = [json.loads(line) for line in (work / "roboloop" / "out" / "metrics.jsonl").read_text().splitlines()]
+    rl_sps = sum(m["samples_per_s"] for m in metrics[2:]) / max(1, len(metrics) - 2)
+    rl_loss = sum(m["loss"] for m in metrics[-5:]) / len(metrics[-5:])
+    print(json.dumps({
+        "dataset": str(ds), "camera": f"{args.height}x{args.width}", "steps": args.steps, "batch": args.batch,
+        "act": ACT, "cpus": os.cpu_count(), "baseline": "lerobot-train (LeRobot 0.6.1), same dataset/config/batch",
+        "roboloop_samples_per_s": round(rl_sps, 2), "lerobot_samples_per_s": round(lr_sps, 2),
+        "ratio_samples_per_s": round(rl_sps / lr_sps, 2), "roboloop_final_loss": round(rl_loss, 4),
+        "lerobot_final_loss": round(lr_loss, 4), "final_loss_ratio": round(rl_loss / lr_loss, 3),
+        "roboloop_peak_rss_mb": round(rl_rss), "lerobot_peak_rss_mb": round(lr_rss),
+        "rss_ratio": round(rl_rss / lr_rss, 2)}))
+
+
+if __name__ == "__main__":
+    main()
