@@ -27,20 +27,9 @@ from torch import nn
 from roboloop.errors import RoboloopError
 from roboloop.evaluation.protocol import Obs
 from roboloop.policies import DataNeeds, Features, ModelInfo, model_info
+from roboloop.policies.lerobot_types import REFUSED, SUPPORTED
 from roboloop.training.packing import PackedBatch
 
-# types LeRobot's factory has that train here, and why the others are refused
-SUPPORTED = ("act",)
-REFUSED = {
-    "diffusion": "needs observation history (n_obs_steps=2), which roboloop's loader does not give yet",
-    "vqbet": "needs observation history (n_obs_steps=5), which roboloop's loader does not give yet",
-    "tdmpc": "is trained online with rewards (a model-based RL agent), not from demonstrations",
-    "smolvla": "needs the SmolVLM2 weights from the Hugging Face Hub: not supported yet (no local-folder path)",
-    "pi0": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
-    "pi05": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
-    "pi0_fast": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
-    "groot": "needs the GR00T N1.5 weights from the Hugging Face Hub: use roboloop's own VLA (family vla)",
-}
 NO_DOWNLOAD = {"pretrained_backbone_weights": None}  # LeRobot's defaults that would reach for the network
 
 
