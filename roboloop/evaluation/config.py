@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, JsonValue, model_validator
 # Tasks roboloop ships (Isaac Lab, kit-less) and gymnasium tasks it knows how to drive; any `Isaac-*` task that
 # isaaclab_tasks registers works too.
 ROBOLOOP_TASKS = ("Roboloop-Reach-Color-v0", "Roboloop-Reach-Color-Joint-v0", "Roboloop-Reach-Color-Vision-v0")
-GYM_TASKS = ("gym_pusht/PushT-v0",)
+GYM_TASKS = ("gym_pusht/PushT-v0", "lerobot:pusht")  # lerobot:<type>: any env LeRobot's env configs have
 DEFAULT_EXECUTE_STEPS = 4  # chunk actions executed before re-planning, unless the model was validated otherwise
 
 
@@ -19,8 +19,9 @@ EXPERT_TASK_CHOICES: dict[str, JsonValue] = {"enum": list(ROBOLOOP_TASKS)}
 
 
 def unknown_task_message(task: str) -> str:
-    return (f"unknown task {task!r}: known tasks are {', '.join((*ROBOLOOP_TASKS, *GYM_TASKS))}, and any Isaac-* "
-            "task that isaaclab_tasks registers (e.g. Isaac-Cartpole-Direct-v0)")
+    return (f"unknown task {task!r}: known tasks are {', '.join((*ROBOLOOP_TASKS, *GYM_TASKS))}, any Isaac-* "
+            "task that isaaclab_tasks registers (e.g. Isaac-Cartpole-Direct-v0), and lerobot:<env type> for "
+            "LeRobot's own environments")
 
 
 class EvalRecipe(BaseModel):
@@ -31,8 +32,9 @@ class EvalRecipe(BaseModel):
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset()
 
 
-    task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task id (Isaac-*/Roboloop-*) or a "
-                      "gymnasium id (gym_pusht/PushT-v0)", json_schema_extra=TASK_CHOICES)
+    task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task id (Isaac-*/Roboloop-*), a "
+                      "gymnasium id (gym_pusht/PushT-v0), or lerobot:<env type> (LeRobot's env configs, e.g. "
+                      "lerobot:pusht)", json_schema_extra=TASK_CHOICES)
     episodes: int = Field(50, ge=1, description="exactly this many episodes are counted")
     num_envs: int = Field(16, ge=1, description="vectorised envs")
     device: Literal["cpu", "cuda"] = Field("cpu", description="simulation and policy device")

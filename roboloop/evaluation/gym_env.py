@@ -1,5 +1,10 @@
 """Gymnasium vector-env backend (e.g. gym-pusht, LeRobot's standard CPU evaluation env).
 
+`lerobot:<env type>` (e.g. `lerobot:pusht`) takes the environment from LeRobot's own env configs (or a
+`lerobot_env_*` plugin registered with them): its gym id, its kwargs and its `features_map`, which names
+each raw observation key as the policy's feature (`pixels` -> `observation.image`, `agent_pos` ->
+`observation.state`); privileged keys (`observation.environment_state`) are kept out of the state.
+
 Uses gymnasium's same-step auto-reset: when an env finishes, `step` returns its next
 episode's first observation and the finished episode's info under `final_info`. Success is
 `info["is_success"]` (gym-pusht, gym-aloha, metaworld-style) or `info["success"]`.
@@ -20,6 +25,22 @@ KNOWN: dict[str, dict[str, Any]] = {
 }
 
 
+def lerobot_spec(task: str) -> dict[str, Any]:
+    """The spec of `lerobot:<env type>` from LeRobot's env config of that type."""
+    from lerobot.envs.configs import EnvConfig
+
+    from roboloop.errors import UnknownTaskError
+
+    env_type = task.split(":", 1)[1]
+    try:
+        cfg = EnvConfig.get_choice_class(env_type)()
+    except Exception as e:  # draccus: an unregistered choice
+        raise UnknownTaskError(f"unknown LeRobot environment {env_type!r}: LeRobot's env configs have "
+                               f"{', '.join(sorted(EnvConfig.get_known_choices()))}") from e
+    return {"gym_id": cfg.gym_id, "module": cfg.package_name, "kwargs": dict(cfg.gym_kwargs),
+            "features_map": dict(cfg.features_map), "fps": cfg.fps, "instruction": ""}
+
+
 class GymVectorEnv:
     def __init__(self, task: str, num_envs: int = 8, seed: int = 0, instruction: str | None = None,
                  **make_kwargs):
@@ -27,7 +48,8 @@ class GymVectorEnv:
 
         import gymnasium as gym
 
-        spec = KNOWN.get(task, {})
+        spec = lerobot_spec(task) if task.startswith("lerobot:") else KNOWN.get(task, {})
+        self.features_map: dict[str, str] = spec.get("features_map", {})
         if "module" in spec:
             try:
                 importlib.import_module(spec["module"])
@@ -35,7 +57,7 @@ class GymVectorEnv:
                 raise ImportError(f"{task} needs the {spec['module']} package (pip install gym-pusht --no-deps "
                                   "pymunk pygame)") from e
         kwargs = {**spec.get("kwargs", {}), **make_kwargs}
-        self.env = gym.make_vec(task, num_envs=num_envs, vectorization_mode="sync",
+        self.env = gym.make_vec(spec.get("gym_id", task), num_envs=num_envs, vectorization_mode="sync",
                                 vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **kwargs)
         self.task, self.num_envs, self.seed = task, num_envs, seed
         self.instruction = instruction if instruction is not None else spec.get("instruction", "")
@@ -43,24 +65,29 @@ class GymVectorEnv:
         self.action_dim = int(np.prod(space.shape))
         self.action_low = torch.as_tensor(space.low, dtype=torch.float32).reshape(-1)
         self.action_high = torch.as_tensor(space.high, dtype=torch.float32).reshape(-1)
-        self.fps = int(self.env.metadata.get("render_fps", 10))
+        self.fps = int(spec.get("fps") or self.env.metadata.get("render_fps", 10))
         self.backend = "gymnasium"
 
     def _obs(self, raw) -> Obs:
         images: dict[str, torch.Tensor] = {}
+        env_state = None
         if isinstance(raw, dict):
             parts = []
             for k, v in raw.items():
                 v = np.asarray(v)
+                name = self.features_map.get(k)
                 if v.ndim == 4 and v.shape[-1] == 3:
-                    images["observation.image" if k == "pixels" else f"observation.images.{k}"] = \
+                    images[name or ("observation.image" if k == "pixels" else f"observation.images.{k}")] = \
                         torch.from_numpy(v.astype(np.uint8))
+                elif name == "observation.environment_state":  # privileged: a training target, never an input
+                    env_state = torch.from_numpy(v.reshape(self.num_envs, -1).astype(np.float32))
                 else:
                     parts.append(v.reshape(self.num_envs, -1))
             state = np.concatenate(parts, axis=1) if parts else np.zeros((self.num_envs, 0))
         else:
             state = np.asarray(raw).reshape(self.num_envs, -1)
-        return Obs(torch.from_numpy(state.astype(np.float32)), images, [self.instruction] * self.num_envs)
+        return Obs(torch.from_numpy(state.astype(np.float32)), images, [self.instruction] * self.num_envs,
+                   env_state)
 
     def reset(self, seed: int | None = None) -> Obs:
         raw, _ = self.env.reset(seed=self.seed if seed is None else seed)

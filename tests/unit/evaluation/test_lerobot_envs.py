@@ -1,0 +1,48 @@
+"""LeRobot's own environments as evaluation tasks (`lerobot:<env type>`): the environment comes from LeRobot's env
+config, its observation keys are named by the config's `features_map`, and a LeRobot policy trained on data with
+those features runs in it through roboloop's Evaluator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from roboloop.errors import UnknownTaskError
+from roboloop.evaluation.gym_env import make_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.filterwarnings("ignore::FutureWarning")]
+
+
+def test_pusht_from_lerobots_env_config_maps_its_keys():
+    env = make_env("lerobot:pusht", 2, seed=0)
+    try:
+        obs = env.reset()
+        assert set(obs.images) == {"observation.image"}  # pixels -> observation.image
+        assert obs.images["observation.image"].shape == (2, 96, 96, 3)
+        assert obs.state.shape == (2, 2) and env.action_dim == 2 and env.fps == 10  # agent_pos -> state
+    finally:
+        env.close()
+    with pytest.raises(UnknownTaskError, match="LeRobot's env configs have .*pusht"):
+        make_env("lerobot:no_such_env", 1)
+
+
+def test_an_act_policy_runs_in_lerobots_pusht(tmp_path):
+    def cli(*args) -> dict:
+        p = subprocess.run([sys.executable, "-m", "roboloop.cli", *map(str, args)], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=900)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    cli("generate", tmp_path / "pusht_like", "--v3", "--num-episodes", "2", "--min-length", "20", "--max-length",
+        "20", "--state-dim", "2", "--action-dim", "2", "--camera", "observation.image=48x48")
+    act = {"dim_model": 32, "dim_feedforward": 64, "n_encoder_layers": 1, "n_decoder_layers": 1, "n_heads": 2,
+           "chunk_size": 8, "n_action_steps": 8}
+    cli("train", "--dataset", tmp_path / "pusht_like", "--output-dir", tmp_path / "act", "--policy-type", "act",
+        "--policy-config", json.dumps(act), "--steps", "2", "--max-samples", "4", "--checkpoint-every-steps", "0")
+    report = cli("evaluate", "--task", "lerobot:pusht", "--policy", tmp_path / "act", "--episodes", "1",
+                 "--num-envs", "1", "--videos", "0", "--output-dir", tmp_path / "eval")
+    assert report["episodes"] == 1 and report["task"] == "lerobot:pusht" and report["backend"] == "gymnasium"
