@@ -217,7 +217,7 @@ def train(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | None = N
     world = launch.nproc_per_node * launch.nnodes
     key = cache_key("train", data.md5, keyed(recipe), world)
     out = Path(output_dir).absolute() if output_dir else \
-        artifacts_root() / "models" / f"{recipe.preset}-{key.split('-')[-1][:16]}"
+        artifacts_root() / "models" / f"{recipe.policy_type or recipe.preset}-{key.split('-')[-1][:16]}"
     if cache and not overwrite and (hit := cache.get(key, ModelRef)) and (output_dir is None or Path(hit.path) == out):
         return hit
     cfg = TrainConfig.of(recipe, data.path, str(out))

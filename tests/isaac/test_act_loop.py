@@ -1,7 +1,8 @@
 """LeRobot's ACT through the closed loop (`roboloop loop`, no Prefect server): trained on roboloop's engine from
 the reach task's recorded demonstrations (state + camera; ACT does not read the instruction, so the recording
 has one instruction per layout), evaluated in the reach task beside the random baseline, registered, and promoted
-or not by the gate; the registered folder is one LeRobot's own `from_pretrained` reads."""
+or not by the gate; then a DAgger round (ACT acts, the expert labels, training continues from its weights); the
+registered folders are ones LeRobot's own `from_pretrained` reads."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def test_act_through_the_closed_loop(tmp_path):
     cfg = cfg.model_copy(update={
         "collect_if_missing": cfg.collect_if_missing.model_copy(update={"instructions_per_layout": 1}),
         "train": cfg.train.model_copy(update={"policy_type": "act", "family": "lerobot", "policy_config": ACT,
-                                              "steps": 30, "max_samples": 16, "lr": 1e-4}),
+                                              "steps": 15, "max_samples": 8, "lr": 1e-4}),
+        "rounds": 2, "dagger": cfg.dagger.model_copy(update={"episodes": 4, "num_envs": 4, "steps": 5}),
         "model_name": "reach-act"})
     (tmp_path / "loop.json").write_text(cfg.model_dump_json())
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROBOLOOP_")}
@@ -33,7 +35,8 @@ def test_act_through_the_closed_loop(tmp_path):
                        env=env, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-4000:]
     summary = json.loads(p.stdout.strip().splitlines()[-1])
-    assert summary["registry_version"] == 1 and summary["promoted"] in (True, False) and summary["gate"]
+    assert summary["registry_version"] == 2 and summary["promoted"] in (True, False) and summary["gate"]
+    assert [r["episodes"] for r in summary["rounds"]] == [12, 16]  # the expert's labels joined the data
     assert summary["training"].startswith("precision fp32")
 
     from lerobot.policies.act.modeling_act import ACTPolicy
@@ -44,5 +47,8 @@ def test_act_through_the_closed_loop(tmp_path):
     lineage = reg.lineage("reach-act", 1)
     assert lineage["family"] == "lerobot" and lineage["config"]["train"]["policy_type"] == "act"
     assert lineage["eval"]["episodes"] == 6 and lineage["baseline_eval"]["policy"] == "random"
-    folder = reg.download("reach-act", 1, tmp_path / "act-v1")
-    assert ACTPolicy.from_pretrained(str(folder)).config.chunk_size == 8
+    dagger = reg.lineage("reach-act", 2)
+    assert dagger["family"] == "lerobot" and dagger["config"]["train"]["init_from"]  # continued from round 0
+    for v in (1, 2):
+        folder = reg.download("reach-act", v, tmp_path / f"act-v{v}")
+        assert ACTPolicy.from_pretrained(str(folder)).config.chunk_size == 8
