@@ -178,6 +178,8 @@ class _Run:
         self.video_eps: list[dict] = []
         self.t0, self.env_steps, self.policy_rows, self.policy_s = time.perf_counter(), 0, 0, 0.0
         self.labeler: Policy | None = None
+        self.past: list[Obs] | None = None  # previous frames, for policies that read several (oldest first)
+        self.fresh = torch.zeros(n, dtype=torch.bool)  # envs whose episode starts at the next observation
         self.progress: Callable[[int, int, int], None] | None = None
         self.successes = 0
 
@@ -196,7 +198,20 @@ class _Run:
         self.chunk[need] = new
         self.idx[need] = 0
 
+    def with_past(self, obs: Obs) -> Obs:
+        """For a policy that reads `history` frames: `obs` with its previous frames (an env whose episode just
+        started repeats its first frame, as LeRobot fills its observation queues)."""
+        h = int(getattr(self.policy, "history", 1))
+        if h <= 1:
+            return obs
+        if self.past is None:
+            self.past = [obs] * (h - 1)
+        elif self.fresh.any():
+            self.past = [p.where(self.fresh, obs) for p in self.past]
+        return Obs(obs.state, obs.images, obs.instructions, obs.env_state, list(self.past))
+
     def step(self, obs: Obs) -> Obs:
+        obs = self.with_past(obs)
         self.plan(obs)
         assert self.chunk is not None
         env = self.env
@@ -208,6 +223,9 @@ class _Run:
             for i in self.counted.nonzero().flatten().tolist():
                 self.rec.record(i, obs, label)
         res = env.step(action)
+        if self.past is not None:  # this frame becomes history; envs that finished start theirs afresh
+            self.past = [*self.past[1:], Obs(obs.state, obs.images, obs.instructions, obs.env_state)]
+            self.fresh = res.done.cpu().bool()
         self.env_steps += self.n
         self.idx += 1
         self.idx[self.idx >= steps_avail] = self.execute_steps

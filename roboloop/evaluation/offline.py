@@ -115,9 +115,12 @@ def predict(policy, ds, episodes: list[int], stride: int = 1, batch: int = 64) -
     if missing:
         raise ValueError(f"{ds.root}: the model sees cameras {missing} this dataset does not have (it has "
                          f"{ds.camera_keys}): score it on the dataset it was trained on")
-    preds, targets, valid = [], [], []
-    for lo in range(0, len(keys), batch):
-        ks = keys[lo:lo + batch]
+    history = int(getattr(policy, "history", 1))  # frames a history policy reads (oldest first)
+
+    def obs_at(ks: list[int], back: int) -> Obs:
+        """The observations `back` frames before each key (clamped to its episode's first frame)."""
+        nonlocal frames
+        ks = [max(k - back, ds.ep_from[int(ds.episode_index[k])]) for k in ks]
         images = {}
         for cam in vkeys:
             imgs = []
@@ -129,7 +132,14 @@ def predict(policy, ds, episodes: list[int], stride: int = 1, batch: int = 64) -
                     frames[(e, cam)] = ds.decode_window(e, cam, 0, n, policy.image_size)
                 imgs.append(frames[(e, cam)][int(ds.frame_index[k])])
             images[cam] = torch.from_numpy(np.stack(imgs))
-        obs = Obs(torch.from_numpy(np.stack([ds.state[k] for k in ks])), images, [ds.task(k) for k in ks])
+        return Obs(torch.from_numpy(np.stack([ds.state[k] for k in ks])), images, [ds.task(k) for k in ks])
+
+    preds, targets, valid = [], [], []
+    for lo in range(0, len(keys), batch):
+        ks = keys[lo:lo + batch]
+        obs = obs_at(ks, 0)
+        if history > 1:
+            obs.past = [obs_at(ks, back) for back in range(history - 1, 0, -1)]
         preds.append(policy.act(obs).numpy())
         chunks = [ds.action_chunk(k) for k in ks]
         targets.append(np.stack([c[0] for c in chunks]))

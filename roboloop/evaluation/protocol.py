@@ -23,12 +23,23 @@ class Obs:
     # (N, E) privileged simulator state (LeRobot's observation.environment_state): recorded with demonstrations
     # as a training target, never given to a policy
     env_state: torch.Tensor | None = None
+    # for policies that read several frames (`history` > 1): the previous observations, oldest first
+    past: list[Obs] | None = None
 
     def select(self, mask: torch.Tensor) -> Obs:
         idx = mask.nonzero().flatten()
         return Obs(self.state[idx], {k: v[idx] for k, v in self.images.items()},
                    [self.instructions[i] for i in idx.tolist()],
-                   None if self.env_state is None else self.env_state[idx])
+                   None if self.env_state is None else self.env_state[idx],
+                   None if self.past is None else [p.select(mask) for p in self.past])
+
+    def where(self, mask: torch.Tensor, other: Obs) -> Obs:
+        """This observation with the envs in `mask` taken from `other` (same shapes)."""
+        def mix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            m = mask.to(a.device).reshape(-1, *([1] * (a.ndim - 1)))
+            return torch.where(m, b, a)
+        return Obs(mix(self.state, other.state), {k: mix(v, other.images[k]) for k, v in self.images.items()},
+                   self.instructions, self.env_state)
 
 
 @dataclass

@@ -85,6 +85,7 @@ class DataNeeds:
     image_size: tuple[int, int] | None = (64, 64)  # (H, W) every camera is resized to; None: each as stored
     camera_keys: tuple[str, ...] | None = None  # the cameras it reads (None: every one the dataset has)
     normalized: bool = True  # state and actions normalised by the loader (False: raw; the family normalises)
+    history: int = 1  # observation frames per sample (> 1: states (N, n, S), images (3n, H, W), chunk from t-n+1)
     tokens_per_image: int = 0  # the packer's token budget per image
     state_tokens: int = 1
     max_text_len: int = 96
@@ -93,6 +94,9 @@ class DataNeeds:
 
 @runtime_checkable
 class Policy(Protocol):
+    """`history` (optional attribute, default 1): observation frames `act` needs; the Evaluator then gives each
+    observation its `past` frames (oldest first, the episode's first frame repeated at its start)."""
+
     name: str
     state_dim: int
     action_dim: int

@@ -1,11 +1,13 @@
-"""LeRobot's own policies (ACT, ...) as a roboloop policy family: LeRobot builds, normalises and saves them,
+"""LeRobot's own policies (ACT, Diffusion) as a roboloop policy family: LeRobot builds, normalises and saves them,
 roboloop's loader feeds them and roboloop's trainer trains them.
 
 Built with LeRobot's config classes (`make_policy_config(type, **policy_config)`: every option LeRobot's
 config has, named as LeRobot names it) and its pre/post-processors (normalisation with the dataset's
 stats). Inputs are the dataset's state and its colour cameras, each at its own stored resolution
-(privileged `observation.environment_state` never is one). Pretrained backbones come only from local
-folders: `pretrained_backbone_weights` defaults to none (LeRobot's default downloads ImageNet weights).
+(privileged `observation.environment_state` never is one); a policy that reads several frames
+(Diffusion's `n_obs_steps`) gets them from the loader, the Evaluator and offline scoring alike. Pretrained
+backbones come only from local folders: `pretrained_backbone_weights` defaults to none (LeRobot's default
+downloads ImageNet weights), and Diffusion's backbone then uses GroupNorm, as LeRobot's from-scratch configs do.
 
 Model folder: what LeRobot's `save_pretrained` writes (config.json, model.safetensors and the processors'
 policy_preprocessor.json / policy_postprocessor.json with their state files), so LeRobot's own
@@ -31,6 +33,9 @@ from roboloop.policies.lerobot_types import REFUSED, SUPPORTED
 from roboloop.training.packing import PackedBatch
 
 NO_DOWNLOAD = {"pretrained_backbone_weights": None}  # LeRobot's defaults that would reach for the network
+# a backbone trained from scratch: Diffusion's GroupNorm (LeRobot's own choice without pretrained weights; its
+# BatchNorm cannot even be built on small images)
+FROM_SCRATCH = {"diffusion": {"use_group_norm": True}}
 
 
 class LeRobotPolicyError(RoboloopError):
@@ -45,7 +50,8 @@ def policy_config(policy_type: str, overrides: dict, horizon: int | None, device
         raise LeRobotPolicyError(f"policy_type {policy_type!r} {REFUSED[policy_type]}")
     if policy_type not in SUPPORTED:
         raise LeRobotPolicyError(f"policy_type {policy_type!r} is not one roboloop trains: use one of {SUPPORTED}")
-    kw = {**NO_DOWNLOAD, **({"chunk_size": horizon, "n_action_steps": horizon} if horizon else {}), **overrides}
+    chunk = {"chunk_size": horizon, "n_action_steps": horizon} if horizon and policy_type == "act" else {}
+    kw = {**NO_DOWNLOAD, **FROM_SCRATCH.get(policy_type, {}), **chunk, **overrides}
     try:
         return make_policy_config(policy_type, device=device, **kw)
     except TypeError as e:  # an option LeRobot's config does not have
@@ -80,13 +86,16 @@ class LeRobotTrainable:
     cameras: list[str]
 
     def batch(self, b: PackedBatch) -> dict:
-        """roboloop's packed batch as the dict LeRobot's preprocessor takes (raw units; images in [0, 1])."""
-        out: dict = {self.state_key: b.states.float(), "action": b.actions.float(), "action_is_pad": ~b.action_mask,
-                     "task": [""] * b.num_samples}
+        """roboloop's packed batch as the dict LeRobot's preprocessor takes (raw units; images in [0, 1]; with
+        history, states (N, n, S) and images (N, n, 3, H, W), oldest first)."""
+        n = self.needs.history
+        out: dict = {self.state_key: (b.states_hist if n > 1 else b.states).float(), "action": b.actions.float(),
+                     "action_is_pad": ~b.action_mask, "task": [""] * b.num_samples}
         for c, key in enumerate(self.cameras):
             sel = b.image_camera == c
             h, w = (int(x) for x in b.image_hw[sel][0])
-            out[key] = b.images[sel][:, :, :h, :w].float()
+            img = b.images[sel][:, :, :h, :w].float()
+            out[key] = img.reshape(img.shape[0], n, 3, h, w) if n > 1 else img
         return out
 
     def loss_inputs(self, batch: PackedBatch, keys: list[int], step: int, denominator: float) -> tuple:
@@ -128,7 +137,8 @@ class LeRobotFamily:
         pre, post = make_pre_post_processors(pcfg, dataset_stats=stats)
         chunk = int(getattr(pcfg, "chunk_size", None) or getattr(pcfg, "horizon", None) or 1)
         needs = DataNeeds(horizon=chunk, cameras=bool(colour), image_size=None, tokens_per_image=0,
-                          max_text_len=1, normalized=False, camera_keys=tuple(c["key"] for c in colour))
+                          max_text_len=1, normalized=False, camera_keys=tuple(c["key"] for c in colour),
+                          history=int(getattr(pcfg, "n_obs_steps", 1) or 1))
         return LeRobotTrainable(LossModule(policy), needs, pcfg, pre, post, features.state_key,
                                 [c["key"] for c in colour])
 
@@ -171,7 +181,9 @@ class LeRobotPolicy:
                                                                                {"device": device}})
         self.name = f"{cfg.type}:{folder.name}"
         self.state_key, self.action_key = info.state_key, info.action_key
-        self.state_dim, self.action_dim, self.horizon = info.state_dim, info.action_dim, info.horizon
+        self.state_dim, self.action_dim = info.state_dim, info.action_dim
+        # the chunk `act` returns: Diffusion gives its n_action_steps from the current frame, ACT its chunk_size
+        self.horizon = int(cfg.n_action_steps) if cfg.type == "diffusion" else info.horizon
         self.camera_keys = [k for k, f in cfg.input_features.items() if f.type.name == "VISUAL"]
         shape = cfg.input_features[self.camera_keys[0]].shape if self.camera_keys else (3, 0, 0)
         self.image_size = (int(shape[1]), int(shape[2]))
@@ -181,16 +193,27 @@ class LeRobotPolicy:
             raw = next((st.stats for st in self.pre.steps if getattr(st, "stats", None)), {})
         self.stats = {k: {s: np.asarray(torch.as_tensor(v).cpu(), dtype=np.float32) for s, v in d.items()}
                       for k, d in raw.items()}
+        self.history = int(getattr(cfg, "n_obs_steps", 1) or 1)  # frames per observation (the Evaluator's past)
+
+    def _frames(self, obs: Obs, key: str, j: int) -> torch.Tensor:
+        frames = obs.images[key] if key in obs.images else list(obs.images.values())[j]
+        x = torch.as_tensor(frames).permute(0, 3, 1, 2).float() / 255.0
+        want = tuple(self.policy.config.input_features[key].shape[1:])
+        if tuple(x.shape[-2:]) != want:
+            x = torch.nn.functional.interpolate(x, size=want, mode="bilinear", antialias=True)
+        return x
 
     @torch.no_grad()
     def act(self, obs: Obs) -> torch.Tensor:
+        """(N, H, A) chunks; a history policy stacks `obs.past` (oldest first) and `obs` (no past: the current
+        frame repeated, as at an episode's start)."""
+        frames = [*(obs.past or [obs] * (self.history - 1))[-(self.history - 1):], obs] if self.history > 1 \
+            else [obs]
         batch: dict = {self.state_key: obs.state.float(), "task": list(obs.instructions or [""] * obs.state.shape[0])}
+        if self.history > 1:
+            batch[self.state_key] = torch.stack([f.state.float() for f in frames], dim=1)
         for j, key in enumerate(self.camera_keys):
-            frames = obs.images[key] if key in obs.images else list(obs.images.values())[j]
-            x = torch.as_tensor(frames).permute(0, 3, 1, 2).float() / 255.0
-            want = tuple(self.policy.config.input_features[key].shape[1:])
-            if tuple(x.shape[-2:]) != want:
-                x = torch.nn.functional.interpolate(x, size=want, mode="bilinear", antialias=True)
-            batch[key] = x
+            x = [self._frames(f, key, j) for f in frames]
+            batch[key] = torch.stack(x, dim=1) if self.history > 1 else x[0]
         chunk = self.policy.predict_action_chunk(self.pre(batch))
         return self.post(chunk).float().cpu()

@@ -4,10 +4,9 @@ the configs validate with it)."""
 from __future__ import annotations
 
 # types LeRobot's factory has that train here, and why the others are refused
-SUPPORTED = ("act",)
+SUPPORTED = ("act", "diffusion")
 REFUSED = {
-    "diffusion": "needs observation history (n_obs_steps=2), which roboloop's loader does not give yet",
-    "vqbet": "needs observation history (n_obs_steps=5), which roboloop's loader does not give yet",
+    "vqbet": "trains in two phases (a VQ-VAE first, then the policy) that roboloop's trainer does not run yet",
     "tdmpc": "is trained online with rewards (a model-based RL agent), not from demonstrations",
     "smolvla": "needs the SmolVLM2 weights from the Hugging Face Hub: not supported yet (no local-folder path)",
     "pi0": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",

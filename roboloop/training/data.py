@@ -167,12 +167,14 @@ class V3Dataset:
     def __len__(self) -> int:
         return len(self.state)
 
-    def action_chunk(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """(H, A) actions from frame i on, the last frame repeated past the episode end, and the pad flags."""
-        end = self.ep_to[int(self.episode_index[i])]
-        idx = np.arange(i, i + self.horizon)
-        pad = idx >= end
-        return self.action[np.minimum(idx, end - 1)], pad
+    def action_chunk(self, i: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(H, A) actions from frame i + start on (start < 0: from before frame i, as history policies are
+        trained), the episode's first/last frame repeated outside it (LeRobot's clamping), and the pad flags."""
+        ep = int(self.episode_index[i])
+        begin, end = self.ep_from[ep], self.ep_to[ep]
+        idx = np.arange(i + start, i + start + self.horizon)
+        pad = (idx >= end) | (idx < begin)
+        return self.action[np.clip(idx, begin, end - 1)], pad
 
     def task(self, i: int) -> str:
         return self.meta.tasks[int(self.task_index[i])]
@@ -259,10 +261,14 @@ class SampleStream:
                  shuffle_buffer: int = 512, num_workers: int = 2, seed: int = 0,
                  normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256,
                  tokenizer: str | None = None, state_tokens: int = 1, episodes: list[int] | None = None,
-                 depth_mm: dict[str, tuple[float, float]] | None = None, cameras: list[str] | None = None):
+                 depth_mm: dict[str, tuple[float, float]] | None = None, cameras: list[str] | None = None,
+                 history: int = 1):
         self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len  # image_size None: as stored
         # the cameras fed, in the dataset's order (None: all of them)
         self.cams = [k for k in ds.camera_keys if cameras is None or k in cameras]
+        # observation frames per sample (current + history - 1 before it, clamped to the episode's first frame);
+        # > 1 also starts the action chunk at the oldest of them (LeRobot's n_obs_steps)
+        self.history = history
         # the episodes samples are drawn from (the training split); None: all of them
         self.episodes = None if episodes is None else set(episodes)
         if self.episodes is not None and not self.episodes:
@@ -346,8 +352,10 @@ class SampleStream:
             while len(self._cache) > self._cache_windows:
                 self._cache.popitem(last=False)
 
-    def _decode(self, ep: int, first: int, count: int) -> dict[str, np.ndarray]:
-        return {k: self.ds.decode_window(ep, k, first, count, self.image_size) for k in self.cams}
+    def _decode(self, ep: int, first: int, count: int) -> tuple[int, dict[str, np.ndarray]]:
+        """The window's frames, and the history frames before it: (the first frame decoded, frames)."""
+        lo = max(0, first - (self.history - 1))
+        return lo, {k: self.ds.decode_window(ep, k, lo, count + first - lo, self.image_size) for k in self.cams}
 
     def materialize(self, keys: list[int]) -> list[Sample]:
         self.prefetch(keys)
@@ -356,13 +364,18 @@ class SampleStream:
     def _sample(self, key: int) -> Sample:
         ds = self.ds
         images = []
+        h, t = self.history, int(ds.frame_index[key])
+        steps = [max(0, t - back) for back in range(h - 1, -1, -1)]  # oldest first, clamped to the first frame
         if self.with_video:
             ep, first, _ = self._window_of(key)
-            frames = self._cache[(ep, first)].result()
-            j = int(ds.frame_index[key]) - first
-            images = [cams.to_model_input(frames[k][j:j + 1], self.depth_mm.get(k))[0] for k in self.cams]
-        actions, pad = ds.action_chunk(key)
+            lo, frames = self._cache[(ep, first)].result()
+            images = [cams.to_model_input(frames[k][[s - lo for s in steps]], self.depth_mm.get(k))
+                      .reshape(-1, *frames[k].shape[1:3]) if h > 1 else
+                      cams.to_model_input(frames[k][t - lo:t - lo + 1], self.depth_mm.get(k))[0] for k in self.cams]
+        actions, pad = ds.action_chunk(key, start=1 - h)
         state = ds.state[key]
+        hist = torch.from_numpy(np.ascontiguousarray(ds.state[[key - t + s for s in steps]], dtype=np.float32)) \
+            if h > 1 else None
         aux = ds.aux[key] if ds.aux is not None else None
         if self.norm is not None:
             actions, state = self.norm(ds.action_key, actions), self.norm(ds.state_key, state)
@@ -372,7 +385,8 @@ class SampleStream:
                       state=torch.from_numpy(np.ascontiguousarray(state, dtype=np.float32)),
                       actions=torch.from_numpy(np.ascontiguousarray(actions, dtype=np.float32)),
                       action_mask=torch.from_numpy(~pad),
-                      aux=None if aux is None else torch.from_numpy(np.ascontiguousarray(aux, dtype=np.float32)))
+                      aux=None if aux is None else torch.from_numpy(np.ascontiguousarray(aux, dtype=np.float32)),
+                      state_hist=hist)
 
     def __iter__(self) -> Iterator[Sample]:
         while True:

@@ -26,6 +26,8 @@ class Sample:
     actions: torch.Tensor  # (H, A) float, the chunk to predict
     action_mask: torch.Tensor  # (H,) bool, False past the episode end
     aux: torch.Tensor | None = None  # (E,) auxiliary training target (privileged state), if the recipe has one
+    # history policies: (n_obs, S) raw states, oldest first (each image is then (3 * n_obs, H, W), oldest first)
+    state_hist: torch.Tensor | None = None
 
     def num_tokens(self, tokens_per_image: int, state_tokens: int = 1) -> int:
         return len(self.images) * tokens_per_image + int(self.instruction.numel()) + state_tokens
@@ -48,6 +50,7 @@ class PackedBatch:
     aux: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0))  # (N, E) auxiliary targets; E = 0: none
     # (num_images, 2) each image's own (H, W): cameras of different sizes are zero-padded to the largest
     image_hw: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 2, dtype=torch.long))
+    states_hist: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0))  # (N, n_obs, S); empty: none
 
     @property
     def num_samples(self) -> int:
@@ -77,6 +80,8 @@ def collate(samples: Sequence[Sample], tokens_per_image: int, state_tokens: int 
     return PackedBatch(
         images=torch.stack(images) if images else torch.zeros(0, 3, 1, 1),
         image_hw=hw,
+        states_hist=torch.stack([s.state_hist for s in samples]) if samples and samples[0].state_hist is not None
+        else torch.zeros(0, 0, 0),
         image_sample=torch.tensor(img_sample, dtype=torch.long),
         image_camera=torch.tensor(img_cam, dtype=torch.long),
         tokens=torch.cat(toks) if toks else torch.zeros(0, dtype=torch.long),

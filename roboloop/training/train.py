@@ -145,7 +145,8 @@ class Trainer:
                                    with_video=self.with_video, tokenizer=needs.tokenizer,
                                    state_tokens=needs.state_tokens, episodes=self.train_episodes,
                                    depth_mm=self.depth_mm,
-                                   cameras=list(needs.camera_keys) if needs.camera_keys is not None else None)
+                                   cameras=list(needs.camera_keys) if needs.camera_keys is not None else None,
+                                   history=needs.history)
         self.ckpt_dir = self.out / "checkpoints"
         self.start = self.resume()
         packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, needs.tokens_per_image, env.world_size)

@@ -147,3 +147,29 @@ def test_evaluation_stops_at_a_look_and_counts_exactly_the_prefix():
     assert seen == [16, 32] and report.episodes == 32 and report.stopped_early == "decided"
     assert sorted(e["index"] for e in report.per_episode) == list(range(32)) and report.planned_episodes == 96
     assert report.success_rate == report.successes / 32
+
+
+class HistoryPolicy:
+    """Reads three frames; records what the Evaluator handed it."""
+
+    name, history = "history", 3
+
+    def __init__(self):
+        self.seen: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+
+    def act(self, obs):
+        self.seen.append((obs.state.clone(), [p.state.clone() for p in obs.past]))
+        return torch.zeros(obs.state.shape[0], 2, 1)
+
+
+def test_a_history_policy_gets_its_previous_frames_never_another_episodes():
+    env = ScriptedEnv(lengths=[[5], [3, 7]], outcomes=[[True], [False]])
+    pol = HistoryPolicy()
+    evaluate(env, pol, episodes=6, execute_steps=2, videos=0)
+    assert pol.seen
+    for now, past in pol.seen:
+        assert len(past) == 2
+        t, k = now[:, 0], now[:, 1]
+        for j, p in enumerate(past):  # oldest first; an episode's first frame repeated before it
+            assert torch.equal(p[:, 0], (t - (2 - j)).clamp(min=0)), (now, past)
+            assert torch.equal(p[:, 1], k)  # the same episode

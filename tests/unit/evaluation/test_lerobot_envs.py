@@ -1,6 +1,6 @@
 """LeRobot's own environments as evaluation tasks (`lerobot:<env type>`): the environment comes from LeRobot's env
-config, its observation keys are named by the config's `features_map`, and a LeRobot policy trained on data with
-those features runs in it through roboloop's Evaluator."""
+config, its observation keys are named by the config's `features_map`, and LeRobot policies trained on data with
+those features run in it through roboloop's Evaluator (Diffusion with its previous frame)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,14 @@ def test_pusht_from_lerobots_env_config_maps_its_keys():
         make_env("lerobot:no_such_env", 1)
 
 
-def test_an_act_policy_runs_in_lerobots_pusht(tmp_path):
+POLICIES = {"act": {"dim_model": 32, "dim_feedforward": 64, "n_encoder_layers": 1, "n_decoder_layers": 1,
+                    "n_heads": 2, "chunk_size": 8, "n_action_steps": 8},
+            "diffusion": {"down_dims": [16, 32], "horizon": 8, "n_action_steps": 4, "diffusion_step_embed_dim": 16,
+                          "spatial_softmax_num_keypoints": 8, "num_inference_steps": 2, "n_groups": 4}}
+
+
+@pytest.mark.parametrize("policy_type", sorted(POLICIES))
+def test_lerobot_policies_run_in_lerobots_pusht(tmp_path, policy_type):
     def cli(*args) -> dict:
         p = subprocess.run([sys.executable, "-m", "roboloop.cli", *map(str, args)], capture_output=True, text=True,
                            cwd=tmp_path, timeout=900)
@@ -39,10 +46,9 @@ def test_an_act_policy_runs_in_lerobots_pusht(tmp_path):
 
     cli("generate", tmp_path / "pusht_like", "--v3", "--num-episodes", "2", "--min-length", "20", "--max-length",
         "20", "--state-dim", "2", "--action-dim", "2", "--camera", "observation.image=48x48")
-    act = {"dim_model": 32, "dim_feedforward": 64, "n_encoder_layers": 1, "n_decoder_layers": 1, "n_heads": 2,
-           "chunk_size": 8, "n_action_steps": 8}
-    cli("train", "--dataset", tmp_path / "pusht_like", "--output-dir", tmp_path / "act", "--policy-type", "act",
-        "--policy-config", json.dumps(act), "--steps", "2", "--max-samples", "4", "--checkpoint-every-steps", "0")
-    report = cli("evaluate", "--task", "lerobot:pusht", "--policy", tmp_path / "act", "--episodes", "1",
+    cli("train", "--dataset", tmp_path / "pusht_like", "--output-dir", tmp_path / "model", "--policy-type",
+        policy_type, "--policy-config", json.dumps(POLICIES[policy_type]), "--steps", "2", "--max-samples", "4",
+        "--checkpoint-every-steps", "0")
+    report = cli("evaluate", "--task", "lerobot:pusht", "--policy", tmp_path / "model", "--episodes", "1",
                  "--num-envs", "1", "--videos", "0", "--output-dir", tmp_path / "eval")
     assert report["episodes"] == 1 and report["task"] == "lerobot:pusht" and report["backend"] == "gymnasium"

@@ -147,8 +147,8 @@ def test_act_resumes_exactly_after_kill_9(recorded, tmp_path):
 def test_types_roboloop_does_not_train_are_refused_with_the_reason(recorded, tmp_path):
     from roboloop.policies.lerobot import LeRobotPolicyError, policy_config
 
-    with pytest.raises(LeRobotPolicyError, match="observation history"):
-        policy_config("diffusion", {}, None, "cpu")
+    with pytest.raises(LeRobotPolicyError, match="two phases"):
+        policy_config("vqbet", {}, None, "cpu")
     with pytest.raises(LeRobotPolicyError, match="Hugging Face Hub"):
         policy_config("smolvla", {}, None, "cpu")
     with pytest.raises(LeRobotPolicyError, match="no_such_option"):
