@@ -145,10 +145,21 @@ class LeRobotFamily:
     def load_init(self, trainable: LeRobotTrainable, init: Path, keys: list[str]) -> dict:
         from safetensors.torch import load_file
 
+        from roboloop.errors import ModelMismatchError
+
         if model_info(init).family != self.name:
             raise LeRobotPolicyError(f"init_from {init}: not a LeRobot policy folder")
-        trainable.module.policy.load_state_dict(load_file(init / "model.safetensors"))
-        return {k: v for k, v in json.loads((init / "stats.json").read_text()).items() if k in keys}
+        try:
+            trainable.module.policy.load_state_dict(load_file(init / "model.safetensors"))
+        except RuntimeError as e:
+            raise ModelMismatchError(f"init_from {init}: its weights do not fit this policy_config "
+                                     f"({str(e).splitlines()[0]})") from e
+        if (init / "stats.json").is_file():
+            stats = json.loads((init / "stats.json").read_text())
+        else:  # a lerobot-train folder: the normaliser it was trained with
+            stats = {k: {s: np.asarray(v).tolist() for s, v in d.items()}
+                     for k, d in LeRobotPolicy(init).stats.items()}
+        return {k: v for k, v in stats.items() if k in keys}
 
     def write_meta(self, out: Path, trainable: LeRobotTrainable, info: ModelInfo, data: dict) -> None:
         trainable.cfg._save_pretrained(out)  # config.json, as LeRobot's save_pretrained writes it

@@ -139,9 +139,8 @@ def check_init_from(init: str | Path | None) -> None:
     if not init:
         return
     init = Path(init)
-    for f in ("model.safetensors", "stats.json"):
-        if not (init / f).is_file():
-            raise FileNotFoundError(f"init_from {init}: missing {f}; not a finished roboloop model")
+    if not (init / "model.safetensors").is_file():
+        raise FileNotFoundError(f"init_from {init}: missing model.safetensors; not a finished model")
     for f in ("policy.json", "config.json", "stats.json"):
         try:
             if (init / f).is_file():

@@ -96,3 +96,18 @@ def test_a_lerobot_train_checkpoint_registers_scores_offline_and_is_gated(runs, 
     assert scored["samples"] > 0 and math.isfinite(scored["mse_norm"]) and set(scored["baselines"]) == \
         {"mean_action", "previous_action"}
     assert Registry(reg).lineage("act-lr", 1)["offline_eval"]["episodes"] == [0, 1, 2, 3]  # what the gate read
+
+
+def test_training_continues_from_a_lerobot_train_checkpoint(runs, tmp_path):
+    from roboloop.policies import model_info
+    from roboloop.training.config import TrainConfig
+    from roboloop.training.train import train
+
+    root, _, _ = runs
+    ckpt = root / "lr" / "checkpoints" / f"{STEPS:06d}" / "pretrained_model"
+    result = train(TrainConfig(dataset=str(root / "ds"), output_dir=str(tmp_path / "ft"), policy_type="act",
+                               policy_config=ACT, steps=3, max_samples=4, lr=1e-5, warmup_steps=0,
+                               checkpoint_every_steps=0, num_workers=1, init_from=str(ckpt)))
+    assert math.isfinite(result.final_loss) and model_info(tmp_path / "ft").train["init_from"] == str(ckpt)
+    saved = json.loads((tmp_path / "ft" / "stats.json").read_text())
+    assert set(saved) == {"observation.state", "action"}  # lerobot-train's normaliser, kept
