@@ -52,3 +52,34 @@ def test_lerobot_policies_run_in_lerobots_pusht(tmp_path, policy_type):
     report = cli("evaluate", "--task", "lerobot:pusht", "--policy", tmp_path / "model", "--episodes", "1",
                  "--num-envs", "1", "--videos", "0", "--output-dir", tmp_path / "eval")
     assert report["episodes"] == 1 and report["task"] == "lerobot:pusht" and report["backend"] == "gymnasium"
+
+
+def test_a_lerobot_train_checkpoint_runs_in_a_task_with_its_features_and_is_gated(tmp_path):
+    import os
+    from pathlib import Path
+
+    def cli(*args, ok=(0,)) -> dict:
+        p = subprocess.run([sys.executable, "-m", "roboloop.cli", *map(str, args)], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=900)
+        assert p.returncode in ok, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    cli("generate", tmp_path / "pusht_like", "--v3", "--num-episodes", "2", "--min-length", "20", "--max-length",
+        "20", "--state-dim", "2", "--action-dim", "2", "--camera", "observation.image=48x48")
+    venv = Path(sys.executable).parent
+    p = subprocess.run([str(venv / "lerobot-train"), "--dataset.repo_id=local/pusht_like",
+                        f"--dataset.root={tmp_path / 'pusht_like'}", "--policy.type=act",
+                        "--policy.pretrained_backbone_weights=null", "--policy.device=cpu",
+                        "--policy.push_to_hub=false",
+                        *[f"--policy.{k}={v}" for k, v in POLICIES["act"].items()], "--steps=2", "--batch_size=2",
+                        "--save_freq=2", f"--output_dir={tmp_path / 'lr'}", "--num_workers=0", "--wandb.enable=false"],
+                       capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    ckpt = tmp_path / "lr" / "checkpoints" / "000002" / "pretrained_model"
+    report = cli("evaluate", "--task", "lerobot:pusht", "--policy", ckpt, "--episodes", "1", "--num-envs", "1",
+                 "--videos", "0", "--output-dir", tmp_path / "eval")
+    assert report["episodes"] == 1
+    added = cli("registry", "--registry", tmp_path / "reg", "add", "pusht-act", ckpt, "--eval", tmp_path / "eval",
+                "--promote", ok=(0, 3))
+    assert added["version"] == 1 and added["promoted"] is False and added["reason"]  # the gate says why
