@@ -17,9 +17,9 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,8 +69,7 @@ def main() -> None:
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     ds = dataset(args)
-    work = args.workdir / "lerobot_train_run"
-    shutil.rmtree(work, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix="lerobot_train_run-", dir=args.workdir))  # fresh each run, never reused
     (work / "lerobot").mkdir(parents=True)
     (work / "roboloop").mkdir()
 

@@ -44,8 +44,7 @@ def _print(receipt, **extra) -> None:
 def cmd_convert(args: argparse.Namespace) -> int:
     from roboloop import stages
     from roboloop.cli import _model_from_args
-    from roboloop.datasets.convert import ConvertConfig
-    from roboloop.datasets.convert import convert as convert_dataset
+    from roboloop.datasets.convert import ConvertConfig, check_source
     from roboloop.datasets.validate import DatasetDefectError
 
     cfg = _model_from_args(ConvertConfig, args)
@@ -53,8 +52,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         try:
             raw = stages.dataset_ref(args.src)
         except Exception:  # not readable as a dataset: the converter's own checks name the defect
-            convert_dataset(args.src, args.dst, cfg, overwrite=args.overwrite)  # type: ignore[arg-type]
+            check_source(Path(args.src).resolve(), Path(args.dst).absolute(), cfg, args.overwrite)  # type: ignore[arg-type]
             raise
+        if raw.format == "v3.0":  # the stage passes v3.0 through; asked to convert one, say why not
+            check_source(Path(args.src).resolve(), Path(args.dst).absolute(), cfg, args.overwrite)  # type: ignore[arg-type]
         ref = stages.convert(raw, cfg, cache=_cache(args), dst=args.dst, track=args.track,  # type: ignore[arg-type]
                              overwrite=args.overwrite)
     except DatasetDefectError as e:

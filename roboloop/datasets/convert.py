@@ -108,16 +108,9 @@ class ConversionCheckError(ValueError):
     """The converted output failed its own validation: it was not published."""
 
 
-def convert(src: str | Path, dst: str | Path, config: ConvertConfig | None = None, overwrite: bool = False,
-            marker: dict | None = None) -> Path:
-    """Convert the v2.x dataset at `src` to v3.0 at `dst`. Raises DatasetDefectError on a bad source.
-
-    `dst` must not exist, unless it is an earlier roboloop conversion and `overwrite` is set (the old
-    one is moved aside). The output is validated (and the first and last frame of every episode
-    decoded) before it is renamed into place: a conversion we would refuse to read is never published.
-    """
-    cfg = config or ConvertConfig()
-    src, dst = Path(src).resolve(), Path(dst).absolute()
+def check_source(src: Path, dst: Path, cfg: ConvertConfig, overwrite: bool = False):
+    """Everything that must hold before a conversion writes anything: a readable v2.x source without defects and
+    a destination roboloop may write. Returns the source's metadata; raises naming the defect."""
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a dataset folder" if src.exists() else f"{src} does not exist")
     if fsutil.inside(dst, src) or fsutil.inside(src, dst):
@@ -129,6 +122,20 @@ def convert(src: str | Path, dst: str | Path, config: ConvertConfig | None = Non
     meta = load_meta(src)
     if not meta.is_v2:
         raise ValueError(f"{src} is {meta.version}; convert takes v2.0/v2.1 datasets (v3.0 needs no conversion)")
+    return meta
+
+
+def convert(src: str | Path, dst: str | Path, config: ConvertConfig | None = None, overwrite: bool = False,
+            marker: dict | None = None) -> Path:
+    """Convert the v2.x dataset at `src` to v3.0 at `dst`. Raises DatasetDefectError on a bad source.
+
+    `dst` must not exist, unless it is an earlier roboloop conversion and `overwrite` is set (the old
+    one is moved aside). The output is validated (and the first and last frame of every episode
+    decoded) before it is renamed into place: a conversion we would refuse to read is never published.
+    """
+    cfg = config or ConvertConfig()
+    src, dst = Path(src).resolve(), Path(dst).absolute()
+    meta = check_source(src, dst, cfg, overwrite)
     dst.parent.mkdir(parents=True, exist_ok=True)
     with fsutil.exclusive(fsutil.lock_path_for(dst), f"conversion to {dst}"), \
             fsutil.atomic_dir(dst, "dataset_v3", overwrite, meta={"format": layout.V30, **(marker or {})}) as tmp:

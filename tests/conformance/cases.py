@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 
 from roboloop.datasets import stats
 from roboloop.datasets.generate import GenSpec, generate_v21
@@ -86,6 +87,12 @@ def set_feature(key: str, **fields) -> Callable[[Path], None]:
 
 def set_info(**fields) -> Callable[[Path], None]:
     return lambda d: edit_json(d / "meta/info.json", lambda i: i.update(fields))
+
+
+# pytest marks for tests that call LeRobot's writer, loader or policies (its dependencies' warnings, not ours)
+LEROBOT_QUIET = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+                 pytest.mark.filterwarnings("ignore::FutureWarning"),
+                 pytest.mark.filterwarnings("ignore::UserWarning")]
 
 
 # ---------------------------------------------------------------- LeRobot's own writer (v3.0)

@@ -46,6 +46,10 @@ def test_convert_twice_is_a_verified_hit_and_a_lost_or_changed_output_is_recompu
     other = _cli(tmp_path, "convert", small_v21, tmp_path / "elsewhere", "--workers", "1")
     assert other["dst"] == str(tmp_path / "elsewhere")  # a hit for another folder is not an answer for this one
 
+    p = subprocess.run([sys.executable, "-m", "roboloop.cli", "convert", out, tmp_path / "again"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)  # a v3.0 source: said, not passed through
+    assert p.returncode != 0 and "v3.0 needs no conversion" in p.stderr and not (tmp_path / "again").exists()
+
 
 def test_ingest_and_train_return_receipts_and_train_twice_is_a_hit(small_v21, tmp_path):
     raw = _cli(tmp_path, "ingest", small_v21)

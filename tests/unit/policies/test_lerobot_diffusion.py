@@ -16,11 +16,9 @@ import torch
 
 from roboloop.training.config import TrainConfig
 from roboloop.training.train import train
-from tests.conformance.cases import lerobot_writer
+from tests.conformance.cases import LEROBOT_QUIET, lerobot_writer
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = LEROBOT_QUIET
 
 CAMS = {"observation.images.front": (32, 32)}
 IMAGES = {"observation.image": (32, 32)}

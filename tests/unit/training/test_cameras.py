@@ -18,11 +18,9 @@ from roboloop.policies.vla import ModelPolicy
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import SampleStream, V3Dataset
 from roboloop.training.train import train
-from tests.conformance.cases import lerobot_writer
+from tests.conformance.cases import LEROBOT_QUIET, lerobot_writer
 
-pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::UserWarning")]
+pytestmark = LEROBOT_QUIET
 
 CAMS = {"observation.images.front": (32, 48)}
 IMAGES = {"observation.image": (24, 24)}
