@@ -21,14 +21,13 @@ from pathlib import Path
 def task_dims(task: str) -> tuple[int, int]:
     """(state, action) dimensions the task observes and takes, read from its env config (never hard-coded: a
     task that changes its observation must not break the bench)."""
-    import importlib
+    from roboloop.evaluation.isaac_tasks import TASKS, make_cfg
 
-    from roboloop.evaluation.isaac_tasks import CONFIGS
-
-    if task not in CONFIGS:
-        raise SystemExit(f"bench/eval.py measures roboloop's Isaac Lab tasks ({', '.join(CONFIGS)}), not {task!r}")
-    cfg = getattr(importlib.import_module("roboloop.evaluation.isaac_tasks.reach"), CONFIGS[task])()
-    return int(cfg.observation_space), int(cfg.action_space)
+    if task not in TASKS:
+        raise SystemExit(f"bench/eval.py measures roboloop's Isaac Lab tasks ({', '.join(TASKS)}), not {task!r}")
+    cfg = make_cfg(task)
+    space = cfg.action_space
+    return int(cfg.observation_space), int(space if isinstance(space, int) else space.shape[-1])
 
 
 def tiny_model(dst: Path, task: str) -> Path:

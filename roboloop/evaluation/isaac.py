@@ -46,11 +46,13 @@ class IsaacLabEnv:
         gym, launch_simulation, resolve_task_config = _import_isaaclab()
         self.task, self.num_envs, self.device = task, num_envs, device
         if task in ROBOLOOP_TASKS:
-            from roboloop.evaluation.isaac_tasks import CONFIGS, reach
+            from roboloop.evaluation.isaac_tasks import make_cfg
 
-            cfg = getattr(reach, CONFIGS[task])()
+            cfg = make_cfg(task)
             if not camera:
-                cfg.scene.camera = None
+                for name in ("camera", "front", "wrist"):
+                    if hasattr(cfg.scene, name):
+                        setattr(cfg.scene, name, None)
         else:
             cfg, _ = resolve_task_config(task, "", overrides=(f"physics={physics}",))
         cfg.scene.num_envs = num_envs

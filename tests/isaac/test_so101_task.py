@@ -1,0 +1,88 @@
+"""The SO-101 pick-cube task on CPU, offline: the arm from isaaclab-so101 derived for Newton, the scripted
+expert and random on the same unseen cube positions, and a recording in LeRobot's so101_follower schema.
+
+Each case runs `roboloop` in a fresh process (one Isaac Lab simulation per process), without network where
+`unshare -n` is allowed (see test_reach_task)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conformance.cases import LEROBOT_QUIET
+from tests.isaac.test_reach_task import roboloop
+
+pytestmark = [pytest.mark.isaac, *LEROBOT_QUIET]
+TASK = "Roboloop-SO101-PickCube-v0"
+
+
+def test_derived_arm_is_made_once_and_checked(tmp_path, monkeypatch):
+    from roboloop.evaluation import so101_asset
+
+    monkeypatch.setenv("ROBOLOOP_ASSET_CACHE", str(tmp_path))
+    first = so101_asset.so101_usd()
+    assert first.is_file() and json.loads((first.parent / "so101.json").read_text())["patch"] == so101_asset.PATCH
+    mtime = first.stat().st_mtime_ns
+    assert so101_asset.so101_usd() == first and first.stat().st_mtime_ns == mtime  # verified hit: not rewritten
+    first.write_bytes(first.read_bytes()[:-10])  # a damaged cache is made again, never used
+    again = so101_asset.so101_usd()
+    assert json.loads((again.parent / "so101.json").read_text())["sha256"] == so101_asset._sha256(again)
+
+    from pxr import Usd, UsdPhysics
+
+    stage = Usd.Stage.Open(str(again))
+    assert not stage.GetPrimAtPath("/so101_new_calib/root_joint")  # the world joint Newton refused is gone
+    remote = [p for p in stage.Traverse() if (a := p.GetAttribute("info:mdl:sourceAsset")) and a.Get()
+              and "://" in a.Get().path]
+    assert not remote
+    pads = [p for p in stage.Traverse() if p.HasAPI(UsdPhysics.CollisionAPI)
+            and UsdPhysics.CollisionAPI(p).GetCollisionEnabledAttr().Get() is not False]
+    assert {p.GetParent().GetName() for p in pads} >= {"fixed_jaw_pad", "moving_jaw_pad"}
+
+
+def test_expert_picks_and_random_does_not_on_unseen_cubes(tmp_path):
+    expert = roboloop("evaluate", "--task", TASK, "--policy", "expert", "--episodes", "32", "--num-envs", "16",
+                      "--videos", "1", "--output-dir", str(tmp_path / "expert"))
+    assert expert["episodes"] == 32 and expert["success_rate"] >= 0.95, expert
+    assert any(k.startswith("isaaclab_so101/") for k in expert["asset_hashes"])
+    rand = roboloop("evaluate", "--task", TASK, "--policy", "random", "--episodes", "24", "--num-envs", "24",
+                    "--videos", "0", "--output-dir", str(tmp_path / "random"))
+    assert rand["episodes"] == 24 and rand["success_rate"] <= 0.05, rand
+
+
+def test_recording_has_lerobots_so101_follower_features(tmp_path):
+    """What `collect` records is what `lerobot-record` writes for an SO-101 follower with `front` and `wrist`
+    cameras: LeRobot's own robot class and feature helper are the reference; LeRobotDataset reads it."""
+    pytest.importorskip("scservo_sdk", reason="LeRobot's SO-101 class needs lerobot[feetech]")
+    from lerobot.cameras.opencv import OpenCVCameraConfig
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    from lerobot.robots.so_follower import SO101Follower, SO101FollowerConfig
+    from lerobot.utils.feature_utils import hw_to_dataset_features
+
+    r = roboloop("collect", str(tmp_path / "raw"), "--task", TASK, "--episodes", "4", "--num-envs", "4",
+                 "--noise", "0.5")  # DART noise in the action's units: half a degree
+    assert r["episodes"] >= 2
+    conv = roboloop("convert", str(tmp_path / "raw"), str(tmp_path / "v3"))
+    assert conv["format"] == "v3.0"
+    assert roboloop("ingest", str(tmp_path / "v3"))["ok"] is True
+
+    ds = LeRobotDataset("local/so101", root=tmp_path / "v3")
+    h, w = ds.meta.features["observation.images.front"]["shape"][:2]
+    cams = {name: OpenCVCameraConfig(index_or_path=i, width=w, height=h, fps=30) for i, name in
+            enumerate(("front", "wrist"))}
+    robot = SO101Follower(SO101FollowerConfig(port="/dev/null", cameras=cams))  # constructed, never connected
+    assert SO101FollowerConfig(port="x").use_degrees  # LeRobot's default: joints in degrees
+    want = {**hw_to_dataset_features(robot.observation_features, "observation", True),
+            **hw_to_dataset_features(robot.action_features, "action", True)}
+    got = {k: v for k, v in ds.meta.features.items() if k in want or k.startswith("observation")
+           or k == "action"}
+    assert set(got) == set(want)
+    for key, spec in want.items():
+        assert got[key]["dtype"] == spec["dtype"] and tuple(got[key]["shape"]) == tuple(spec["shape"]), key
+        assert got[key]["names"] == spec["names"], key
+    assert ds.meta.robot_type == robot.name and ds.fps == 30
+    frame = ds[len(ds) // 2]
+    assert frame["task"] == "pick up the cube"
+    state = frame["observation.state"]
+    assert -110 <= float(state[0]) <= 110 and 0 <= float(state[5]) <= 100  # degrees, and the gripper 0-100
