@@ -52,6 +52,7 @@ bench: install  ## benchmarks against the reference tools (each prints one JSON 
 	$(PY) bench/packing.py
 	$(PY) bench/eval.py
 	$(PY) bench/overhead.py
+	$(PY) bench/so101.py
 
 server: install  ## local Prefect server on 127.0.0.1:4200 (SQLite; Postgres for a shared one: see infra/server.sh)
 	infra/server.sh

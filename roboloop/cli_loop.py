@@ -12,7 +12,7 @@ from pathlib import Path
 def add_parser(sub) -> None:
     lp = sub.add_parser("loop", help="run the closed loop (ingest, convert, train, evaluate, register; DAgger and RL "
                         "rounds as configured) without a Prefect server; ends with the summary's JSON line")
-    lp.add_argument("--preset", default="demo", help="demo (default), ci, vision or nightly_gpu")
+    lp.add_argument("--preset", default="demo", help="demo (default), ci, vision, nightly_gpu, so101 or so101_ci")
     lp.add_argument("--config", help="a LoopConfig as JSON (instead of --preset)")
     lp.add_argument("--source", help="your dataset: a folder anywhere or s3://bucket/prefix (only read); the loop "
                     "then evaluates offline on the episodes training holds out, unless --evaluation simulator")

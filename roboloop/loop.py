@@ -134,7 +134,33 @@ def nightly_gpu() -> LoopConfig:
                       eval=EvalRecipe(episodes=200, num_envs=64, device="cuda", execute_steps=4, early_stop=True))
 
 
-PRESETS = {"demo": demo, "ci": ci, "nightly_gpu": nightly_gpu}
+def so101() -> LoopConfig:
+    """The SO-101 picks a cube (`Roboloop-SO101-PickCube-v0`, LeRobot's so101_follower schema): demonstrations by
+    the scripted expert with half a degree of DART noise, recorded in the `front` and `wrist` cameras at 96x128,
+    and roboloop's VLA with the keypoint image encoder on both cameras (resized to 64x96) (the cube is only in the images: the state
+    is the arm's six joints, as on the real robot), an 8-step chunk of absolute joint targets."""
+    task = "Roboloop-SO101-PickCube-v0"
+    return LoopConfig(source="data-so101", model_name="so101-pick",
+                      collect_if_missing=CollectConfig(task=task, episodes=256, num_envs=16, noise=0.5),
+                      train=TrainRecipe(steps=4500, max_tokens=8192, max_samples=128, with_video=True,
+                                        checkpoint_every_steps=500,
+                                        model_overrides={"horizon": 8, "image_encoder": "keypoints", "keypoints": 16,
+                                                         "keypoints_to_state": 1, "image_size": [64, 96]}),
+                      eval=EvalRecipe(task=task, episodes=48, num_envs=16, execute_steps=4))
+
+
+def so101_ci() -> LoopConfig:
+    """`so101()` on CI's budget: every stage runs on the SO-101 task, nothing is expected to pick."""
+    d = so101()
+    return LoopConfig.model_validate({**d.model_dump(), "source": "data-so101-ci", "model_name": "so101-ci",
+                                      "collect_if_missing": {**d.collect_if_missing.model_dump(),  # type: ignore[union-attr]
+                                                             "episodes": 6, "num_envs": 6},
+                                      "train": {**d.train.model_dump(), "steps": 30, "checkpoint_every_steps": 15,
+                                                "max_tokens": 2048},
+                                      "eval": {**d.eval.model_dump(), "episodes": 4, "num_envs": 4, "videos": 1}})
+
+
+PRESETS = {"demo": demo, "ci": ci, "vision": vision, "nightly_gpu": nightly_gpu, "so101": so101, "so101_ci": so101_ci}
 
 
 def for_source(cfg: LoopConfig, source: str, evaluation: Literal["simulator", "offline"] = "offline",

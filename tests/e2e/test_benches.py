@@ -41,6 +41,8 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
                                 "segments_per_update": 2, "epochs": 1, "minibatch": 16, "critic_warmup_updates": 0}),
             "--work", "{tmp}"], {"success_before", "success_after", "gain", "sync_env_steps_per_s"},
            [pytest.mark.isaac]),
+    "so101": (["--episodes", "2", "--num-envs", "2", "--speed-steps", "3"],
+              {"env_steps_per_s_cameras", "env_steps_per_s_no_cameras", "expert", "random"}, [pytest.mark.isaac]),
     "precision": (["--presets", "small", "--steps", "2"], {"device", "fp8_backend", "small"}, [pytest.mark.gpu]),
     "lerobot_train": (["--height", "32", "--width", "48", "--episodes", "2", "--frames", "24", "--steps", "3",
                        "--batch", "2", "--workers", "1", "--workdir", "{tmp}"],

@@ -86,3 +86,27 @@ def test_recording_has_lerobots_so101_follower_features(tmp_path):
     assert frame["task"] == "pick up the cube"
     state = frame["observation.state"]
     assert -110 <= float(state[0]) <= 110 and 0 <= float(state[5]) <= 100  # degrees, and the gripper 0-100
+
+
+@pytest.mark.slow
+def test_short_closed_loop_on_the_so101_registers_a_version(tmp_path):
+    """`roboloop loop --preset so101_ci`: record, convert, validate, train on both cameras, evaluate beside random
+    on the same cube positions, register (the gate decides; at this budget nothing picks)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROBOLOOP_")}
+    p = subprocess.run([sys.executable, "-m", "roboloop.cli", "loop", "--preset", "so101_ci"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-4000:]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["registry_version"] == 1 and summary["gate"] and summary["promoted"] in (True, False)
+    assert summary["random_success_rate"] is not None
+
+    from roboloop.registry import Registry
+
+    lineage = Registry(tmp_path / ".roboloop" / "registry").lineage("so101-ci", 1)
+    assert lineage["eval"]["task"] == TASK and lineage["baseline_eval"]["policy"] == "random"
+    meta = json.loads((tmp_path / summary["model"] / "policy.json").read_text())
+    assert [c["key"] for c in meta["cameras"]] == ["observation.images.front", "observation.images.wrist"]
