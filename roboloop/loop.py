@@ -142,7 +142,7 @@ def so101() -> LoopConfig:
     task = "Roboloop-SO101-PickCube-v0"
     return LoopConfig(source="data-so101", model_name="so101-pick",
                       collect_if_missing=CollectConfig(task=task, episodes=256, num_envs=16, noise=0.5),
-                      train=TrainRecipe(steps=4500, max_tokens=8192, max_samples=128, with_video=True,
+                      train=TrainRecipe(steps=2500, max_tokens=8192, max_samples=128, with_video=True,  # ~28 min here
                                         checkpoint_every_steps=500,
                                         model_overrides={"horizon": 8, "image_encoder": "keypoints", "keypoints": 16,
                                                          "keypoints_to_state": 1, "image_size": [64, 96]}),
