@@ -137,8 +137,8 @@ def nightly_gpu() -> LoopConfig:
 def so101() -> LoopConfig:
     """The SO-101 picks a cube (`Roboloop-SO101-PickCube-v0`, LeRobot's so101_follower schema): demonstrations by
     the scripted expert with half a degree of DART noise, recorded in the `front` and `wrist` cameras at 96x128,
-    and roboloop's VLA with the keypoint image encoder on both cameras (resized to 64x96) (the cube is only in the images: the state
-    is the arm's six joints, as on the real robot), an 8-step chunk of absolute joint targets."""
+    and roboloop's VLA with the keypoint image encoder on both cameras (resized to 64x96; the cube is only in the
+    images: the state is the arm's six joints, as on the real robot), an 8-step chunk of absolute joint targets."""
     task = "Roboloop-SO101-PickCube-v0"
     return LoopConfig(source="data-so101", model_name="so101-pick",
                       collect_if_missing=CollectConfig(task=task, episodes=256, num_envs=16, noise=0.5),

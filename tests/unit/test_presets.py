@@ -108,3 +108,11 @@ def test_a_users_dataset_runs_the_preset_offline_and_is_only_read(tmp_path, monk
     assert cfg.train.steps == demo().train.steps  # the preset's recipe otherwise
     s3 = for_source(demo(), "s3://bucket/lab/so101", "simulator", "arm")
     assert (s3.source, s3.evaluation, s3.model_name) == ("s3://bucket/lab/so101", "simulator", "arm")
+
+
+def test_so101_deployment_runs_the_so101_preset():
+    from roboloop.loop import so101
+
+    d = _deployment("closed-loop-so101")
+    assert d["parameters"]["cfg"] == so101().model_dump(mode="json") and d["work_pool"]["name"] == "cpu"
+    assert LoopConfig.model_validate(d["parameters"]["cfg"]) == so101()
