@@ -305,7 +305,7 @@ class ReachColorEnv(DirectRLEnv):
                 return xy
 
 
-def layout_generator(split: str, seed: int, layout: int) -> torch.Generator:
-    """The random stream of one layout: independent of every other layout, split and seed."""
-    digest = hashlib.sha256(f"roboloop-reach:{split}:{seed}:{layout}".encode()).digest()
+def layout_generator(split: str, seed: int, layout: int, task: str = "reach") -> torch.Generator:
+    """The random stream of one layout of a task's scenes: independent of every other layout, split and seed."""
+    digest = hashlib.sha256(f"roboloop-{task}:{split}:{seed}:{layout}".encode()).digest()
     return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))

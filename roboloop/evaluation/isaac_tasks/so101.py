@@ -22,7 +22,6 @@ damped-least-squares differential IK on the simulator's Jacobian: above the cube
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 
@@ -42,6 +41,7 @@ from isaaclab_newton.renderers.newton_warp_renderer_cfg import NewtonWarpRendere
 from isaaclab_so101.cameras import look_at_offset
 from isaaclab_so101.constants import HOME_JOINT_POS, JOINT_LIMITS_DEG, SIM_JOINT_NAMES
 
+from roboloop.evaluation.isaac_tasks.reach import layout_generator
 from roboloop.evaluation.so101_asset import so101_usd
 
 # LeRobot's so101_follower feature names, in the USD's joint order (Rotation .. Jaw)
@@ -262,7 +262,7 @@ class SO101PickCubeEnv(DirectRLEnv):
     def _next_layout(self, env: int) -> torch.Tensor:
         """The cube's pose and the arm's start of the next episode to begin: a pure function of (split, seed,
         episode number), whatever num_envs."""
-        g = layout_generator(str(self.cfg.layout_split), int(self.cfg.seed or 0), self.episodes_started)
+        g = layout_generator(str(self.cfg.layout_split), int(self.cfg.seed or 0), self.episodes_started, "so101")
         self.episodes_started += 1
         u = torch.rand(4, generator=g)
         r = self.cfg.reach_r[0] + u[0] * (self.cfg.reach_r[1] - self.cfg.reach_r[0])
@@ -356,7 +356,3 @@ class SO101PickCubeEnv(DirectRLEnv):
         dq = (jw.transpose(1, 2) @ torch.linalg.solve(jw @ jw.transpose(1, 2) + lam, err)).squeeze(-1)
         return dq.clamp(-self.cfg.max_joint_step, self.cfg.max_joint_step)
 
-
-def layout_generator(split: str, seed: int, episode: int) -> torch.Generator:
-    digest = hashlib.sha256(f"roboloop-so101:{split}:{seed}:{episode}".encode()).digest()
-    return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
