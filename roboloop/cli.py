@@ -287,6 +287,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from roboloop import cli_loop
 
     cli_loop.add_parser(sub)
+    from roboloop import cli_serve
+
+    cli_serve.add_parser(sub)
 
     r = sub.add_parser("registry", help="model registry (local folder or s3://): list, show, promote, download, "
                        "add (register a model folder: registry add NAME MODEL_DIR [--eval RUN] [--promote])")

@@ -239,7 +239,7 @@ def resolve_policy(policy: str | ModelRef) -> ModelRef | None:
     verified); None for the built-in `expert` and `random`."""
     if isinstance(policy, ModelRef):
         return policy
-    if policy in ("expert", "random"):
+    if policy in ("expert", "random") or policy.startswith("serve://"):  # a server's model is asked, not loaded
         return None
     if policy.startswith("registry:"):
         from roboloop.registry import Registry, parse_ref
@@ -298,6 +298,8 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     label = policy if isinstance(policy, str) else f"{model.name or Path(model.path).name}"  # type: ignore[union-attr]
     policy_id = model.weights_sha256 if model else str(policy)
     key = cache_key("evaluate", policy_id, keyed(recipe), save_rollouts is not None, reference, margin)
+    if str(policy).startswith("serve://"):  # what a server serves can change between two runs: never cached
+        cache = None
     if cache and save_rollouts is None and (hit := cache.get(key, EvalSummary)) and \
             (output_dir is None or Path(hit.run_dir) == Path(output_dir).absolute()):
         return hit

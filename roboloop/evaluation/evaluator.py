@@ -67,6 +67,7 @@ class EvalReport:
     seed: int = 0  # with the task: which initial states the numbered episodes had
     planned_episodes: int | None = None  # when it stopped early: how many it would have run
     stopped_early: str | None = None  # why (the paired decision that was already certain)
+    served: dict | None = None  # through a policy server: its URL, the versions that answered, latencies
 
     def to_json(self, full: bool = False) -> str:
         d = asdict(self)

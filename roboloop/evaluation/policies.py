@@ -58,14 +58,19 @@ class NoisyPolicy:
 
 
 def make_policy(spec: str, env: BatchedEnv, device: str = "cpu", seed: int = 0):
-    """`expert`, `random`, a model folder, or a registry reference (`registry:NAME@ALIAS|VERSION`)."""
+    """`expert`, `random`, a model folder, a registry reference (`registry:NAME@ALIAS|VERSION`) or a policy
+    server (`serve://HOST:PORT`, token from $ROBOLOOP_SERVE_TOKEN_FILE)."""
     if spec == "expert":
         return ExpertPolicy(env)
     if spec == "random":
         return RandomPolicy(env, seed)
     from roboloop.policies import load_policy
 
-    if spec.startswith("registry:"):
+    if spec.startswith("serve://"):
+        from roboloop.serving.client import RemotePolicy
+
+        policy = RemotePolicy(spec)
+    elif spec.startswith("registry:"):
         from roboloop.registry import resolve_model_ref
 
         policy = load_policy(resolve_model_ref(spec), device, seed=seed)

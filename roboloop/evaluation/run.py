@@ -33,6 +33,8 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
         report, trajs = evaluate(env, policy, cfg.episodes, cfg.execute_steps or DEFAULT_EXECUTE_STEPS, cfg.videos,
                                  cfg.output_dir, record_rollouts=bool(cfg.save_rollouts), seed=cfg.seed, stop=stop,
                                  progress=progress_printer("[progress] evaluating"))
+        if hasattr(policy, "served"):  # served: which model versions produced the chunks, how fast they came
+            report.served = policy.served()
         if cfg.task.startswith("Roboloop-"):
             report.asset_hashes = hashes()
             if "-SO101-" in cfg.task:

@@ -1,0 +1,141 @@
+"""Clients of `roboloop serve`: `PolicyClient` (one websocket, blocking calls) and `RemotePolicy`, a Policy whose
+`act` asks the server, so the Evaluator (`--policy serve://HOST:PORT`) and the robot loop drive a served model
+exactly as they drive one in their own process.
+
+    from roboloop.serving.client import PolicyClient
+    with PolicyClient("serve://127.0.0.1:8765") as c:      # the token from $ROBOLOOP_SERVE_TOKEN_FILE
+        reply = c.act(state=s_NS, images={"observation.images.front": im_NHW3}, instructions=["pick up the cube"])
+        reply.actions   # (N, H, A) float32, in the robot's units
+        reply.version, reply.infer_ms, reply.roundtrip_ms
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from roboloop.evaluation.protocol import Obs
+from roboloop.serving import wire
+
+
+class ServerError(RuntimeError):
+    """The server answered with an error (its text names the defect)."""
+
+
+@dataclass
+class Reply:
+    actions: np.ndarray  # (N, H, A)
+    version: str
+    infer_ms: float
+    roundtrip_ms: float
+    batch: int
+    note: str = ""
+
+
+def ws_url(url: str) -> str:
+    for prefix in ("serve://", "ws://"):
+        if url.startswith(prefix):
+            return "ws://" + url[len(prefix):]
+    if url.startswith("wss://"):
+        return url
+    return "ws://" + url
+
+
+class PolicyClient:
+    def __init__(self, url: str, token: str | None = None, token_file: str | None = None, timeout: float = 60.0,
+                 max_size: int = wire.MAX_MESSAGE_BYTES):
+        from websockets.sync.client import connect
+
+        from roboloop.serving.token import read_token
+
+        token = token if token is not None else read_token(token_file)
+        self.url, self.timeout = ws_url(url), timeout
+        self.ws = connect(self.url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=max_size,
+                          compression=None, open_timeout=timeout)
+        self.ids = itertools.count(1)
+
+    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        msg = {"id": next(self.ids), **msg}
+        self.ws.send(wire.dumps(msg))
+        reply = wire.loads(self.ws.recv(timeout=self.timeout))
+        if reply.get("type") == "error":
+            raise ServerError(str(reply.get("error")))
+        if reply.get("id") != msg["id"]:
+            raise ServerError(f"reply {reply.get('id')} to request {msg['id']}")
+        return reply
+
+    def info(self) -> dict[str, Any]:
+        return self.request({"type": "info"})["model"]
+
+    def act(self, state: np.ndarray, images: dict[str, np.ndarray] | None = None,
+            instructions: list[str] | str | None = None, past: list[dict] | None = None) -> Reply:
+        state = np.asarray(state, dtype=np.float32)
+        if state.ndim == 1:  # one robot: a batch of one
+            state, images = state[None], {k: np.asarray(v)[None] for k, v in (images or {}).items()}
+        msg: dict[str, Any] = {"type": "act", "timestamp": time.time(), "state": state, "images": images or {},
+                               "instructions": instructions if instructions is not None else [""] * len(state)}
+        if past is not None:
+            msg["past"] = past
+        t0 = time.perf_counter()
+        r = self.request(msg)
+        return Reply(r["actions"], r["version"], float(r["infer_ms"]), (time.perf_counter() - t0) * 1e3,
+                     int(r.get("batch", 1)), str(r.get("note", "")))
+
+    def close(self) -> None:
+        self.ws.close()
+
+    def __enter__(self) -> PolicyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _frame(obs: Obs, keys: list[str]) -> dict[str, Any]:
+    return {"state": obs.state.detach().float().cpu().numpy(),
+            "images": {k: obs.images[k].detach().cpu().numpy() for k in keys}}
+
+
+class RemotePolicy:
+    """A Policy served by `roboloop serve`: what the server's model reads and outputs, asked once at connect."""
+
+    def __init__(self, url: str, token: str | None = None, token_file: str | None = None):
+        self.client = PolicyClient(url, token, token_file)
+        spec = self.client.info()
+        self.spec = spec
+        self.name = f"serve:{spec['version']}"
+        self.state_dim, self.action_dim, self.horizon = spec["state_dim"], spec["action_dim"], spec["horizon"]
+        self.state_key, self.action_key = spec["state_key"], "action"
+        self.camera_keys, self.history = list(spec["camera_keys"]), int(spec.get("history", 1))
+        self.image_size = tuple(spec["image_size"]) if spec.get("image_size") else None
+        self.stats: dict = {}
+        self.versions: Counter[str] = Counter()  # which version produced how many chunks
+        self.infer_ms: list[float] = []
+        self.roundtrip_ms: list[float] = []
+
+    def act(self, obs: Obs) -> torch.Tensor:
+        f = _frame(obs, self.camera_keys)
+        past = [_frame(p, self.camera_keys) for p in obs.past] if obs.past is not None and self.history > 1 else None
+        r = self.client.act(f["state"], f["images"], list(obs.instructions) or None, past)
+        self.versions[r.version] += 1
+        self.infer_ms.append(r.infer_ms)
+        self.roundtrip_ms.append(r.roundtrip_ms)
+        return torch.from_numpy(np.array(r.actions))
+
+    def served(self) -> dict[str, Any]:
+        """For the evaluation report: which versions answered, and how long chunks took (ms)."""
+        def pct(xs: list[float], q: float) -> float | None:
+            return round(float(np.percentile(xs, q)), 3) if xs else None
+
+        return {"url": self.client.url, "versions": dict(self.versions), "chunks": len(self.infer_ms),
+                "infer_ms_p50": pct(self.infer_ms, 50), "roundtrip_ms_p50": pct(self.roundtrip_ms, 50),
+                "roundtrip_ms_p99": pct(self.roundtrip_ms, 99)}
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,208 @@
+"""`roboloop serve`: the policy server (websocket + msgpack, one process, asyncio).
+
+The event loop only decodes, validates and replies; forward passes run on one worker thread, so a slow
+model never blocks the loop (a problem users of other policy servers report). Requests that arrive while
+a forward pass runs, or within `max_wait_ms` of the first one, are batched into the next pass (grouped by
+camera shapes); `max_batch=1` turns batching off. Authentication happens in the HTTP upgrade (a bearer
+token compared in constant time); a bad message gets an error reply and the connection stays open;
+a message over the size limit closes that connection (1009) and nobody else's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from roboloop.evaluation.protocol import Obs
+from roboloop.serving import wire
+from roboloop.serving.service import Follower, PolicyService, load_slot, resolve, signature, to_obs
+
+log = logging.getLogger("roboloop.serve")
+
+
+@dataclass
+class ServeConfig:
+    ref: str  # a model folder or registry:[URI#]NAME@REF (an alias is followed)
+    host: str = "127.0.0.1"
+    port: int = 8765  # 0: any free port (`Server.port` says which)
+    device: str = "cpu"
+    seed: int = 0
+    max_batch: int = 64  # rows (observations) in one forward pass; 1: no batching
+    max_wait_ms: float = 2.0  # how long the first request of a batch waits for company
+    max_message_bytes: int = wire.MAX_MESSAGE_BYTES
+    follow_interval_s: float = 2.0
+    cache: str = ".roboloop/serve-cache"
+
+
+class Batcher:
+    def __init__(self, service: PolicyService, max_batch: int, max_wait_ms: float):
+        self.service, self.max_batch, self.max_wait = service, max(1, max_batch), max(0.0, max_wait_ms) / 1e3
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="roboloop-serve-forward")
+        self.passes = 0
+
+    async def submit(self, obs: Obs) -> tuple[Any, str, float, int]:
+        fut = asyncio.get_running_loop().create_future()
+        await self.queue.put((obs, fut))
+        return await fut
+
+    async def _collect(self) -> list[tuple[Obs, asyncio.Future]]:
+        items = [await self.queue.get()]
+        rows = items[0][0].state.shape[0]
+        deadline = time.perf_counter() + self.max_wait
+        while rows < self.max_batch:
+            try:
+                item = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), left)
+                except TimeoutError:
+                    break
+            items.append(item)
+            rows += item[0].state.shape[0]
+        return items
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            items = await self._collect()
+            groups: dict[tuple, list[tuple[Obs, asyncio.Future]]] = {}
+            for it in items:
+                groups.setdefault(signature(it[0]), []).append(it)
+            for group in groups.values():
+                try:
+                    chunks, version, ms = await loop.run_in_executor(self.pool, self.service.act,
+                                                                     [o for o, _ in group])
+                    self.passes += 1
+                    for (_, fut), c in zip(group, chunks, strict=True):
+                        if not fut.done():
+                            fut.set_result((c, version, ms, len(group)))
+                except Exception as e:  # a failing forward pass fails its requests, not the server
+                    log.exception("forward pass failed")
+                    for _, fut in group:
+                        if not fut.done():
+                            fut.set_exception(e)
+
+
+class Server:
+    """The running server (in a background thread with `start()`, or in the foreground with `serve_forever()`)."""
+
+    def __init__(self, cfg: ServeConfig, token: str):
+        self.cfg, self._token = cfg, token
+        folder, version, self.follow = resolve(cfg.ref, Path(cfg.cache))
+        self.service = PolicyService(load_slot(folder, version, cfg.device, cfg.seed), cfg.device, cfg.seed)
+        self.port = cfg.port
+        self.requests = self.errors = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.follower: Follower | None = None
+        self.thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ connection handling
+    def _auth(self, connection: Any, request: Any) -> Any:
+        got = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {self._token}".encode()):
+            self.errors += 1
+            log.warning("refused a connection from %s: no valid token", connection.remote_address)
+            return connection.respond(HTTPStatus.UNAUTHORIZED, "a valid token is required (Authorization: Bearer)\n")
+        return None
+
+    async def _reply(self, msg: dict[str, Any], batcher: Batcher) -> dict[str, Any]:
+        kind, rid = msg["type"], msg.get("id")
+        if kind == "info":
+            return {"type": "info", "id": rid, "model": self.service.slot.spec(), "refused": self.service.refused}
+        if kind != "act":
+            raise wire.WireError(f"unknown message type {kind!r} (act or info)")
+        obs = to_obs(msg, self.service.slot)
+        chunk, version, ms, n = await batcher.submit(obs)
+        out = {"type": "chunk", "id": rid, "timestamp": msg.get("timestamp"), "actions": chunk.numpy(),
+               "version": version, "infer_ms": ms, "batch": n}
+        if self.service.refused:
+            out["note"] = self.service.refused
+        return out
+
+    def _handler(self, batcher: Batcher) -> Callable:
+        async def handle(ws: Any) -> None:
+            async for data in ws:
+                self.requests += 1
+                rid = None
+                try:
+                    msg = wire.loads(data, self.cfg.max_message_bytes)
+                    rid = msg.get("id")
+                    reply = await self._reply(msg, batcher)
+                except wire.WireError as e:
+                    self.errors += 1
+                    reply = {"type": "error", "id": rid, "error": str(e)}
+                except Exception as e:  # the server keeps serving; the client learns what happened
+                    self.errors += 1
+                    log.exception("request failed")
+                    reply = {"type": "error", "id": rid, "error": f"internal error: {type(e).__name__}: {e}"[:500]}
+                await ws.send(wire.dumps(reply))
+        return handle
+
+    async def _main(self) -> None:
+        from websockets.asyncio.server import serve
+
+        batcher = Batcher(self.service, self.cfg.max_batch, self.cfg.max_wait_ms)
+        self.batcher = batcher
+        task = asyncio.create_task(batcher.run())
+        self._stop = asyncio.Event()
+        async with serve(self._handler(batcher), self.cfg.host, self.cfg.port, process_request=self._auth,
+                         max_size=self.cfg.max_message_bytes, compression=None, ping_interval=20) as srv:
+            self.port = srv.sockets[0].getsockname()[1]
+            self._ready.set()
+            log.warning("serving %s on ws://%s:%d", self.service.slot.version, self.cfg.host, self.port)
+            await self._stop.wait()
+        task.cancel()
+        batcher.pool.shutdown(wait=False)
+
+    def _start_follower(self) -> None:
+        if self.follow is not None:
+            uri, name, alias = self.follow
+            self.follower = Follower(self.service, uri, name, alias, Path(self.cfg.cache), self.cfg.follow_interval_s)
+            self.follower.seen = int(self.service.slot.version.split("@v")[1].split("+")[0])
+            self.follower.start()
+
+    def serve_forever(self) -> None:
+        self._start_follower()
+        asyncio.run(self._run_forever())
+
+    async def _run_forever(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._main()
+
+    def start(self, timeout: float = 30.0) -> Server:
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run_forever()), daemon=True,
+                                       name="roboloop-serve")
+        self.thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError(f"the policy server did not start within {timeout:.0f} s")
+        self._start_follower()
+        return self
+
+    def stop(self) -> None:
+        if self.follower is not None:
+            self.follower.stop_event.set()
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self.thread is not None:
+            self.thread.join(10)
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

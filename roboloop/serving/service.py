@@ -1,0 +1,265 @@
+"""What the policy server does, whatever carries its messages: hold a checked model, turn decoded requests into
+observations, batch them into one forward pass, and follow a registry alias.
+
+A `ModelSlot` is a loaded policy that passed its check (it produces a finite (N, H, A) chunk on a probe
+observation: the last request it served, or the dataset's mean state and grey frames before any). The
+service swaps slots by one reference assignment between forward passes, so a reply is never produced
+by a half-loaded model nor by two; the version that produced a chunk is in its reply.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from roboloop.evaluation.protocol import Obs
+from roboloop.serving.wire import WireError
+
+log = logging.getLogger("roboloop.serve")
+MAX_ROWS = 256  # observations in one request
+MAX_SIDE = 4096  # pixels on a camera frame's side
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class ModelSlot:
+    policy: Any
+    version: str  # "NAME@vN" for a registry version, else the folder's name; + the weights' sha256 prefix
+    folder: Path
+    sha256: str
+
+    def spec(self) -> dict[str, Any]:
+        p = self.policy
+        return {"version": self.version, "sha256": self.sha256, "family": type(p).__module__.split(".")[-1],
+                "state_key": p.state_key, "state_dim": int(p.state_dim), "action_dim": int(p.action_dim),
+                "horizon": int(p.horizon), "camera_keys": list(p.camera_keys),
+                "image_size": list(p.image_size) if p.image_size else None,
+                "history": int(getattr(p, "history", 1))}
+
+
+def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
+              probe: Obs | None = None) -> ModelSlot:
+    """Load `folder` and check it; raises (naming the version) when it does not load or does not act."""
+    from roboloop.policies import WEIGHTS_FILE, load_policy
+
+    sha = _sha256(Path(folder) / WEIGHTS_FILE)
+    policy = load_policy(folder, device, seed=seed)
+    slot = ModelSlot(policy, f"{version}+{sha[:8]}", Path(folder), sha)
+    check(slot, probe if probe is not None and _fits(slot, probe) else synthetic_obs(slot))
+    return slot
+
+
+def check(slot: ModelSlot, obs: Obs) -> None:
+    p = slot.policy
+    # the check must not consume the policy's noise stream (served chunks equal in-process ones)
+    g = getattr(p, "g", None)
+    saved = g.get_state() if isinstance(g, torch.Generator) else None
+    try:
+        out = p.act(obs)
+    finally:
+        if saved is not None:
+            g.set_state(saved)
+    n = obs.state.shape[0]
+    want = (n, int(p.horizon), int(p.action_dim))
+    if tuple(out.shape) != want:
+        raise ValueError(f"{slot.version}: the check chunk has shape {tuple(out.shape)}, expected {want}")
+    if not torch.isfinite(out).all():
+        raise ValueError(f"{slot.version}: the check chunk is not finite")
+
+
+def synthetic_obs(slot: ModelSlot) -> Obs:
+    p = slot.policy
+    mean = (p.stats.get(p.state_key) or {}).get("mean") if isinstance(p.stats, dict) else None
+    state = torch.zeros(1, p.state_dim)
+    if mean is not None and np.asarray(mean).size == p.state_dim:
+        state = torch.as_tensor(np.asarray(mean, dtype=np.float32)).reshape(1, -1)
+    h, w = p.image_size if p.image_size else (64, 64)
+    images = {k: torch.full((1, h, w, 3), 128, dtype=torch.uint8) for k in p.camera_keys}
+    return Obs(state, images, [""])
+
+
+def _fits(slot: ModelSlot, obs: Obs) -> bool:
+    return obs.state.shape[-1] == slot.policy.state_dim and set(slot.policy.camera_keys) <= set(obs.images)
+
+
+def _frame(msg: dict[str, Any], slot: ModelSlot, what: str, n: int | None) -> tuple[torch.Tensor, dict]:
+    p = slot.policy
+    state = msg.get("state")
+    if not isinstance(state, np.ndarray) or state.ndim != 2 or state.shape[1] != p.state_dim:
+        shape = getattr(state, "shape", type(state).__name__)
+        raise WireError(f"{what}state: expected an (N, {p.state_dim}) array, got {shape}")
+    if state.dtype.kind != "f" or not np.isfinite(state).all():
+        raise WireError(f"{what}state: expected finite floats ({state.dtype})")
+    rows = state.shape[0]
+    if not 1 <= rows <= MAX_ROWS or (n is not None and rows != n):
+        raise WireError(f"{what}state: {rows} rows (expected {n if n is not None else f'1..{MAX_ROWS}'})")
+    images = msg.get("images") or {}
+    if not isinstance(images, dict):
+        raise WireError(f"{what}images: expected a map of camera name to array")
+    out = {}
+    for key in p.camera_keys:
+        im = images.get(key)
+        if im is None:
+            raise WireError(f"{what}images: camera {key!r} missing (the model reads {list(p.camera_keys)})")
+        if not isinstance(im, np.ndarray) or im.dtype != np.uint8 or im.ndim != 4 or im.shape[0] != rows \
+                or im.shape[3] != 3 or not (0 < im.shape[1] <= MAX_SIDE and 0 < im.shape[2] <= MAX_SIDE):
+            raise WireError(f"{what}images[{key!r}]: expected ({rows}, H, W, 3) uint8, got "
+                            f"{getattr(im, 'shape', type(im).__name__)} {getattr(im, 'dtype', '')}")
+        out[key] = torch.from_numpy(im.copy())
+    return torch.from_numpy(state.astype(np.float32)), out
+
+
+def to_obs(msg: dict[str, Any], slot: ModelSlot) -> Obs:
+    """A decoded `act` request as an observation the slot's policy can act on, or `WireError` naming the field."""
+    state, images = _frame(msg, slot, "", None)
+    n = state.shape[0]
+    instr = msg.get("instructions", [""] * n)
+    if isinstance(instr, str):
+        instr = [instr] * n
+    if not isinstance(instr, list) or len(instr) != n or not all(isinstance(s, str) and len(s) <= 4096
+                                                                 for s in instr):
+        raise WireError(f"instructions: expected {n} strings of at most 4096 characters")
+    past_msg = msg.get("past")
+    past = None
+    if past_msg is not None:
+        if not isinstance(past_msg, list) or len(past_msg) > 64:
+            raise WireError("past: expected a list of at most 64 earlier frames")
+        past = []
+        for i, fr in enumerate(past_msg):
+            if not isinstance(fr, dict):
+                raise WireError(f"past[{i}]: expected a map")
+            s, im = _frame(fr, slot, f"past[{i}].", n)
+            past.append(Obs(s, im, instr))
+    return Obs(state, images, instr, past=past)
+
+
+def signature(obs: Obs) -> tuple:
+    """Requests with equal signatures can share one forward pass."""
+    return (tuple((k, tuple(v.shape[1:])) for k, v in sorted(obs.images.items())),
+            None if obs.past is None else len(obs.past))
+
+
+def concat(batch: list[Obs]) -> Obs:
+    if len(batch) == 1:
+        return batch[0]
+    past = None
+    if batch[0].past is not None:
+        past = [concat([o.past[j] for o in batch]) for j in range(len(batch[0].past))]  # type: ignore[index]
+    return Obs(torch.cat([o.state for o in batch]), {k: torch.cat([o.images[k] for o in batch])
+                                                     for k in batch[0].images},
+               [s for o in batch for s in o.instructions], past=past)
+
+
+@dataclass
+class PolicyService:
+    """The server's state: the current slot, and what it refused (surfaced in replies and the log)."""
+
+    slot: ModelSlot
+    device: str = "cpu"
+    seed: int = 0
+    refused: str = ""  # the last version that failed its check, and why
+    probe: Obs | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one forward pass at a time; swaps between
+
+    def act(self, batch: list[Obs]) -> tuple[list[torch.Tensor], str, float]:
+        """One forward pass for requests of equal signature: their chunks, the version, inference ms."""
+        obs = concat(batch)
+        with self.lock:
+            slot = self.slot
+            t0 = time.perf_counter()
+            out = slot.policy.act(obs).detach().float().cpu()
+            ms = (time.perf_counter() - t0) * 1e3
+        if out.ndim == 2:
+            out = out[:, None]
+        self.probe = batch[-1]
+        sizes = [o.state.shape[0] for o in batch]
+        return list(torch.split(out, sizes)), slot.version, ms
+
+    def swap_to(self, folder: Path, version: str) -> bool:
+        """Load and check `folder` beside the serving model, then swap; on failure keep serving the old one."""
+        try:
+            new = load_slot(folder, version, self.device, self.seed, self.probe)
+        except Exception as e:  # any failure of the new version keeps the old one serving
+            self.refused = f"{version} refused: {type(e).__name__}: {e}"[:500]
+            log.error("keeping %s: %s", self.slot.version, self.refused)
+            return False
+        if new.policy.state_dim != self.slot.policy.state_dim or \
+                list(new.policy.camera_keys) != list(self.slot.policy.camera_keys):
+            self.refused = (f"{version} refused: it reads other inputs ({new.policy.state_dim}-dim state, cameras "
+                            f"{list(new.policy.camera_keys)}) than the clients send")
+            log.error("keeping %s: %s", self.slot.version, self.refused)
+            return False
+        with self.lock:
+            old, self.slot, self.refused = self.slot.version, new, ""
+        log.warning("now serving %s (was %s)", new.version, old)
+        return True
+
+
+def resolve(ref: str, cache: Path) -> tuple[Path, str, tuple[str | None, str, str] | None]:
+    """A model folder or `registry:[URI#]NAME@REF` -> (folder, version label, (uri, name, alias) to follow when
+    REF is an alias, else None)."""
+    if ref.startswith("registry:"):
+        from roboloop.registry import ALIASES, Registry, _vname, parse_ref
+
+        uri, name, r = parse_ref(ref)
+        reg = Registry(uri)
+        v = reg.resolve(name, r)
+        folder = reg.download(name, v, cache / name / _vname(v), overwrite=True)
+        return folder, f"{name}@v{v}", ((uri, name, r) if r in ALIASES else None)
+    folder = Path(ref)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{ref}: not a model folder nor registry:NAME@REF")
+    return folder, folder.resolve().name, None
+
+
+class Follower(threading.Thread):
+    """Polls a registry alias (default `champion`); a new version is loaded, checked and swapped in."""
+
+    def __init__(self, service: PolicyService, uri: str | None, name: str, alias: str, cache: Path,
+                 interval: float = 2.0):
+        super().__init__(daemon=True, name="roboloop-serve-follow")
+        self.service, self.uri, self.name, self.alias, self.cache = service, uri, name, alias, cache
+        self.interval, self.stop_event = interval, threading.Event()
+        self.seen: int | None = None
+
+    def poll(self) -> bool:
+        from roboloop.registry import Registry, _vname
+
+        reg = Registry(self.uri)
+        v = reg.aliases(self.name)[0].get(self.alias)
+        if v is None or v == self.seen:
+            return False
+        self.seen = int(v)
+        label = f"{self.name}@v{v}"
+        if self.service.slot.version.startswith(label + "+"):
+            return False
+        log.warning("%s@%s moved to v%s: loading it beside %s", self.name, self.alias, v, self.service.slot.version)
+        try:
+            folder = reg.download(self.name, int(v), self.cache / self.name / _vname(int(v)), overwrite=True)
+        except Exception as e:  # a version that cannot be downloaded is refused like one that does not load
+            self.service.refused = f"{label} refused: {type(e).__name__}: {e}"[:500]
+            log.error("keeping %s: %s", self.service.slot.version, self.service.refused)
+            return False
+        return self.service.swap_to(folder, label)
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            try:
+                self.poll()
+            except Exception as e:  # a registry hiccup must not stop following
+                log.error("following %s@%s: %s", self.name, self.alias, e)
