@@ -1,0 +1,189 @@
+"""Policy-server latency and throughput on this machine, over loopback, against the same model in-process.
+
+    python bench/serve.py [--requests 200] [--seconds 6] [--clients 1 8 32] [--families vla act]
+
+Models (weights do not change speed): `vla` is the demo's VLA shape (roboloop's tiny preset, horizon 8, the
+reach task's state and action sizes, state only, 4 flow-matching steps); `act` is LeRobot's ACT at its
+default size (ResNet-18 backbone, chunk 100) reading one 96x128 camera, trained for one step by
+`roboloop train --policy-type act` on a generated dataset so the folder is a real one.
+
+Baseline: `policy.act(obs)` in the bench's own process (no server). Served: `roboloop serve` in its own
+process, one observation per request, the client's round trip (encode, send, batch, forward, reply, decode).
+Throughput: K clients (threads, one websocket each) sending back to back for `--seconds`, against a server with
+batching (`--max-batch 64 --max-wait-ms 2`) and without (`--max-batch 1`). Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CAM = "observation.images.front"
+
+
+def vla_model(dst: Path) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    from roboloop.evaluation.isaac_tasks import make_cfg
+    from roboloop.training.config import tiny
+    from roboloop.training.model import VLAPolicy
+
+    c = make_cfg("Roboloop-Reach-Color-v0")
+    s, a = int(c.observation_space), int(c.action_space if isinstance(c.action_space, int) else c.action_space.shape[-1])
+    torch.manual_seed(0)
+    cfg = tiny(state_dim=s, action_dim=a, horizon=8)
+    dst.mkdir(parents=True)
+    save_file(VLAPolicy(cfg).state_dict(), str(dst / "model.safetensors"))
+    (dst / "config.json").write_text(json.dumps({"model": cfg.model_dump(mode="json"), "train": {}, "data": {
+        "state_key": "observation.state", "action_key": "action", "camera_keys": [], "with_video": False}}))
+    (dst / "stats.json").write_text(json.dumps({"observation.state": {"mean": [0.0] * s, "std": [1.0] * s},
+                                                "action": {"mean": [0.0] * a, "std": [1.0] * a}}))
+    return dst
+
+
+def act_model(work: Path) -> Path:
+    def cli(*args: str) -> None:
+        subprocess.run([sys.executable, "-m", "roboloop.cli", *args], check=True, capture_output=True, text=True,
+                       timeout=1200, cwd=work)
+
+    cli("generate", str(work / "ds"), "--v3", "--camera", f"{CAM}=96x128", "--num-episodes", "2")
+    cli("train", "--dataset", str(work / "ds"), "--output-dir", str(work / "act"), "--policy-type", "act",
+        "--steps", "1", "--max-samples", "2", "--checkpoint-every-steps", "0")
+    return work / "act"
+
+
+def observation(policy, n: int = 1):
+    import torch
+
+    from roboloop.evaluation.protocol import Obs
+
+    rng = np.random.default_rng(0)
+    state = rng.normal(size=(n, policy.state_dim)).astype(np.float32)
+    images = {k: rng.integers(0, 256, (n, 96, 128, 3), dtype=np.uint8) for k in policy.camera_keys}
+    obs = Obs(torch.from_numpy(state), {k: torch.from_numpy(v) for k, v in images.items()}, ["reach"] * n)
+    return obs, state, images
+
+
+def pct(xs: list[float]) -> dict[str, float]:
+    return {"p50": round(float(np.percentile(xs, 50)), 2), "p99": round(float(np.percentile(xs, 99)), 2)}
+
+
+def start_server(model: Path, token_file: Path, max_batch: int) -> tuple[subprocess.Popen, int]:
+    env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(token_file)}
+    p = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0", "--max-batch",
+                          str(max_batch), "--max-wait-ms", "2"], stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        line = p.stderr.readline()  # type: ignore[union-attr]
+        if m := re.search(r"listening on ws://127\.0\.0\.1:(\d+)", line):
+            threading.Thread(target=p.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+            return p, int(m.group(1))
+        if not line and p.poll() is not None:
+            break
+    p.kill()
+    raise SystemExit(f"roboloop serve did not start ({model})")
+
+
+def throughput(port: int, token: str, clients: int, seconds: float, state, images) -> float:
+    from roboloop.serving.client import PolicyClient
+
+    conns = [PolicyClient(f"serve://127.0.0.1:{port}", token=token) for _ in range(clients)]
+    counts = [0] * clients
+    t_end = time.perf_counter() + seconds
+
+    def go(i: int) -> None:
+        while time.perf_counter() < t_end:
+            conns[i].act(state, images)
+            counts[i] += 1
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dt = time.perf_counter() - t0
+    for c in conns:
+        c.close()
+    return sum(counts) / dt
+
+
+def bench(name: str, model: Path, args, work: Path) -> dict:
+    from roboloop.policies import load_policy
+    from roboloop.serving.client import PolicyClient
+    from roboloop.serving.token import read_token
+
+    policy = load_policy(model)
+    obs, state, images = observation(policy)
+    for _ in range(5):
+        policy.act(obs)
+    local = []
+    for _ in range(args.requests):
+        t0 = time.perf_counter()
+        policy.act(obs)
+        local.append((time.perf_counter() - t0) * 1e3)
+    token_file = work / "token"
+    token = read_token(token_file, create=True)
+    row: dict = {"model": name, "in_process_ms": pct(local)}
+    for mode, max_batch in (("batched", 64), ("unbatched", 1)):
+        server, port = start_server(model, token_file, max_batch)
+        try:
+            if mode == "batched":
+                with PolicyClient(f"serve://127.0.0.1:{port}", token=token) as c:
+                    for _ in range(5):
+                        c.act(state, images)
+                    rt, inf = [], []
+                    for _ in range(args.requests):
+                        r = c.act(state, images)
+                        rt.append(r.roundtrip_ms)
+                        inf.append(r.infer_ms)
+                row["served_ms"], row["served_infer_ms"] = pct(rt), pct(inf)
+            row[f"chunks_per_s_{mode}"] = {str(k): round(throughput(port, token, k, args.seconds, state, images), 1)
+                                           for k in args.clients}
+        finally:
+            server.terminate()
+            server.wait(30)
+    row["served_minus_in_process_p50_ms"] = round(row["served_ms"]["p50"] - row["in_process_ms"]["p50"], 2)
+    row["served_p99_over_p50"] = round(row["served_ms"]["p99"] / row["served_ms"]["p50"], 2)
+    if "8" in row["chunks_per_s_batched"]:
+        row["batching_gain_at_8"] = round(row["chunks_per_s_batched"]["8"] / row["chunks_per_s_unbatched"]["8"], 2)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=6.0)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--families", nargs="+", default=["vla", "act"], choices=["vla", "act"])
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for fam in args.families:
+            model = vla_model(work / "vla") if fam == "vla" else act_model(work)
+            rows.append(bench(fam, model, args, work))
+            r = rows[-1]
+            print(f"{fam}: in-process p50 {r['in_process_ms']['p50']} ms p99 {r['in_process_ms']['p99']} | served "
+                  f"p50 {r['served_ms']['p50']} ms p99 {r['served_ms']['p99']} (infer p50 "
+                  f"{r['served_infer_ms']['p50']}) | chunks/s batched {r['chunks_per_s_batched']} unbatched "
+                  f"{r['chunks_per_s_unbatched']}", file=sys.stderr)
+    print(json.dumps({"bench": "serve", "baseline": "policy.act in the bench's own process", "cpu_threads":
+                      os.cpu_count(), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
