@@ -41,7 +41,8 @@ def vla_model(dst: Path) -> Path:
     from roboloop.training.model import VLAPolicy
 
     c = make_cfg("Roboloop-Reach-Color-v0")
-    s, a = int(c.observation_space), int(c.action_space if isinstance(c.action_space, int) else c.action_space.shape[-1])
+    space = c.action_space
+    s, a = int(c.observation_space), int(space if isinstance(space, int) else space.shape[-1])
     torch.manual_seed(0)
     cfg = tiny(state_dim=s, action_dim=a, horizon=8)
     dst.mkdir(parents=True)

@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             traceback.print_exc()
         message, code = explain(e)
-        first, *rest = (message or type(e).__name__).splitlines()
+        first, *rest = (message.strip() or type(e).__name__).splitlines()
         print(f"roboloop {args.command}: error: {first}", file=sys.stderr)
         for line in rest:
             print("  " + line.strip(), file=sys.stderr)

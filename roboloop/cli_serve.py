@@ -1,4 +1,5 @@
-"""`roboloop serve`: a model folder or registry reference behind the policy server (`roboloop.serving`)."""
+"""`roboloop serve` (a model folder or registry reference behind the policy server) and `roboloop robot` (a robot
+driven by a served policy): the two ends of `roboloop.serving`."""
 
 from __future__ import annotations
 
@@ -23,6 +24,27 @@ def add_parser(sub) -> None:
     s.add_argument("--token-file", help="the token file (default $ROBOLOOP_SERVE_TOKEN_FILE or "
                    ".roboloop/serve-token; created with mode 600 when absent)")
     s.set_defaults(fn=cmd_serve)
+
+    r = sub.add_parser("robot", help="drive a robot (LeRobot's robot classes, e.g. so101_follower; or sim: a roboloop "
+                       "task's simulator behind the same interface) with action chunks from `roboloop serve`")
+    r.add_argument("--server", required=True, help="HOST:PORT of `roboloop serve` (token from --token-file)")
+    r.add_argument("--robot.type", dest="robot_type", default="so101_follower", help="a LeRobot robot type "
+                   "(so101_follower, so100_follower, ...) or sim")
+    r.add_argument("--robot.port", dest="robot_port", help="the servo bus's serial port (e.g. /dev/ttyACM0)")
+    r.add_argument("--robot.id", dest="robot_id", help="the robot's id (its calibration file's name)")
+    r.add_argument("--robot.cameras", dest="robot_cameras", default="{}", help='LeRobot camera configs as JSON, '
+                   'e.g. \'{"front": {"type": "opencv", "index_or_path": 0, "width": 640, "height": 480, "fps": 30}}\'')
+    r.add_argument("--robot.max-relative-target", dest="robot_max_relative_target", type=float,
+                   help="LeRobot's safety cap on each joint's move per action (degrees)")
+    r.add_argument("--task", default="Roboloop-SO101-PickCube-v0", help="--robot.type sim: the simulated task")
+    r.add_argument("--instruction", default="", help="the task string sent with each observation")
+    r.add_argument("--fps", type=float, default=30.0, help="control rate")
+    r.add_argument("--execute-steps", type=int, default=8, help="actions of a chunk executed before the next")
+    r.add_argument("--prefetch", type=int, default=4, help="ask for the next chunk when this many actions are left "
+                   "(0: only when none is)")
+    r.add_argument("--max-steps", type=int, default=0, help="stop after this many ticks (0: until Ctrl-C)")
+    r.add_argument("--token-file", help="the server's token file (default $ROBOLOOP_SERVE_TOKEN_FILE)")
+    r.set_defaults(fn=cmd_robot)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -50,4 +72,79 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pass
     finally:
         server.stop()
+    return 0
+
+
+def _import_all(package) -> None:
+    import importlib
+    import pkgutil
+
+    for m in pkgutil.iter_modules(package.__path__):
+        if m.ispkg:
+            try:
+                importlib.import_module(f"{package.__name__}.{m.name}")
+            except ImportError:  # a family whose SDK is not installed: not offered
+                continue
+
+
+def lerobot_robot(args: argparse.Namespace):
+    """LeRobot's own robot object for `--robot.type` (its config class, its cameras), connected."""
+    import json
+
+    import lerobot.cameras
+    import lerobot.robots
+    from lerobot.cameras import CameraConfig
+    from lerobot.robots import RobotConfig, make_robot_from_config
+
+    _import_all(lerobot.robots)  # each robot family and camera kind registers its config when imported
+    _import_all(lerobot.cameras)
+    known = sorted(RobotConfig.get_known_choices())
+    if args.robot_type not in known:
+        raise ValueError(f"--robot.type {args.robot_type!r}: LeRobot knows {', '.join(known)} (or use sim)")
+    cams = {}
+    for name, c in json.loads(args.robot_cameras).items():
+        c = dict(c)
+        cams[name] = CameraConfig.get_choice_class(c.pop("type", "opencv"))(**c)
+    kw = {"port": args.robot_port, "cameras": cams}
+    if args.robot_id:
+        kw["id"] = args.robot_id
+    if args.robot_max_relative_target is not None:
+        kw["max_relative_target"] = args.robot_max_relative_target
+    robot = make_robot_from_config(RobotConfig.get_choice_class(args.robot_type)(**kw))
+    robot.connect()
+    return robot
+
+
+def cmd_robot(args: argparse.Namespace) -> int:
+    import json
+
+    from roboloop.serving.client import PolicyClient
+    from roboloop.serving.robot import RobotLoop, RobotLoopConfig
+
+    if args.robot_type == "sim":
+        from roboloop.serving.sim_robot import SimRobot
+
+        robot = SimRobot.make(args.task)
+        realtime = False  # the simulator keeps its own time
+    else:
+        if not args.robot_port:
+            raise ValueError(f"--robot.type {args.robot_type} needs --robot.port (the servo bus, e.g. /dev/ttyACM0)")
+        robot, realtime = lerobot_robot(args), True
+    try:
+        with PolicyClient(args.server, token_file=args.token_file) as client:
+            loop = RobotLoop(robot, client, RobotLoopConfig(args.fps, args.execute_steps, args.prefetch,
+                                                            args.instruction, args.max_steps, realtime))
+
+            def on_tick(tick: int, action: dict) -> None:
+                if getattr(robot, "episode_ended", False):
+                    loop.reset()
+
+            stats = loop.run(on_tick)
+    finally:
+        robot.disconnect()
+    out = {"robot": args.robot_type, **stats.summary()}
+    if args.robot_type == "sim":
+        eps = robot.episodes  # type: ignore[attr-defined]
+        out |= {"task": args.task, "episodes": len(eps), "successes": sum(e["success"] for e in eps)}
+    print(json.dumps(out))
     return 0

@@ -298,8 +298,7 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     label = policy if isinstance(policy, str) else f"{model.name or Path(model.path).name}"  # type: ignore[union-attr]
     policy_id = model.weights_sha256 if model else str(policy)
     key = cache_key("evaluate", policy_id, keyed(recipe), save_rollouts is not None, reference, margin)
-    if str(policy).startswith("serve://"):  # what a server serves can change between two runs: never cached
-        cache = None
+    cache = None if str(policy).startswith("serve://") else cache  # a server's model can change: never cached
     if cache and save_rollouts is None and (hit := cache.get(key, EvalSummary)) and \
             (output_dir is None or Path(hit.run_dir) == Path(output_dir).absolute()):
         return hit

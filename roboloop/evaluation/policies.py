@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from roboloop.errors import ModelMismatchError
@@ -69,7 +71,7 @@ def make_policy(spec: str, env: BatchedEnv, device: str = "cpu", seed: int = 0):
     if spec.startswith("serve://"):
         from roboloop.serving.client import RemotePolicy
 
-        policy = RemotePolicy(spec)
+        policy: Any = RemotePolicy(spec)
     elif spec.startswith("registry:"):
         from roboloop.registry import resolve_model_ref
 

@@ -72,7 +72,7 @@ def check(slot: ModelSlot, obs: Obs) -> None:
     try:
         out = p.act(obs)
     finally:
-        if saved is not None:
+        if isinstance(g, torch.Generator) and saved is not None:
             g.set_state(saved)
     n = obs.state.shape[0]
     want = (n, int(p.horizon), int(p.action_dim))

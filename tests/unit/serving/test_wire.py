@@ -4,6 +4,7 @@ exception, never an allocation sized by the sender before its bytes are counted)
 from __future__ import annotations
 
 import ast
+import contextlib
 from pathlib import Path
 
 import msgpack
@@ -46,10 +47,8 @@ def test_malformed_messages_name_their_defect(bad, defect):
 def test_truncated_oversized_and_random_bytes_are_wire_errors():
     good = wire.dumps({"type": "act", "state": np.zeros((1, 6), np.float32)})
     for cut in range(1, len(good)):
-        try:
+        with contextlib.suppress(wire.WireError):  # anything else fails the test
             wire.loads(good[:cut])
-        except wire.WireError:
-            pass
     with pytest.raises(wire.WireError, match="exceeds the limit"):
         wire.loads(b"\0" * 2000, max_bytes=1000)
     rng = np.random.default_rng(0)
@@ -57,10 +56,8 @@ def test_truncated_oversized_and_random_bytes_are_wire_errors():
         blob = rng.integers(0, 256, int(rng.integers(1, 300)), dtype=np.uint8).tobytes()
         if i % 2:  # a valid map header, so the decoder goes deeper
             blob = b"\x82\xa4type\xa3act" + blob
-        try:
+        with contextlib.suppress(wire.WireError):
             wire.loads(blob)
-        except wire.WireError:
-            pass
 
 
 def test_nothing_on_the_serving_path_can_execute_network_bytes():

@@ -1,0 +1,62 @@
+"""`roboloop serve` in its own process and `roboloop evaluate --policy serve://...` on the Isaac Lab reach task:
+the same per-episode outcomes as the same model evaluated in-process on the same episodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.models import untrained_model
+
+pytestmark = pytest.mark.isaac
+TASK = "Roboloop-Reach-Color-v0"
+
+
+def _evaluate(policy: str, out, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "roboloop.cli", "evaluate", "--policy", policy, "--task", TASK,
+                           "--episodes", "8", "--num-envs", "8", "--videos", "0", "--output-dir", str(out)],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads((out / "report.json").read_text())
+
+
+def test_evaluation_through_the_server_equals_in_process(tmp_path):
+    dims = subprocess.run([sys.executable, "-c", "from roboloop.evaluation.isaac_tasks import make_cfg; "
+                           f"c = make_cfg({TASK!r}); s = c.action_space; "
+                           "print(int(c.observation_space), s if isinstance(s, int) else s.shape[-1])"],
+                          capture_output=True, text=True, timeout=300, check=True).stdout.split()
+    state_dim, action_dim = int(dims[-2]), int(dims[-1])
+    model = untrained_model(tmp_path / "m", state_dim, action_dim, 16, seed=4)
+    env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(tmp_path / "token"), "OMP_NUM_THREADS": "2",
+           "ROBOLOOP_CACHE_DIR": str(tmp_path / "cache"), "ROBOLOOP_ARTIFACTS": str(tmp_path / "artifacts")}
+    server = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0"],
+                              stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        port, deadline, seen = None, time.time() + 120, []
+        while port is None and time.time() < deadline:
+            line = server.stderr.readline()
+            seen.append(line)
+            if m := re.search(r"listening on ws://127\.0\.0\.1:(\d+)", line):
+                port = int(m.group(1))
+            assert line or server.poll() is None, "".join(seen)
+        assert port, "".join(seen)
+        assert oct((tmp_path / "token").stat().st_mode)[-3:] == "600"
+        local = _evaluate(str(model), tmp_path / "local", env)
+        served = _evaluate(f"serve://127.0.0.1:{port}", tmp_path / "served", env)
+    finally:
+        server.terminate()
+        server.wait(30)
+        server.stderr.close()
+    assert served["episodes"] == local["episodes"] == 8
+    keys = ("index", "success", "length", "ret")
+    assert [{k: e[k] for k in keys} for e in served["per_episode"]] == \
+        [{k: e[k] for k in keys} for e in local["per_episode"]]
+    versions = served["served"]["versions"]
+    assert len(versions) == 1 and next(iter(versions)).startswith("m+")
+    assert served["served"]["chunks"] > 0 and served["served"]["roundtrip_ms_p50"] > 0
