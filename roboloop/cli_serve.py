@@ -25,6 +25,17 @@ def add_parser(sub) -> None:
                    ".roboloop/serve-token; created with mode 600 when absent)")
     s.set_defaults(fn=cmd_serve)
 
+    x = sub.add_parser("export", help="export a model (folder or registry:NAME@REF) for onnxruntime, checked against "
+                       "PyTorch; `roboloop serve EXPORT_DIR` serves it")
+    x.add_argument("ref", help="a model folder or registry:NAME@REF")
+    x.add_argument("--format", default="onnx", choices=["onnx"], help="onnx (roboloop's VLA)")
+    x.add_argument("--output", required=True, help="the export folder to write (never replaces what roboloop did "
+                   "not write)")
+    x.add_argument("--instruction", default="", help="the instruction the export is for (its tokens are part of "
+                   "the graph: export once per instruction)")
+    x.add_argument("--overwrite", action="store_true", help="replace an earlier export at --output (moved aside)")
+    x.set_defaults(fn=cmd_export)
+
     r = sub.add_parser("robot", help="drive a robot (LeRobot's robot classes, e.g. so101_follower; or sim: a roboloop "
                        "task's simulator behind the same interface) with action chunks from `roboloop serve`")
     r.add_argument("--server", required=True, help="HOST:PORT of `roboloop serve` (token from --token-file)")
@@ -72,6 +83,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pass
     finally:
         server.stop()
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import json
+
+    from roboloop.serving.export import export_onnx
+
+    folder = args.ref
+    if folder.startswith("registry:"):
+        from roboloop.registry import resolve_model_ref
+
+        folder = str(resolve_model_ref(folder))
+    meta = export_onnx(folder, args.output, args.instruction, overwrite=args.overwrite)
+    print(json.dumps(meta))
     return 0
 
 

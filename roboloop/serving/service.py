@@ -45,7 +45,7 @@ class ModelSlot:
 
     def spec(self) -> dict[str, Any]:
         p = self.policy
-        return {"version": self.version, "sha256": self.sha256, "family": type(p).__module__.split(".")[-1],
+        return {"version": self.version, "sha256": self.sha256, "runtime": type(p).__name__,
                 "state_key": p.state_key, "state_dim": int(p.state_dim), "action_dim": int(p.action_dim),
                 "horizon": int(p.horizon), "camera_keys": list(p.camera_keys),
                 "image_size": list(p.image_size) if p.image_size else None,
@@ -56,9 +56,14 @@ def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
               probe: Obs | None = None) -> ModelSlot:
     """Load `folder` and check it; raises (naming the version) when it does not load or does not act."""
     from roboloop.policies import WEIGHTS_FILE, load_policy
+    from roboloop.serving.export import ONNX_FILE, OnnxPolicy
 
-    sha = _sha256(Path(folder) / WEIGHTS_FILE)
-    policy = load_policy(folder, device, seed=seed)
+    if (Path(folder) / ONNX_FILE).is_file():  # an export: onnxruntime runs it
+        sha = _sha256(Path(folder) / ONNX_FILE)
+        policy: Any = OnnxPolicy(folder, seed)
+    else:
+        sha = _sha256(Path(folder) / WEIGHTS_FILE)
+        policy = load_policy(folder, device, seed=seed)
     slot = ModelSlot(policy, f"{version}+{sha[:8]}", Path(folder), sha)
     check(slot, probe if probe is not None and _fits(slot, probe) else synthetic_obs(slot))
     return slot
@@ -90,7 +95,7 @@ def synthetic_obs(slot: ModelSlot) -> Obs:
         state = torch.as_tensor(np.asarray(mean, dtype=np.float32)).reshape(1, -1)
     h, w = p.image_size if p.image_size else (64, 64)
     images = {k: torch.full((1, h, w, 3), 128, dtype=torch.uint8) for k in p.camera_keys}
-    return Obs(state, images, [""])
+    return Obs(state, images, [getattr(p, "instruction", "")])  # an export answers its own instruction only
 
 
 def _fits(slot: ModelSlot, obs: Obs) -> bool:

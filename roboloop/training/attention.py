@@ -86,6 +86,10 @@ def varlen_attention(q_TqHD: torch.Tensor, k_TkHD: torch.Tensor, v_TkHD: torch.T
 
         window = (-1, 0) if causal else (-1, -1)
         return varlen_attn(q_TqHD, k_TkHD, v_TkHD, cu_q, cu_k, max_q, max_k, window_size=window)
+    if cu_q.numel() == 2 and cu_k.numel() == 2:  # one sequence (batch-1 inference, export): nothing to pad
+        out = F.scaled_dot_product_attention(q_TqHD.transpose(0, 1)[None], k_TkHD.transpose(0, 1)[None],
+                                             v_TkHD.transpose(0, 1)[None], is_causal=causal)
+        return out[0].transpose(0, 1)
     return _padded_sdpa(q_TqHD, k_TkHD, v_TkHD, cu_q, cu_k, max_q, max_k, causal)
 
 
