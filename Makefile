@@ -13,7 +13,7 @@ export DO_NOT_TRACK ?= 1
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: help install demo test test-fast lint bench clean server pools deploy worker-cpu worker-gpu s3
+.PHONY: help install demo test test-fast lint bench clean server serve pools deploy worker-cpu worker-gpu s3
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -53,6 +53,11 @@ bench: install  ## benchmarks against the reference tools (each prints one JSON 
 	$(PY) bench/eval.py
 	$(PY) bench/overhead.py
 	$(PY) bench/so101.py
+	$(PY) bench/serve.py
+
+MODEL ?= registry:reach-vla@champion
+serve: install  ## serve MODEL (default the demo's champion, followed on promotion) on 127.0.0.1:8765 (token: .roboloop/serve-token)
+	$(PY) -m roboloop.cli serve $(MODEL)
 
 server: install  ## local Prefect server on 127.0.0.1:4200 (SQLite; Postgres for a shared one: see infra/server.sh)
 	infra/server.sh

@@ -9,6 +9,7 @@ default size (ResNet-18 backbone, chunk 100) reading one 96x128 camera, trained 
 
 Baseline: `policy.act(obs)` in the bench's own process (no server). Served: `roboloop serve` in its own
 process, one observation per request, the client's round trip (encode, send, batch, forward, reply, decode).
+The VLA is also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-process and served.
 Throughput: K clients (threads, one websocket each) sending back to back for `--seconds`, against a server with
 batching (`--max-batch 64 --max-wait-ms 2`) and without (`--max-batch 1`). Ends with one JSON line.
 """
@@ -106,7 +107,7 @@ def throughput(port: int, token: str, clients: int, seconds: float, state, image
 
     def go(i: int) -> None:
         while time.perf_counter() < t_end:
-            conns[i].act(state, images)
+            conns[i].act(state, images, ["reach"])
             counts[i] += 1
 
     threads = [threading.Thread(target=go, args=(i,)) for i in range(clients)]
@@ -121,41 +122,63 @@ def throughput(port: int, token: str, clients: int, seconds: float, state, image
     return sum(counts) / dt
 
 
+def timed(fn, n: int) -> list[float]:
+    for _ in range(5):  # warm-up
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def served_latency(model: Path, token_file: Path, token: str, n: int, state, images) -> dict:
+    """Round trip and server-side inference ms of one observation per request (a batching server, one client)."""
+    from roboloop.serving.client import PolicyClient
+
+    server, port = start_server(model, token_file, 64)
+    try:
+        with PolicyClient(f"serve://127.0.0.1:{port}", token=token) as c:
+            replies = []
+            timed(lambda: replies.append(c.act(state, images, ["reach"])), n)
+        replies = replies[5:]
+        return {"served_ms": pct([r.roundtrip_ms for r in replies]),
+                "served_infer_ms": pct([r.infer_ms for r in replies])}
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def chunks_per_s(model: Path, token_file: Path, token: str, max_batch: int, args, state, images) -> dict:
+    server, port = start_server(model, token_file, max_batch)
+    try:
+        return {str(k): round(throughput(port, token, k, args.seconds, state, images), 1) for k in args.clients}
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def bench(name: str, model: Path, args, work: Path) -> dict:
     from roboloop.policies import load_policy
-    from roboloop.serving.client import PolicyClient
     from roboloop.serving.token import read_token
 
     policy = load_policy(model)
     obs, state, images = observation(policy)
-    for _ in range(5):
-        policy.act(obs)
-    local = []
-    for _ in range(args.requests):
-        t0 = time.perf_counter()
-        policy.act(obs)
-        local.append((time.perf_counter() - t0) * 1e3)
     token_file = work / "token"
     token = read_token(token_file, create=True)
-    row: dict = {"model": name, "in_process_ms": pct(local)}
-    for mode, max_batch in (("batched", 64), ("unbatched", 1)):
-        server, port = start_server(model, token_file, max_batch)
-        try:
-            if mode == "batched":
-                with PolicyClient(f"serve://127.0.0.1:{port}", token=token) as c:
-                    for _ in range(5):
-                        c.act(state, images)
-                    rt, inf = [], []
-                    for _ in range(args.requests):
-                        r = c.act(state, images)
-                        rt.append(r.roundtrip_ms)
-                        inf.append(r.infer_ms)
-                row["served_ms"], row["served_infer_ms"] = pct(rt), pct(inf)
-            row[f"chunks_per_s_{mode}"] = {str(k): round(throughput(port, token, k, args.seconds, state, images), 1)
-                                           for k in args.clients}
-        finally:
-            server.terminate()
-            server.wait(30)
+    row: dict = {"model": name, "in_process_ms": pct(timed(lambda: policy.act(obs), args.requests))}
+    row |= served_latency(model, token_file, token, args.requests, state, images)
+    row["chunks_per_s_batched"] = chunks_per_s(model, token_file, token, 64, args, state, images)
+    row["chunks_per_s_unbatched"] = chunks_per_s(model, token_file, token, 1, args, state, images)
+    if name == "vla":  # the same model exported to ONNX: in-process on onnxruntime, and served from the export
+        from roboloop.serving.export import OnnxPolicy, export_onnx
+
+        export_onnx(model, work / "vla-onnx", instruction="reach")
+        op = OnnxPolicy(work / "vla-onnx")
+        row["onnx_in_process_ms"] = pct(timed(lambda: op.act(obs), args.requests))
+        row["served_onnx_ms"] = served_latency(work / "vla-onnx", token_file, token, args.requests, state,
+                                               images)["served_ms"]
     row["served_minus_in_process_p50_ms"] = round(row["served_ms"]["p50"] - row["in_process_ms"]["p50"], 2)
     row["served_p99_over_p50"] = round(row["served_ms"]["p99"] / row["served_ms"]["p50"], 2)
     if "8" in row["chunks_per_s_batched"]:

@@ -96,7 +96,9 @@ def export_onnx(folder: str | Path, dst: str | Path, instruction: str = "", chec
             z = torch.randn(noise.shape, generator=g)
             with torch.no_grad():
                 ref = wrapper(b.states, b.images, z).numpy()
-            got = sess.run(None, {"states": b.states.numpy(), "images": b.images.numpy(), "noise": z.numpy()})[0]
+            feeds = {"states": b.states.numpy(), "images": b.images.numpy(), "noise": z.numpy()}
+            got = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})[0]  # a state-only model has
+            # no images input (the trace drops an unused one)
             worst = max(worst, float(np.abs(got - ref).max()))
         if worst > TOLERANCE:
             raise ValueError(f"{folder}: the ONNX graph's chunks differ from PyTorch's by {worst:.2e} (> {TOLERANCE})")
@@ -134,6 +136,7 @@ class OnnxPolicy:
         pre.device, pre._tok = torch.device("cpu"), {}
         self.pre = pre
         self.sess = ort.InferenceSession(str(self.dir / ONNX_FILE), providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.sess.get_inputs()]
         self.g = torch.Generator().manual_seed(seed)
         self.name = f"onnx:{self.dir.name}"
         self.state_dim, self.action_dim, self.horizon = pre.cfg.state_dim, pre.cfg.action_dim, pre.cfg.horizon
@@ -153,7 +156,7 @@ class OnnxPolicy:
         for i in range(obs.state.shape[0]):
             noise = torch.randn(1, self.horizon, self.action_dim, generator=self.g)
             images = torch.stack(per_row[i]).numpy() if per_row[i] else np.zeros((0, 3, *self.image_size), np.float32)
-            chunk = self.sess.run(None, {"states": state[i:i + 1], "images": images.astype(np.float32),
-                                         "noise": noise.numpy()})[0]
+            feeds = {"states": state[i:i + 1], "images": images.astype(np.float32), "noise": noise.numpy()}
+            chunk = self.sess.run(None, {k: feeds[k] for k in self.inputs})[0]
             out.append(torch.from_numpy(chunk))
         return self.pre.unnormalise(torch.cat(out))

@@ -43,6 +43,8 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
            [pytest.mark.isaac]),
     "so101": (["--episodes", "2", "--num-envs", "2", "--speed-steps", "3"],
               {"env_steps_per_s_cameras", "env_steps_per_s_no_cameras", "expert", "random"}, [pytest.mark.isaac]),
+    "serve": (["--requests", "5", "--seconds", "0.5", "--clients", "1", "2", "--families", "vla"], {"rows", "baseline"},
+              [pytest.mark.isaac]),
     "precision": (["--presets", "small", "--steps", "2"], {"device", "fp8_backend", "small"}, [pytest.mark.gpu]),
     "lerobot_train": (["--height", "32", "--width", "48", "--episodes", "2", "--frames", "24", "--steps", "3",
                        "--batch", "2", "--workers", "1", "--workdir", "{tmp}"],
