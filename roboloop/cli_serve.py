@@ -23,6 +23,11 @@ def add_parser(sub) -> None:
     s.add_argument("--follow-interval", type=float, default=2.0, help="seconds between looks at the registry alias")
     s.add_argument("--token-file", help="the token file (default $ROBOLOOP_SERVE_TOKEN_FILE or "
                    ".roboloop/serve-token; created with mode 600 when absent)")
+    s.add_argument("--engine", choices=["process", "ray"], default="process", help="process (default: one process, "
+                   "the lowest latency for a robot or a simulator on this machine) or ray (a Ray Serve application: "
+                   "replicas, several machines, KubeRay's RayService)")
+    s.add_argument("--replicas", type=int, default=1, help="--engine ray: model replicas")
+    s.add_argument("--ray-address", help="--engine ray: join this Ray cluster (default: start one here)")
     s.set_defaults(fn=cmd_serve)
 
     x = sub.add_parser("export", help="export a model (folder or registry:NAME@REF) for onnxruntime, checked against "
@@ -67,8 +72,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "put TLS in front (wss://) off a trusted network", file=sys.stderr)
     token = read_token(args.token_file, create=True)
     logging.getLogger("roboloop.serve").setLevel(logging.INFO)
-    server = Server(ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch,
-                                args.max_wait_ms, follow_interval_s=args.follow_interval), token)
+    cfg = ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch, args.max_wait_ms,
+                      follow_interval_s=args.follow_interval)
+    if args.engine == "ray":
+        return _serve_ray(cfg, args)
+    server = Server(cfg, token)
     spec = server.service.slot.spec()
     print(f"roboloop serve: {spec['version']} ({spec['state_dim']}-dim state, cameras {spec['camera_keys']}, "
           f"chunks of {spec['horizon']}x{spec['action_dim']}); token in {token_path(args.token_file)}"
@@ -83,6 +91,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pass
     finally:
         server.stop()
+    return 0
+
+
+def _serve_ray(cfg, args: argparse.Namespace) -> int:
+    import socket
+    import time
+
+    from roboloop.serving import ray_serve
+    from roboloop.serving.token import token_path
+
+    if cfg.port == 0:  # Serve's proxy needs a concrete port
+        with socket.socket() as s:
+            s.bind((cfg.host, 0))
+            cfg.port = s.getsockname()[1]
+    ray_serve.run(cfg, str(token_path(args.token_file).absolute()), args.replicas, args.ray_address)
+    print(f"roboloop serve: Ray Serve, {args.replicas} replica(s); listening on ws://{cfg.host}:{cfg.port}",
+          file=sys.stderr, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ray_serve.shutdown()
     return 0
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from roboloop.evaluation.protocol import Obs
 from roboloop.serving import wire
-from roboloop.serving.service import Follower, PolicyService, load_slot, resolve, signature, to_obs
+from roboloop.serving.service import Follower, PolicyService, load_slot, resolve, respond, signature
 
 log = logging.getLogger("roboloop.serve")
 
@@ -120,37 +120,13 @@ class Server:
             return connection.respond(HTTPStatus.UNAUTHORIZED, "a valid token is required (Authorization: Bearer)\n")
         return None
 
-    async def _reply(self, msg: dict[str, Any], batcher: Batcher) -> dict[str, Any]:
-        kind, rid = msg["type"], msg.get("id")
-        if kind == "info":
-            return {"type": "info", "id": rid, "model": self.service.slot.spec(), "refused": self.service.refused}
-        if kind != "act":
-            raise wire.WireError(f"unknown message type {kind!r} (act or info)")
-        obs = to_obs(msg, self.service.slot)
-        chunk, version, ms, n = await batcher.submit(obs)
-        out = {"type": "chunk", "id": rid, "timestamp": msg.get("timestamp"), "actions": chunk.numpy(),
-               "version": version, "infer_ms": ms, "batch": n}
-        if self.service.refused:
-            out["note"] = self.service.refused
-        return out
-
     def _handler(self, batcher: Batcher) -> Callable:
         async def handle(ws: Any) -> None:
             async for data in ws:
                 self.requests += 1
-                rid = None
-                try:
-                    msg = wire.loads(data, self.cfg.max_message_bytes)
-                    rid = msg.get("id")
-                    reply = await self._reply(msg, batcher)
-                except wire.WireError as e:
-                    self.errors += 1
-                    reply = {"type": "error", "id": rid, "error": str(e)}
-                except Exception as e:  # the server keeps serving; the client learns what happened
-                    self.errors += 1
-                    log.exception("request failed")
-                    reply = {"type": "error", "id": rid, "error": f"internal error: {type(e).__name__}: {e}"[:500]}
-                await ws.send(wire.dumps(reply))
+                reply, ok = await respond(self.service, data, batcher.submit, self.cfg.max_message_bytes)
+                self.errors += not ok
+                await ws.send(reply)
         return handle
 
     async def _main(self) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from roboloop.evaluation.protocol import Obs
+from roboloop.serving import wire
 from roboloop.serving.wire import WireError
 
 log = logging.getLogger("roboloop.serve")
@@ -213,6 +215,34 @@ class PolicyService:
             old, self.slot, self.refused = self.slot.version, new, ""
         log.warning("now serving %s (was %s)", new.version, old)
         return True
+
+
+async def respond(service: PolicyService, data: bytes | str, submit: Callable[[Obs], Awaitable[tuple]],
+                  max_bytes: int) -> tuple[bytes, bool]:
+    """One request's reply (encoded) and whether it was served; whatever carries the messages (the single-process
+    server, a Ray Serve replica) calls this. `submit(obs)` returns (chunk, version, infer ms, batch size)."""
+    rid = None
+    try:
+        msg = wire.loads(data, max_bytes)
+        rid = msg.get("id")
+        kind = msg["type"]
+        if kind == "info":
+            info = {"type": "info", "id": rid, "model": service.slot.spec(), "refused": service.refused}
+            return wire.dumps(info), True
+        if kind != "act":
+            raise WireError(f"unknown message type {kind!r} (act or info)")
+        chunk, version, ms, n = await submit(to_obs(msg, service.slot))
+        out = {"type": "chunk", "id": rid, "timestamp": msg.get("timestamp"), "actions": chunk.numpy(),
+               "version": version, "infer_ms": ms, "batch": n}
+        if service.refused:
+            out["note"] = service.refused
+        return wire.dumps(out), True
+    except WireError as e:
+        return wire.dumps({"type": "error", "id": rid, "error": str(e)}), False
+    except Exception as e:  # the server keeps serving; the client learns what happened
+        log.exception("request failed")
+        why = f"internal error: {type(e).__name__}: {e}"[:500]
+        return wire.dumps({"type": "error", "id": rid, "error": why}), False
 
 
 def resolve(ref: str, cache: Path) -> tuple[Path, str, tuple[str | None, str, str] | None]:

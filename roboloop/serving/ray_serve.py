@@ -1,0 +1,124 @@
+"""`roboloop serve --engine ray`: the same policy server as a Ray Serve application, for more than one replica or
+machine (KubeRay's RayService on a cluster: infra/k8s/rayservice-policy.yaml).
+
+A FastAPI ingress takes the websocket (Serve's proxy carries it to a replica); each replica holds a
+`PolicyService` (load, check, follow the registry alias, swap between forward passes) and batches with
+`@serve.batch` (up to `max_batch` requests or `max_wait_ms`). Messages are answered by the same `respond` as
+the single-process server, so the wire format, limits and errors are identical. The token is read by each
+replica from the token file (on a cluster: a Kubernetes Secret mounted at that path), never passed as an
+argument that Ray would record.
+"""
+
+import asyncio
+import hmac
+from typing import Any
+
+# at module level and without `from __future__ import annotations`: FastAPI resolves the endpoint's `WebSocket`
+# annotation from this module's globals (a string it cannot resolve makes `ws` a query parameter: HTTP 403)
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+
+from roboloop.serving.server import ServeConfig
+
+
+def _make_service(cfg: ServeConfig) -> Any:
+    """A replica's checked PolicyService, following the registry alias when the reference names one."""
+    from pathlib import Path
+
+    from roboloop.serving.service import Follower, PolicyService, load_slot, resolve
+
+    folder, version, follow = resolve(cfg.ref, Path(cfg.cache))
+    service = PolicyService(load_slot(folder, version, cfg.device, cfg.seed), cfg.device, cfg.seed)
+    if follow is not None:
+        f = Follower(service, follow[0], follow[1], follow[2], Path(cfg.cache), cfg.follow_interval_s)
+        f.seen = int(version.split("@v")[1])
+        f.start()
+    return service
+
+
+async def _forward(service: Any, batch: list[Any]) -> list[tuple]:
+    """`@serve.batch`'s requests in forward passes of equal camera shapes, off the replica's event loop."""
+    from roboloop.serving.service import signature
+
+    groups: dict[tuple, list[int]] = {}
+    for i, obs in enumerate(batch):
+        groups.setdefault(signature(obs), []).append(i)
+    out: list[Any] = [None] * len(batch)
+    for idx in groups.values():
+        chunks, version, ms = await asyncio.to_thread(service.act, [batch[i] for i in idx])
+        for i, c in zip(idx, chunks, strict=True):
+            out[i] = (c, version, ms, len(idx))
+    return out
+
+
+async def _session(ws: WebSocket, token: str, service: Any, submit: Any, max_bytes: int) -> None:
+    from roboloop.serving.service import respond
+
+    if not hmac.compare_digest(ws.headers.get("authorization", "").encode(), f"Bearer {token}".encode()):
+        await ws.close(code=1008)  # before accept: the handshake is refused (HTTP 403)
+        return
+    await ws.accept()
+    try:
+        while True:
+            m = await ws.receive()
+            if m["type"] == "websocket.disconnect":
+                return
+            data = m["bytes"] if m.get("bytes") is not None else (m.get("text") or "")
+            reply, _ = await respond(service, data, submit, max_bytes)
+            await ws.send_bytes(reply)
+    except WebSocketDisconnect:
+        return
+
+
+def build_app(cfg: ServeConfig, token_file: str, replicas: int = 1) -> Any:
+    from ray import serve
+
+    app = FastAPI()
+
+    @serve.deployment(num_replicas=replicas, max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+    @serve.ingress(app)
+    class RoboloopPolicy:
+        def __init__(self, cfg: ServeConfig, token_file: str):
+            import os
+
+            import torch
+
+            from roboloop.serving.token import read_token
+
+            # Ray starts workers with OMP_NUM_THREADS=1; a replica gets this machine's cores shared among replicas
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // replicas))
+            self.cfg, self._token, self.service = cfg, read_token(token_file), _make_service(cfg)
+            self.act_batched.set_max_batch_size(max(1, cfg.max_batch))  # type: ignore[attr-defined]
+            self.act_batched.set_batch_wait_timeout_s(max(0.0, cfg.max_wait_ms) / 1e3)  # type: ignore[attr-defined]
+
+        @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.002)
+        async def act_batched(self, batch: list[Any]) -> list[tuple]:
+            return await _forward(self.service, batch)
+
+        @app.websocket("/")
+        async def websocket(self, ws: WebSocket) -> None:
+            await _session(ws, self._token, self.service, self.act_batched, self.cfg.max_message_bytes)
+
+    return RoboloopPolicy.bind(cfg, token_file)  # type: ignore[attr-defined]
+
+
+def run(cfg: ServeConfig, token_file: str, replicas: int = 1, address: str | None = None) -> int:
+    """Start (or join `address`'s) Ray, deploy the app on cfg.host:cfg.port; returns the port."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(include_dashboard=False, log_to_driver=False, num_cpus=max(2, replicas))
+    serve.start(http_options={"host": cfg.host, "port": cfg.port})
+    serve.run(build_app(cfg, token_file, replicas), name="roboloop-policy", route_prefix="/")
+    return cfg.port
+
+
+def shutdown() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()

@@ -1,0 +1,62 @@
+"""`roboloop serve --engine ray`: the same wire protocol, token and answers, from a Ray Serve application."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from websockets.exceptions import InvalidStatus
+
+from roboloop.evaluation.protocol import Obs
+from roboloop.policies import load_policy
+from roboloop.serving import wire
+from roboloop.serving.client import PolicyClient
+from roboloop.serving.token import read_token
+from tests.models import untrained_model
+
+pytestmark = pytest.mark.slow
+
+
+def test_ray_serve_engine_answers_like_in_process(tmp_path):
+    pytest.importorskip("ray.serve")
+    model = untrained_model(tmp_path / "m", 6, 3, 8)
+    token = read_token(tmp_path / "token", create=True)
+    env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(tmp_path / "token"), "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--engine", "ray", "--port",
+                             "0"], stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        port, seen, deadline = None, [], time.time() + 240
+        while port is None and time.time() < deadline:
+            line = proc.stderr.readline()
+            seen.append(line)
+            if m := re.search(r"listening on ws://127\.0\.0\.1:(\d+)", line):
+                port = int(m.group(1))
+            assert line or proc.poll() is None, "".join(seen[-30:])
+        assert port, "".join(seen[-30:])
+        state = np.random.default_rng(0).normal(size=(3, 6)).astype(np.float32)
+        local = load_policy(model, seed=0)
+        with PolicyClient(f"serve://127.0.0.1:{port}", token=token) as c:
+            for _ in range(2):
+                r = c.act(state)
+                # the same noise stream; sums may be ordered differently with another thread count
+                assert np.allclose(r.actions, local.act(Obs(torch.from_numpy(state), {}, [""] * 3)).numpy(),
+                                   atol=1e-5, rtol=0)
+            c.ws.send(b"\x92\x01")
+            assert "not a msgpack message" in wire.loads(c.ws.recv(timeout=30))["error"]
+            assert c.act(state).actions.shape == (3, 8, 3)
+        with pytest.raises(InvalidStatus):
+            PolicyClient(f"serve://127.0.0.1:{port}", token="wrong" * 8)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.stderr.close()
