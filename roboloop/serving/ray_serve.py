@@ -101,6 +101,23 @@ def build_app(cfg: ServeConfig, token_file: str, replicas: int = 1) -> Any:
     return RoboloopPolicy.bind(cfg, token_file)  # type: ignore[attr-defined]
 
 
+def app(args: dict[str, Any]) -> Any:
+    """Ray Serve application builder (`import_path: roboloop.serving.ray_serve:app` in a RayService or `serve run`):
+    `args` are ServeConfig fields (`ref` required) plus `replicas`; the token file is `token_file` or
+    $ROBOLOOP_SERVE_TOKEN_FILE (a mounted Secret), read by each replica."""
+    import dataclasses
+
+    from roboloop.serving.token import token_path
+
+    fields = {f.name for f in dataclasses.fields(ServeConfig)}
+    unknown = sorted(set(args) - fields - {"replicas", "token_file"})
+    if unknown or "ref" not in args:
+        raise ValueError(f"roboloop policy app: args need 'ref'; unknown {unknown} (known: {sorted(fields)}, "
+                         "replicas, token_file)")
+    cfg = ServeConfig(**{k: v for k, v in args.items() if k in fields})
+    return build_app(cfg, str(token_path(args.get("token_file"))), int(args.get("replicas", 1)))
+
+
 def run(cfg: ServeConfig, token_file: str, replicas: int = 1, address: str | None = None) -> int:
     """Start (or join `address`'s) Ray, deploy the app on cfg.host:cfg.port; returns the port."""
     import ray
