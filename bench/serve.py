@@ -11,7 +11,8 @@ Baseline: `policy.act(obs)` in the bench's own process (no server). Served: `rob
 process, one observation per request, the client's round trip (encode, send, batch, forward, reply, decode).
 The VLA is also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-process and served.
 Throughput: K clients (threads, one websocket each) sending back to back for `--seconds`, against a server with
-batching (`--max-batch 64 --max-wait-ms 2`) and without (`--max-batch 1`). Ends with one JSON line.
+batching (`--max-batch 64 --max-wait-ms 2`) and without (`--max-batch 1`). The VLA is served once more by the Ray
+Serve engine (`--engine ray`) with 1 and 2 replicas (what the engine's proxy hop costs). Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -82,10 +83,12 @@ def pct(xs: list[float]) -> dict[str, float]:
     return {"p50": round(float(np.percentile(xs, 50)), 2), "p99": round(float(np.percentile(xs, 99)), 2)}
 
 
-def start_server(model: Path, token_file: Path, max_batch: int) -> tuple[subprocess.Popen, int]:
-    env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(token_file)}
+def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 0) -> tuple[subprocess.Popen, int]:
+    """`roboloop serve` in its own process (replicas > 0: the Ray Serve engine with that many replicas)."""
+    env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"}
+    engine = ["--engine", "ray", "--replicas", str(replicas)] if replicas else []
     p = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0", "--max-batch",
-                          str(max_batch), "--max-wait-ms", "2"], stderr=subprocess.PIPE, text=True, env=env)
+                          str(max_batch), "--max-wait-ms", "2", *engine], stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 180
     while time.time() < deadline:
         line = p.stderr.readline()  # type: ignore[union-attr]
@@ -133,11 +136,11 @@ def timed(fn, n: int) -> list[float]:
     return out
 
 
-def served_latency(model: Path, token_file: Path, token: str, n: int, state, images) -> dict:
+def served_latency(model: Path, token_file: Path, token: str, n: int, state, images, replicas: int = 0) -> dict:
     """Round trip and server-side inference ms of one observation per request (a batching server, one client)."""
     from roboloop.serving.client import PolicyClient
 
-    server, port = start_server(model, token_file, 64)
+    server, port = start_server(model, token_file, 64, replicas)
     try:
         with PolicyClient(f"serve://127.0.0.1:{port}", token=token) as c:
             replies = []
@@ -150,8 +153,9 @@ def served_latency(model: Path, token_file: Path, token: str, n: int, state, ima
         server.wait(30)
 
 
-def chunks_per_s(model: Path, token_file: Path, token: str, max_batch: int, args, state, images) -> dict:
-    server, port = start_server(model, token_file, max_batch)
+def chunks_per_s(model: Path, token_file: Path, token: str, max_batch: int, args, state, images,
+                 replicas: int = 0) -> dict:
+    server, port = start_server(model, token_file, max_batch, replicas)
     try:
         return {str(k): round(throughput(port, token, k, args.seconds, state, images), 1) for k in args.clients}
     finally:
@@ -179,6 +183,10 @@ def bench(name: str, model: Path, args, work: Path) -> dict:
         row["onnx_in_process_ms"] = pct(timed(lambda: op.act(obs), args.requests))
         row["served_onnx_ms"] = served_latency(work / "vla-onnx", token_file, token, args.requests, state,
                                                images)["served_ms"]
+    for replicas in args.ray_replicas if name == "vla" else []:  # the same app on Ray Serve
+        ray_row = served_latency(model, token_file, token, args.requests, state, images, replicas)
+        ray_row["chunks_per_s_batched"] = chunks_per_s(model, token_file, token, 64, args, state, images, replicas)
+        row[f"ray_serve_{replicas}_replicas"] = ray_row
     row["served_minus_in_process_p50_ms"] = round(row["served_ms"]["p50"] - row["in_process_ms"]["p50"], 2)
     row["served_p99_over_p50"] = round(row["served_ms"]["p99"] / row["served_ms"]["p50"], 2)
     if "8" in row["chunks_per_s_batched"]:
@@ -192,6 +200,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--families", nargs="+", default=["vla", "act"], choices=["vla", "act"])
+    ap.add_argument("--ray-replicas", type=int, nargs="*", default=[1, 2], help="also serve the VLA with "
+                    "`--engine ray` at these replica counts (none: skip Ray Serve)")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     rows = []

@@ -120,6 +120,13 @@ class LoopSummary(BaseModel):
             base = ", ".join(f"{k.replace('_', ' ')} {b['mse_norm']:.4f}" for k, b in sorted(o.baselines.items()))
             out.append(f"  offline (held-out):  normalised action-chunk MSE {o.mse_norm:.4f} on episodes {o.episodes}"
                        + (f"  vs baselines: {base}" if base else ""))
+        if r.promoted or r.champion is not None:  # the next stage: the champion to robots (roboloop.serving)
+            from roboloop.registry import default_uri
+
+            ref = f"registry:{r.name}@champion" if r.registry in (default_uri(), str(Path(default_uri()).absolute())) \
+                else f"registry:{r.registry}#{r.name}@champion"
+            out.append(f"  serve the champion:  roboloop serve {ref}  (follows promotions; robots and simulators "
+                       "connect with roboloop robot / evaluate --policy serve://127.0.0.1:8765)")
         return out
 
     def report(self, elapsed_s: float) -> str:
