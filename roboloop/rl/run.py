@@ -175,8 +175,7 @@ class Run:
             self.success.append(round(rate, 4))
         self.stale_max = max(self.stale_max, metrics["staleness_max"])
         now = _cpu_times()
-        busy = (now[0] - self._cpu_mark[0]) / max(now[1] - self._cpu_mark[1], 1e-9)
-        self._cpu_mark = now
+        busy, self._cpu_mark = busy_share(self._cpu_mark, now), now
         row = {**metrics, "collect_s": round(sum(g.finished - g.started for g in segs) / max(len(segs), 1), 3),
                "cpu_busy": round(busy, 3),
                "env_steps": self.env_steps, "episodes": eps, "rollout_success": rate,
@@ -347,6 +346,12 @@ def _cpu_times() -> tuple[float, float]:
     t = psutil.cpu_times()
     total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # guest time is also in user time
     return total - t.idle - getattr(t, "iowait", 0.0), total
+
+
+def busy_share(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """The busy share between two `_cpu_times()` readings, in [0, 1] (the sums of counters differ by rounding:
+    an idle window can come out at -1e-12)."""
+    return min(1.0, max(0.0, (b[0] - a[0]) / max(b[1] - a[1], 1e-9)))
 
 
 def _is_main_thread() -> bool:

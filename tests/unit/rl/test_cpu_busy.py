@@ -15,14 +15,14 @@ def _window(work) -> tuple[float, float]:
     """(ours, psutil.cpu_percent's) busy share of the machine over the same window."""
     import psutil
 
-    from roboloop.rl.run import _cpu_times
+    from roboloop.rl.run import _cpu_times, busy_share
 
     psutil.cpu_percent(None)
     a = _cpu_times()
     work()
     b = _cpu_times()
     theirs = psutil.cpu_percent(None) / 100
-    return (b[0] - a[0]) / (b[1] - a[1]), theirs
+    return busy_share(a, b), theirs
 
 
 def test_busy_share_agrees_with_psutil_and_counts_a_spinning_core():
