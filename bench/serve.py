@@ -11,7 +11,7 @@ Baseline: `policy.act(obs)` in the bench's own process (no server). Served: `rob
 process, one observation per request, the client's round trip (encode, send, batch, forward, reply, decode).
 The VLA is also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-process and served.
 Throughput: K clients (threads, one websocket each) sending back to back for `--seconds`, against a server with
-batching (`--max-batch 64 --max-wait-ms 2`) and without (`--max-batch 1`). The VLA is served once more by the Ray
+batching (`--max-batch 64`, no added wait: requests arriving during a forward pass share the next) and without (`--max-batch 1`). The VLA is served once more by the Ray
 Serve engine (`--engine ray`) with 1 and 2 replicas (what the engine's proxy hop costs). Ends with one JSON line.
 """
 
@@ -88,7 +88,7 @@ def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 
     env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"}
     engine = ["--engine", "ray", "--replicas", str(replicas)] if replicas else []
     p = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0", "--max-batch",
-                          str(max_batch), "--max-wait-ms", "2", *engine], stderr=subprocess.PIPE, text=True, env=env)
+                          str(max_batch), *engine], stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 180
     while time.time() < deadline:
         line = p.stderr.readline()  # type: ignore[union-attr]

@@ -18,8 +18,10 @@ def add_parser(sub) -> None:
     s.add_argument("--device", default="cpu", help="torch device for the model")
     s.add_argument("--seed", type=int, default=0, help="the model's noise seed (flow-matching sampling)")
     s.add_argument("--max-batch", type=int, default=64, help="observations in one forward pass (1: no batching)")
-    s.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a request waits for others to batch "
-                   "with")
+    s.add_argument("--max-wait-ms", type=float, default=0.0, help="how long a request waits for others to batch "
+                   "with (0: none; requests arriving during a forward pass still share the next one)")
+    s.add_argument("--threads", type=int, default=0, help="torch threads for forward passes (0: cores less one, "
+                   "left to the network side)")
     s.add_argument("--follow-interval", type=float, default=2.0, help="seconds between looks at the registry alias")
     s.add_argument("--token-file", help="the token file (default $ROBOLOOP_SERVE_TOKEN_FILE or "
                    ".roboloop/serve-token; created with mode 600 when absent)")
@@ -73,9 +75,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = read_token(args.token_file, create=True)
     logging.getLogger("roboloop.serve").setLevel(logging.INFO)
     cfg = ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch, args.max_wait_ms,
-                      follow_interval_s=args.follow_interval)
+                      follow_interval_s=args.follow_interval, threads=args.threads)
     if args.engine == "ray":
         return _serve_ray(cfg, args)
+    import os
+
+    import torch
+
+    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) - 1))
     server = Server(cfg, token)
     spec = server.service.slot.spec()
     print(f"roboloop serve: {spec['version']} ({spec['state_dim']}-dim state, cameras {spec['camera_keys']}, "

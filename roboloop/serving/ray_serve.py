@@ -90,7 +90,7 @@ def build_app(cfg: ServeConfig, token_file: str, replicas: int = 1) -> Any:
             self.act_batched.set_max_batch_size(max(1, cfg.max_batch))  # type: ignore[attr-defined]
             self.act_batched.set_batch_wait_timeout_s(max(0.0, cfg.max_wait_ms) / 1e3)  # type: ignore[attr-defined]
 
-        @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.002)
+        @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.0)
         async def act_batched(self, batch: list[Any]) -> list[tuple]:
             return await _forward(self.service, batch)
 

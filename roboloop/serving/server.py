@@ -37,9 +37,14 @@ class ServeConfig:
     device: str = "cpu"
     seed: int = 0
     max_batch: int = 64  # rows (observations) in one forward pass; 1: no batching
-    max_wait_ms: float = 2.0  # how long the first request of a batch waits for company
+    # how long the first request of a batch waits for company; 0: none (requests that arrive during a forward pass
+    # still share the next one, so a fleet is batched while one robot pays no wait)
+    max_wait_ms: float = 0.0
     max_message_bytes: int = wire.MAX_MESSAGE_BYTES
     follow_interval_s: float = 2.0
+    # torch threads for forward passes, set by `roboloop serve` for its process (0: this machine's cores less one,
+    # left to the event loop, the (de)coding and a local client)
+    threads: int = 0
     cache: str = ".roboloop/serve-cache"
 
 

@@ -35,8 +35,9 @@ def test_evaluation_through_the_server_equals_in_process(tmp_path):
     model = untrained_model(tmp_path / "m", state_dim, action_dim, 16, seed=4)
     env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(tmp_path / "token"), "OMP_NUM_THREADS": "2",
            "ROBOLOOP_CACHE_DIR": str(tmp_path / "cache"), "ROBOLOOP_ARTIFACTS": str(tmp_path / "artifacts")}
-    server = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0"],
-                              stderr=subprocess.PIPE, text=True, env=env)
+    # --threads 2: as the in-process evaluation (OMP_NUM_THREADS=2), so both sum in the same order
+    server = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0",
+                               "--threads", "2"], stderr=subprocess.PIPE, text=True, env=env)
     try:
         port, deadline, seen = None, time.time() + 120, []
         while port is None and time.time() < deadline:
