@@ -9,7 +9,6 @@ by a half-loaded model nor by two; the version that produced a chunk is in its r
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -22,20 +21,13 @@ import numpy as np
 import torch
 
 from roboloop.evaluation.protocol import Obs
+from roboloop.hashing import file_sha256
 from roboloop.serving import wire
 from roboloop.serving.wire import WireError
 
 log = logging.getLogger("roboloop.serve")
 MAX_ROWS = 256  # observations in one request
 MAX_SIDE = 4096  # pixels on a camera frame's side
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass
@@ -61,10 +53,10 @@ def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
     from roboloop.serving.export import ONNX_FILE, OnnxPolicy
 
     if (Path(folder) / ONNX_FILE).is_file():  # an export: onnxruntime runs it
-        sha = _sha256(Path(folder) / ONNX_FILE)
+        sha = file_sha256(Path(folder) / ONNX_FILE)
         policy: Any = OnnxPolicy(folder, seed)
     else:
-        sha = _sha256(Path(folder) / WEIGHTS_FILE)
+        sha = file_sha256(Path(folder) / WEIGHTS_FILE)
         policy = load_policy(folder, device, seed=seed)
     slot = ModelSlot(policy, f"{version}+{sha[:8]}", Path(folder), sha)
     check(slot, probe if probe is not None and _fits(slot, probe) else synthetic_obs(slot))
