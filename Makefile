@@ -8,6 +8,8 @@ VENV      := .venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.roboloop-installed
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# precompile every installed module (~70 s here, once; first starts are then faster); `COMPILE_BYTECODE=` skips it
+COMPILE_BYTECODE ?= --compile-bytecode
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export DO_NOT_TRACK ?= 1
 export HF_HUB_OFFLINE ?= 1
@@ -28,7 +30,7 @@ $(STAMP): pyproject.toml constraints/py312.txt
 	@[ -n "$(PYTHON312)" ] || { echo "Python 3.12 not found: install it (pyenv install 3.12) or pass PYTHON312=/path/to/python3.12"; exit 1; }
 	@[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV)
 	@[ -x $(VENV)/bin/uv ] || $(PY) -m pip install -q uv==0.9.11
-	$(VENV)/bin/uv pip install --python $(PY) --compile-bytecode -c constraints/py312.txt -e ".[all]"
+	$(VENV)/bin/uv pip install --python $(PY) $(COMPILE_BYTECODE) -c constraints/py312.txt -e ".[all]"
 	@# gym-pusht asks for opencv-python, which would clash with the headless OpenCV already pinned
 	$(VENV)/bin/uv pip install --python $(PY) --no-deps gym-pusht==0.1.8
 	@touch $(STAMP)

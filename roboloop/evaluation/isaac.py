@@ -25,13 +25,18 @@ from roboloop.evaluation.config import ROBOLOOP_TASKS  # noqa: E402,F401
 from roboloop.evaluation.protocol import Obs, StepResult
 
 
-def _import_isaaclab():
+def _import_isaaclab(task: str):
+    """gymnasium, Isaac Lab's `launch_simulation` and (for Isaac Lab's own tasks) `resolve_task_config`; roboloop's
+    tasks skip `isaaclab_tasks`, whose import walks every task package (~1.2 s of each simulator's start here)."""
     use_shipped_assets()
+    resolve_task_config = None
     try:
         import gymnasium as gym
-        import isaaclab_tasks  # noqa: F401  (registers Isaac Lab's tasks)
         from isaaclab.app import launch_simulation
-        from isaaclab_tasks.utils import resolve_task_config
+
+        if task not in ROBOLOOP_TASKS:
+            import isaaclab_tasks  # noqa: F401  (registers Isaac Lab's tasks)
+            from isaaclab_tasks.utils import resolve_task_config
 
         import roboloop.evaluation.isaac_tasks  # noqa: F401
     except ImportError as e:
@@ -43,7 +48,7 @@ class IsaacLabEnv:
     def __init__(self, task: str = "Roboloop-Reach-Color-v0", num_envs: int = 16, device: str = "cpu",
                  seed: int = 0, physics: str = "newton_mjwarp", camera: bool = True, success_on_timeout: bool = False,
                  overrides: dict[str, Any] | None = None):
-        gym, launch_simulation, resolve_task_config = _import_isaaclab()
+        gym, launch_simulation, resolve_task_config = _import_isaaclab(task)
         self.task, self.num_envs, self.device = task, num_envs, device
         if task in ROBOLOOP_TASKS:
             from roboloop.evaluation.isaac_tasks import make_cfg

@@ -42,13 +42,14 @@ def test_derived_arm_is_made_once_and_checked(tmp_path, monkeypatch):
 
 
 def test_expert_picks_and_random_does_not_on_unseen_cubes(tmp_path):
-    expert = roboloop("evaluate", "--task", TASK, "--policy", "expert", "--episodes", "32", "--num-envs", "16",
-                      "--videos", "1", "--output-dir", str(tmp_path / "expert"))
-    assert expert["episodes"] == 32 and expert["success_rate"] >= 0.95, expert
+    expert = roboloop("evaluate", "--task", TASK, "--policy", "expert", "--episodes", "16", "--num-envs", "16",
+                      "--videos", "1", "--output-dir", str(tmp_path / "expert"))  # measured: 16/16 (bench/so101.py)
+    assert expert["episodes"] == 16 and expert["successes"] >= 15, expert
     assert any(k.startswith("isaaclab_so101/") for k in expert["asset_hashes"])
-    rand = roboloop("evaluate", "--task", TASK, "--policy", "random", "--episodes", "24", "--num-envs", "24",
+    # the same cube positions, rendered by nobody: a scripted baseline without videos runs without its cameras
+    rand = roboloop("evaluate", "--task", TASK, "--policy", "random", "--episodes", "16", "--num-envs", "16",
                     "--videos", "0", "--output-dir", str(tmp_path / "random"))
-    assert rand["episodes"] == 24 and rand["success_rate"] <= 0.05, rand
+    assert rand["episodes"] == 16 and rand["successes"] == 0, rand
 
 
 def test_recording_has_lerobots_so101_follower_features(tmp_path):
