@@ -3,9 +3,10 @@
     python bench/eval.py [--envs 1 16 64] [--episodes-per-env 1] [--task Roboloop-Reach-Color-v0]
 
 Runs `roboloop evaluate` in a fresh process per setting (Isaac Lab keeps one simulation per
-process) twice: with the random policy (simulation + camera rendering alone) and with an
-untrained `tiny` VLA (what evaluating a checkpoint costs: batched inference with 4 Euler
-steps, 8 of the 16 chunk actions executed per plan). Ends with one JSON line.
+process) twice: with the random policy (the simulation alone: a scripted baseline without videos
+renders no camera) and with an untrained `tiny` VLA (what evaluating a checkpoint costs: camera
+rendering and batched inference with 4 Euler steps, 8 of the 16 chunk actions executed per plan).
+Ends with one JSON line.
 """
 
 from __future__ import annotations

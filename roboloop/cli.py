@@ -379,17 +379,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The `roboloop` command: `main`, then, after a success, an exit without the interpreter's teardown (every
-    output is written by then; finalizing torch's and the simulator's modules took
-    ~1 s of each command here). A failure or an interruption exits normally, so exit handlers stop what is left."""
+    """The `roboloop` command: `main`, then, after a success, an exit without the interpreter's teardown when no
+    child or thread is left (`roboloop.entry.exit_now`: finalizing torch's modules took ~1 s of each command
+    here). A failure or an interruption exits normally."""
     code = main()
     if code == 0:
-        import psutil
+        from roboloop.entry import exit_now
 
-        if not psutil.Process().children():  # a child still running (a local Ray, say) is left to the handlers
-            from roboloop.entry import exit_now
-
-            exit_now(0)
+        exit_now(0)
     sys.exit(code)
 
 

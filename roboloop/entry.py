@@ -73,12 +73,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_now(code: int) -> None:
-    """Leave without the interpreter's teardown, for callers whose outputs are all written and closed and whose
-    children have ended (finalizing Isaac Lab's, Warp's and torch's modules took ~3 s of each ~15 s simulator
-    child here). Loggers and standard streams are flushed first."""
+    """Leave without the interpreter's teardown when nothing is left to it: no child process and no thread but
+    this one (a daemon thread excepted) still running; all outputs are written and closed by then. Finalizing
+    Isaac Lab's, Warp's and torch's modules took ~3 s of each ~15 s simulator child here. Otherwise (a local Ray,
+    an unfinished writer thread) this returns and the caller exits normally, so the exit handlers stop them."""
     import logging
     import os
+    import threading
 
+    import psutil
+
+    if psutil.Process().children() or any(t is not threading.main_thread() and t.is_alive() and not t.daemon
+                                           for t in threading.enumerate()):
+        return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -89,9 +96,6 @@ def exit_now(code: int) -> None:
 
 
 if __name__ == "__main__":
-    # simulator children (nothing of theirs outlives them) skip the teardown; a rank or an RL driver, whose
-    # workers the interpreter's exit handlers stop, exits normally
     code = main()
-    if len(sys.argv) > 1 and sys.argv[1] in ("evaluate", "collect"):
-        exit_now(code)
+    exit_now(code)
     sys.exit(code)

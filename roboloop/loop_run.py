@@ -139,8 +139,9 @@ def run_loop(cfg: LoopConfig, steps: Steps) -> LoopSummary:
 
 
 def baseline_recipe(cfg: LoopConfig) -> EvalRecipe:
-    """The random policy on the first `baseline_episodes` of the policy's episodes (the same layouts)."""
-    return cfg.eval.model_copy(update={"videos": 1, "early_stop": False,
+    """The random policy on the first `baseline_episodes` of the policy's episodes (the same layouts), without
+    videos: the gate needs its outcomes, and a scripted policy without videos runs without cameras."""
+    return cfg.eval.model_copy(update={"videos": 0, "early_stop": False,
                                        "episodes": min(cfg.eval.episodes, cfg.baseline_episodes or cfg.eval.episodes)})
 
 

@@ -32,7 +32,7 @@ def loop_env(dvc_repo, monkeypatch):
 
 def _cfg(root) -> LoopConfig:
     return LoopConfig(source=str(root / "data"), collect_if_missing=CollectConfig(episodes=12, num_envs=12),
-                      train=TrainRecipe(steps=30, checkpoint_every_steps=10, max_tokens=1024),
+                      train=TrainRecipe(steps=30, checkpoint_every_steps=15, max_tokens=1024),
                       eval=EvalRecipe(episodes=6, num_envs=6, videos=1, execute_steps=4))
 
 
@@ -120,8 +120,8 @@ def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(lo
     from flows.sweep import SweepParams, checkpoint_sweep
 
     sw = checkpoint_sweep(SweepParams(run=r0.model, eval=EvalRecipe(episodes=4, num_envs=4, videos=0)))
-    assert [x["step"] for x in sw.scored] == [10, 20, 30]
-    assert sw.best_step in (10, 20, 30) and sw.decision is not None
+    assert [x["step"] for x in sw.scored] == [15, 30]
+    assert sw.best_step in (15, 30) and sw.decision is not None
     best_lin = reg.lineage("reach-vla", sw.decision.version)
     assert best_lin["metrics"]["weights_sha256"] and best_lin["eval"]["episodes"] == 4 or sw.decision.reused
     art = Artifact.get("checkpoint-sweep")
@@ -132,7 +132,7 @@ def test_rl_round_fine_tunes_the_last_model_and_registers_it_as_its_child(loop_e
     from roboloop.rl.config import RLRecipe
 
     root = loop_env
-    rl = RLRecipe(mode="sync", env_steps=2 * 256, env_workers=2, envs_per_worker=4, segment_decisions=4,
+    rl = RLRecipe(mode="sync", env_steps=2 * 256, env_workers=1, envs_per_worker=8, segment_decisions=4,
                   segments_per_update=2, epochs=1, minibatch=32, critic_warmup_updates=0)
     s = closed_loop(_cfg(root).model_copy(update={"baseline": False, "rl": rl}))
     assert [(r.round, r.kind) for r in s.rounds] == [(0, "demonstrations"), (1, "rl")]
