@@ -123,7 +123,7 @@ def test_launcher_timeout_kills_every_rank(v3, tmp_path):
                       checkpoint_every_steps=0, model_overrides={"image_size": [32, 32], "horizon": 8})
     lines: list[str] = []
     with pytest.raises(TimeoutError, match="torchrun and its ranks.*killed its process group"):
-        run_torchrun(cfg, LaunchConfig(nproc_per_node=2, rdzv_endpoint=f"127.0.0.1:{_port()}", timeout_s=25),
+        run_torchrun(cfg, LaunchConfig(nproc_per_node=2, rdzv_endpoint=f"127.0.0.1:{_port()}", timeout_s=15),
                      on_line=lines.append)
     assert any("torch" in line for line in lines)
     marker = str(tmp_path / "out" / "train_config.json")
