@@ -9,7 +9,7 @@ default size (ResNet-18 backbone, chunk 100) reading one 96x128 camera, trained 
 
 Baseline: `policy.act(obs)` in the bench's own process (no server). Served: `roboloop serve` in its own
 process, one observation per request, the client's round trip (encode, send, batch, forward, reply, decode).
-The VLA is also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-process and served.
+Both are also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-process and served.
 Throughput: K clients (threads, one websocket each) sending back to back for `--seconds`, against a server with
 batching (`--max-batch 64`, no added wait: requests arriving during a forward pass share the next) and without (`--max-batch 1`). The VLA is served once more by the Ray
 Serve engine (`--engine ray`) with 1 and 2 replicas (what the engine's proxy hop costs). Ends with one JSON line.
@@ -175,14 +175,14 @@ def bench(name: str, model: Path, args, work: Path) -> dict:
     row |= served_latency(model, token_file, token, args.requests, state, images)
     row["chunks_per_s_batched"] = chunks_per_s(model, token_file, token, 64, args, state, images)
     row["chunks_per_s_unbatched"] = chunks_per_s(model, token_file, token, 1, args, state, images)
-    if name == "vla":  # the same model exported to ONNX: in-process on onnxruntime, and served from the export
-        from roboloop.serving.export import OnnxPolicy, export_onnx
+    # the same model exported to ONNX: in-process on onnxruntime, and served from the export
+    from roboloop.serving.export import export_onnx, open_export
 
-        export_onnx(model, work / "vla-onnx", instruction="reach")
-        op = OnnxPolicy(work / "vla-onnx")
-        row["onnx_in_process_ms"] = pct(timed(lambda: op.act(obs), args.requests))
-        row["served_onnx_ms"] = served_latency(work / "vla-onnx", token_file, token, args.requests, state,
-                                               images)["served_ms"]
+    export_onnx(model, work / f"{name}-onnx", instruction="reach" if name == "vla" else "")
+    op = open_export(work / f"{name}-onnx")
+    row["onnx_in_process_ms"] = pct(timed(lambda: op.act(obs), args.requests))
+    row["served_onnx_ms"] = served_latency(work / f"{name}-onnx", token_file, token, args.requests, state,
+                                           images)["served_ms"]
     for replicas in args.ray_replicas if name == "vla" else []:  # the same app on Ray Serve
         ray_row = served_latency(model, token_file, token, args.requests, state, images, replicas)
         ray_row["chunks_per_s_batched"] = chunks_per_s(model, token_file, token, 64, args, state, images, replicas)

@@ -154,10 +154,10 @@ def so101_ci() -> LoopConfig:
     d = so101()
     return LoopConfig.model_validate({**d.model_dump(), "source": "data-so101-ci", "model_name": "so101-ci",
                                       "collect_if_missing": {**d.collect_if_missing.model_dump(),  # type: ignore[union-attr]
-                                                             "episodes": 6, "num_envs": 6},
-                                      "train": {**d.train.model_dump(), "steps": 30, "checkpoint_every_steps": 15,
+                                                             "episodes": 4, "num_envs": 4},
+                                      "train": {**d.train.model_dump(), "steps": 20, "checkpoint_every_steps": 10,
                                                 "max_tokens": 2048},
-                                      "eval": {**d.eval.model_dump(), "episodes": 4, "num_envs": 4, "videos": 1}})
+                                      "eval": {**d.eval.model_dump(), "episodes": 2, "num_envs": 2, "videos": 1}})
 
 
 PRESETS = {"demo": demo, "ci": ci, "vision": vision, "nightly_gpu": nightly_gpu, "so101": so101, "so101_ci": so101_ci}

@@ -178,7 +178,8 @@ class LeRobotFamily:
 class LeRobotPolicy:
     """A LeRobot model folder (written by roboloop or by `lerobot-train`) acting on roboloop observations."""
 
-    def __init__(self, folder: Path, device: str = "cpu"):
+    def __init__(self, folder: Path, device: str = "cpu", weights: bool = True):
+        """`weights=False`: LeRobot's config and pre/post-processors only (an ONNX export runs the network)."""
         from lerobot.configs.policies import PreTrainedConfig
         from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 
@@ -186,7 +187,8 @@ class LeRobotPolicy:
         info = model_info(folder)
         cfg = PreTrainedConfig.from_pretrained(str(folder))
         cfg.device = device
-        self.policy = get_policy_class(cfg.type).from_pretrained(str(folder), config=cfg).eval()
+        self.cfg = cfg
+        self.policy = get_policy_class(cfg.type).from_pretrained(str(folder), config=cfg).eval() if weights else None
         self.pre, self.post = make_pre_post_processors(cfg, pretrained_path=str(folder),
                                                        preprocessor_overrides={"device_processor":
                                                                                {"device": device}})
@@ -209,7 +211,7 @@ class LeRobotPolicy:
     def _frames(self, obs: Obs, key: str, j: int) -> torch.Tensor:
         frames = obs.images[key] if key in obs.images else list(obs.images.values())[j]
         x = torch.as_tensor(frames).permute(0, 3, 1, 2).float() / 255.0
-        want = tuple(self.policy.config.input_features[key].shape[1:])
+        want = tuple(self.cfg.input_features[key].shape[1:])
         if tuple(x.shape[-2:]) != want:
             x = torch.nn.functional.interpolate(x, size=want, mode="bilinear", antialias=True)
         return x
@@ -218,6 +220,10 @@ class LeRobotPolicy:
     def act(self, obs: Obs) -> torch.Tensor:
         """(N, H, A) chunks; a history policy stacks `obs.past` (oldest first) and `obs` (no past: the current
         frame repeated, as at an episode's start)."""
+        return self.post(self.chunk(self.inputs(obs))).float().cpu()
+
+    def inputs(self, obs: Obs) -> dict:
+        """The observation as LeRobot's preprocessor leaves it (normalised, on the device)."""
         frames = [*(obs.past or [obs] * (self.history - 1))[-(self.history - 1):], obs] if self.history > 1 \
             else [obs]
         batch: dict = {self.state_key: obs.state.float(), "task": list(obs.instructions or [""] * obs.state.shape[0])}
@@ -226,5 +232,8 @@ class LeRobotPolicy:
         for j, key in enumerate(self.camera_keys):
             x = [self._frames(f, key, j) for f in frames]
             batch[key] = torch.stack(x, dim=1) if self.history > 1 else x[0]
-        chunk = self.policy.predict_action_chunk(self.pre(batch))
-        return self.post(chunk).float().cpu()
+        return self.pre(batch)
+
+    def chunk(self, inputs: dict) -> torch.Tensor:
+        """The normalised chunk for preprocessed inputs (the network's part of `act`)."""
+        return self.policy.predict_action_chunk(inputs)

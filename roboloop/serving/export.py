@@ -6,7 +6,7 @@ its K Euler steps unrolled (K = the model's `inference_steps`), the initial nois
 reproducible and the same noise gives PyTorch's chunk). What stays outside, in Python: normalising the state,
 resizing camera frames to the model's input, un-normalising the chunk, drawing the noise. What the export fixes:
 the instruction (its tokens are part of the packed sequence whose layout the graph bakes in: export once per
-instruction the robot uses), the camera set and K. LeRobot's families (ACT, Diffusion) are not exported yet.
+instruction the robot uses), the camera set and K. LeRobot's ACT: see `export_lerobot` (Diffusion is not exported).
 """
 
 from __future__ import annotations
@@ -71,9 +71,16 @@ def export_onnx(folder: str | Path, dst: str | Path, instruction: str = "", chec
 
     folder, dst = Path(folder), Path(dst)
     info = model_info(folder)
+    if info.family == "lerobot":  # ACT: LeRobot's network as the graph, LeRobot's processors around it
+        from roboloop.serving.export_lerobot import export_lerobot
+
+        with fsutil.atomic_dir(dst, "onnx_export", overwrite=overwrite) as tmp:
+            meta = export_lerobot(folder, tmp, checks, ONNX_FILE, TOLERANCE)
+            fsutil.atomic_write_json(tmp / EXPORT_FILE, meta)
+        return meta | {"path": str(dst)}
     if info.family != "vla":
-        raise ValueError(f"{folder}: ONNX export covers roboloop's VLA; policy family {info.family!r} is not "
-                         "exported yet (serve it from its folder)")
+        raise ValueError(f"{folder}: ONNX export covers roboloop's VLA and LeRobot's ACT; policy family "
+                         f"{info.family!r} is not exported (serve it from its folder)")
     policy: Any = load_policy(folder)
     model, steps = policy.model.eval(), policy.steps or policy.model.cfg.inference_steps
     probe = _check_obs(policy, checks + 1, 0, instruction)
@@ -105,7 +112,8 @@ def export_onnx(folder: str | Path, dst: str | Path, instruction: str = "", chec
         for f in ("config.json", "stats.json", "policy.json"):
             if (folder / f).is_file():
                 shutil.copy2(folder / f, tmp / f)
-        meta = {"format": "onnx", "opset": 17, "source": str(folder.resolve()), "instruction": instruction,
+        meta = {"format": "onnx", "opset": 17, "family": "vla", "source": str(folder.resolve()),
+                "instruction": instruction,
                 "inference_steps": steps, "camera_keys": list(policy.camera_keys),
                 "image_size": list(policy.image_size),
                 "state_dim": policy.state_dim, "action_dim": policy.action_dim, "horizon": policy.horizon,
@@ -160,3 +168,13 @@ class OnnxPolicy:
             chunk = self.sess.run(None, {k: feeds[k] for k in self.inputs})[0]
             out.append(torch.from_numpy(chunk))
         return self.pre.unnormalise(torch.cat(out))
+
+
+def open_export(folder: str | Path, seed: int = 0) -> Any:
+    """An export folder behind the Policy interface: the VLA's `OnnxPolicy` or LeRobot's `OnnxLeRobotPolicy`."""
+    meta = json.loads((Path(folder) / EXPORT_FILE).read_text())
+    if meta.get("family") == "lerobot":
+        from roboloop.serving.export_lerobot import OnnxLeRobotPolicy
+
+        return OnnxLeRobotPolicy(folder, seed)
+    return OnnxPolicy(folder, seed)

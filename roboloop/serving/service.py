@@ -50,11 +50,11 @@ def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
               probe: Obs | None = None) -> ModelSlot:
     """Load `folder` and check it; raises (naming the version) when it does not load or does not act."""
     from roboloop.policies import WEIGHTS_FILE, load_policy
-    from roboloop.serving.export import ONNX_FILE, OnnxPolicy
+    from roboloop.serving.export import ONNX_FILE, open_export
 
     if (Path(folder) / ONNX_FILE).is_file():  # an export: onnxruntime runs it
         sha = file_sha256(Path(folder) / ONNX_FILE)
-        policy: Any = OnnxPolicy(folder, seed)
+        policy: Any = open_export(folder, seed)
     else:
         sha = file_sha256(Path(folder) / WEIGHTS_FILE)
         policy = load_policy(folder, device, seed=seed)

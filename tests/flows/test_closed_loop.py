@@ -30,14 +30,26 @@ def loop_env(dvc_repo, monkeypatch):
     return dvc_repo
 
 
+@pytest.fixture(scope="module")
+def reach_demos(tmp_path_factory) -> Path:
+    """What `_cfg`'s `collect_if_missing` records (same task, seed and size: the same bytes), recorded once for
+    this module's loops; each copies it to its `data/` (the loop's ingest then finds it there)."""
+    from roboloop.evaluation.run import collect_in_subprocess
+
+    dst = tmp_path_factory.mktemp("reach-demos") / "data"
+    collect_in_subprocess(CollectConfig(dst=str(dst), episodes=12, num_envs=12), on_line=lambda _: None)
+    return dst
+
+
 def _cfg(root) -> LoopConfig:
     return LoopConfig(source=str(root / "data"), collect_if_missing=CollectConfig(episodes=12, num_envs=12),
                       train=TrainRecipe(steps=30, checkpoint_every_steps=15, max_tokens=1024),
                       eval=EvalRecipe(episodes=6, num_envs=6, videos=1, execute_steps=4))
 
 
-def test_closed_loop_end_to_end_cached_restored_and_reproduced(loop_env):
+def test_closed_loop_end_to_end_cached_restored_and_reproduced(loop_env, reach_demos):
     root, cfg = loop_env, _cfg(loop_env)
+    shutil.copytree(reach_demos, root / "data")
     first = closed_loop(cfg)
     # a first model must beat the random policy on the same episodes to become champion
     assert first.decision.version == 1 and first.decision.reason.startswith("first version "), first.decision.reason
@@ -95,8 +107,9 @@ def test_corrupt_dataset_stops_at_validation(loop_env):
     shutil.rmtree(src)
 
 
-def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(loop_env):
+def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(loop_env, reach_demos):
     root = loop_env
+    shutil.copytree(reach_demos, root / "data")
     cfg = _cfg(root).model_copy(update={"rounds": 2, "baseline": False,
                                         "dagger": DaggerConfig(episodes=6, num_envs=6, steps=10)})
     s = closed_loop(cfg)
@@ -128,10 +141,11 @@ def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(lo
     assert art is not None and "data:image/png;base64" in str(art.data) and "**best**" in str(art.data)
 
 
-def test_rl_round_fine_tunes_the_last_model_and_registers_it_as_its_child(loop_env):
+def test_rl_round_fine_tunes_the_last_model_and_registers_it_as_its_child(loop_env, reach_demos):
     from roboloop.rl.config import RLRecipe
 
     root = loop_env
+    shutil.copytree(reach_demos, root / "data")
     rl = RLRecipe(mode="sync", env_steps=2 * 256, env_workers=1, envs_per_worker=8, segment_decisions=4,
                   segments_per_update=2, epochs=1, minibatch=32, critic_warmup_updates=0)
     s = closed_loop(_cfg(root).model_copy(update={"baseline": False, "rl": rl}))

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.isaac
 def test_variant_expert_solves_it_and_collect_records_its_features(tmp_path, task, state_dim, actions):
     from roboloop.datasets.meta import load_meta
 
-    r = roboloop("collect", str(tmp_path / "demos"), "--task", task, "--episodes", "16", "--num-envs", "16")
+    r = roboloop("collect", str(tmp_path / "demos"), "--task", task, "--episodes", "8", "--num-envs", "8")
     assert r["expert_success_rate"] >= 0.95, r
     meta = load_meta(tmp_path / "demos")
     feats = meta.info.features
@@ -26,7 +26,7 @@ def test_variant_expert_solves_it_and_collect_records_its_features(tmp_path, tas
         _check_environment_state(tmp_path / "demos", meta)
     else:
         assert "observation.environment_state" not in feats
-    rand = roboloop("evaluate", "--task", task, "--policy", "random", "--episodes", "16", "--num-envs", "16",
+    rand = roboloop("evaluate", "--task", task, "--policy", "random", "--episodes", "8", "--num-envs", "8",
                     "--videos", "0", "--output-dir", str(tmp_path / "r"))
     assert rand["success_rate"] <= 0.25, rand
 

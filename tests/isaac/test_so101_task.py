@@ -42,9 +42,9 @@ def test_derived_arm_is_made_once_and_checked(tmp_path, monkeypatch):
 
 
 def test_expert_picks_and_random_does_not_on_unseen_cubes(tmp_path):
-    expert = roboloop("evaluate", "--task", TASK, "--policy", "expert", "--episodes", "16", "--num-envs", "16",
-                      "--videos", "1", "--output-dir", str(tmp_path / "expert"))  # measured: 16/16 (bench/so101.py)
-    assert expert["episodes"] == 16 and expert["successes"] >= 15, expert
+    expert = roboloop("evaluate", "--task", TASK, "--policy", "expert", "--episodes", "8", "--num-envs", "8",
+                      "--videos", "1", "--output-dir", str(tmp_path / "expert"))  # 96/96 in bench/so101.py
+    assert expert["episodes"] == 8 and expert["successes"] >= 7, expert
     assert any(k.startswith("isaaclab_so101/") for k in expert["asset_hashes"])
     # the same cube positions, rendered by nobody: a scripted baseline without videos runs without its cameras
     rand = roboloop("evaluate", "--task", TASK, "--policy", "random", "--episodes", "16", "--num-envs", "16",

@@ -64,6 +64,7 @@ def test_export_refuses_other_families_and_leaves_nothing(tmp_path):
     (d / "policy.json").write_text(json.dumps({"family": "lerobot", "state_key": "observation.state",
                                                "action_key": "action", "state_dim": 6, "action_dim": 6,
                                                "horizon": 10}))
-    with pytest.raises(ValueError, match="family 'lerobot' is not exported yet"):
+    (d / "config.json").write_text(json.dumps({"type": "diffusion"}))
+    with pytest.raises(ValueError, match="LeRobot's diffusion is not exported to ONNX .its denoising loop"):
         export_onnx(d, tmp_path / "out")
     assert not (tmp_path / "out").exists()
