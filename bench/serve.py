@@ -11,7 +11,8 @@ Baseline: `policy.act(obs)` in the bench's own process (no server). Served: `rob
 process, one observation per request, the client's round trip (encode, send, batch, forward, reply, decode).
 Both are also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-process and served.
 Throughput: K clients (threads, one websocket each) sending back to back for `--seconds`, against a server with
-batching (`--max-batch 64`, no added wait: requests arriving during a forward pass share the next) and without (`--max-batch 1`). The VLA is served once more by the Ray
+batching (`--max-batch 64`, no added wait: requests arriving during a forward pass share the next) and without
+(`--max-batch 1`). The VLA is served once more by the Ray
 Serve engine (`--engine ray`) with 1 and 2 replicas (what the engine's proxy hop costs). Ends with one JSON line.
 """
 

@@ -77,6 +77,7 @@ def exit_now(code: int) -> None:
     this one (a daemon thread excepted) still running; all outputs are written and closed by then. Finalizing
     Isaac Lab's, Warp's and torch's modules took ~3 s of each ~15 s simulator child here. Otherwise (a local Ray,
     an unfinished writer thread) this returns and the caller exits normally, so the exit handlers stop them."""
+    import contextlib
     import logging
     import os
     import threading
@@ -88,10 +89,8 @@ def exit_now(code: int) -> None:
         return
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 

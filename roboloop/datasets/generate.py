@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 import os
 import shutil
 from concurrent.futures import ProcessPoolExecutor
@@ -168,7 +169,9 @@ def generate_v21(root: str | Path, spec: GenSpec | None = None, workers: int | N
         workers = workers or min(os.cpu_count() or 1, 8)
         args = [(tmp, spec, e, int(lengths[e]), int(starts[e]), task_of[e]) for e in range(spec.num_episodes)]
         if workers > 1 and spec.num_episodes > 1:
-            with ProcessPoolExecutor(workers) as pool:
+            # forkserver: workers never fork the caller, whose threads (a server, onnxruntime, a Prefect
+            # worker) may hold locks a forked child would wait on forever
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver")) as pool:
                 stats_rows = list(pool.map(_write_episode_star, args, chunksize=4))
         else:
             stats_rows = [_write_episode(*a) for a in args]

@@ -1,6 +1,6 @@
 """ONNX export of LeRobot's ACT trained by roboloop on a LeRobot-written dataset with two cameras at different
-resolutions (one stored as images in the parquet): onnxruntime's chunks (with LeRobot's own processors around the graph) equal LeRobot's PyTorch
-policy's, and `roboloop serve EXPORT` serves them."""
+resolutions (one stored as images in the parquet): onnxruntime's chunks (with LeRobot's own processors around
+the graph) equal LeRobot's PyTorch policy's, and `roboloop serve EXPORT` serves them."""
 
 from __future__ import annotations
 
