@@ -58,14 +58,17 @@ def _run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str
         if launch.nnodes > 1:
             raise ValueError("multi-node training needs rdzv_endpoint (host:port reachable from every node)")
         endpoint = f"127.0.0.1:{_free_port()}"
+    rank_env: dict[str, str] = {}
     if launch.nnodes == 1 and launch.nproc_per_node == 1 and not launch.max_restarts:
         # one rank and no restarts: the rank alone, in its own process group as under torchrun, without the
-        # launcher's agent and rendezvous (~4 s of each start here)
+        # launcher's agent and rendezvous (~4 s of each start here), with the rank variables torchrun would set
+        # (so it trains as a rank: this launcher has planned and locked the folder)
         cmd = [sys.executable, "-m", "roboloop.entry", "train", str(cfg_file)]
+        rank_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0"}
     else:
         cmd = torchrun_command(str(cfg_file), launch.nproc_per_node, launch.nnodes, launch.node_rank,
                                endpoint, launch.max_restarts, launch.run_id)
-    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), **rank_env}
     if launch.nproc_per_node > 1 and "OMP_NUM_THREADS" not in child_env:
         child_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // launch.nproc_per_node))
     code, tail = run_streaming(cmd, on_line, launch.timeout_s, child_env, what="training (torchrun and its ranks)")
