@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
@@ -230,8 +229,7 @@ def _run_jobs(jobs: list, cfg: ConvertConfig) -> list:
     bar = tqdm(total=len(jobs), desc="convert", unit="file", disable=not cfg.progress)
     workers = min(cfg.num_workers, len(jobs))
     try:
-        with (ProcessPoolExecutor(workers, initializer=procs.die_with_parent,  # forkserver: see generate_v21
-                                  mp_context=multiprocessing.get_context("forkserver")) if workers > 1
+        with (ProcessPoolExecutor(workers, initializer=procs.die_with_parent) if workers > 1
               else ThreadPoolExecutor(1)) as pool:
             futures: list[Future] = [pool.submit(fn, *args) for _, _, fn, args in jobs]
             for f in futures:
