@@ -42,22 +42,29 @@ def _print(receipt, **extra) -> None:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
     from roboloop import stages
     from roboloop.cli import _model_from_args
-    from roboloop.datasets.convert import ConvertConfig, check_source
+    from roboloop.datasets.convert import ConvertConfig, validate_source
     from roboloop.datasets.validate import DatasetDefectError
+    from roboloop.hashing import dir_entries, remembering
 
     cfg = _model_from_args(ConvertConfig, args)
+    src = Path(args.src).resolve()
     try:
-        try:
-            raw = stages.dataset_ref(args.src)
-        except Exception:  # not readable as a dataset: the converter's own checks name the defect
-            check_source(Path(args.src).resolve(), Path(args.dst).absolute(), cfg, args.overwrite)  # type: ignore[arg-type]
-            raise
-        if raw.format == "v3.0":  # the stage passes v3.0 through; asked to convert one, say why not
-            check_source(Path(args.src).resolve(), Path(args.dst).absolute(), cfg, args.overwrite)  # type: ignore[arg-type]
-        ref = stages.convert(raw, cfg, cache=_cache(args), dst=args.dst, track=args.track,  # type: ignore[arg-type]
-                             overwrite=args.overwrite)
+        # the source is validated (it names any defect first) while a second core hashes it for the receipt
+        with remembering(), ThreadPoolExecutor(1) as pool:
+            hashed = pool.submit(dir_entries, src) if src.is_dir() else None
+            try:
+                validate_source(src, cfg)  # type: ignore[arg-type]
+            except BaseException:
+                if hashed is not None:
+                    hashed.cancel()
+                raise
+            raw = stages.dataset_ref(args.src)  # a v3.0 source was refused above ("needs no conversion")
+            ref = stages.convert(raw, cfg, cache=_cache(args), dst=args.dst, track=args.track,  # type: ignore[arg-type]
+                                 overwrite=args.overwrite, validated=True)
     except DatasetDefectError as e:
         print(e.report.to_json() if args.json else e.report.human(), file=sys.stderr)
         print(f"refused: {args.src} has {len(e.report.defects)} defect(s); nothing was written", file=sys.stderr)

@@ -8,19 +8,47 @@ Model folders leave out what `.dvcignore` leaves out (resumable state, liveness 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 CHUNK = 8 * 1024 * 1024
 MODEL_IGNORE = ("checkpoints", "heartbeat.json", "heartbeat.tmp")
 
 
+# Inside `remembering()`, md5s of the files hashed, by (device, inode, size, mtime): DVC's own rule for
+# "unchanged" (its state database). A rename keeps all four, so a folder hashed just before it is published is
+# not read again right after. Outside that block every call reads the file: a verification must see bit rot.
+_MEMO: dict[tuple[int, int, int, int], str] | None = None
+
+
+@contextlib.contextmanager
+def remembering() -> Iterator[None]:
+    """For one stage's span: what it hashes while it writes (a conversion hashes its output beside the output
+    check) is not read again for its receipt."""
+    global _MEMO
+    outer, _MEMO = _MEMO, ({} if _MEMO is None else _MEMO)
+    try:
+        yield
+    finally:
+        _MEMO = outer
+
+
 def file_md5(path: Path) -> str:
+    memo = _MEMO
+    st = os.stat(path)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if memo is not None and (known := memo.get(key)) is not None:
+        return known
     h = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             h.update(chunk)
+    if memo is not None and os.stat(path).st_mtime_ns == st.st_mtime_ns:  # not written to while it was read
+        memo[key] = h.hexdigest()
     return h.hexdigest()
 
 
@@ -34,7 +62,6 @@ def file_sha256(path: str | Path) -> str:
 
 def dir_entries(root: Path, ignore: tuple[str, ...] = ()) -> list[dict[str, str]]:
     """Each file's md5, hashed on a thread per core (hashlib releases the GIL on large buffers)."""
-    import os
     from concurrent.futures import ThreadPoolExecutor
 
     files = [(p, p.relative_to(root)) for p in sorted(root.rglob("*"))]

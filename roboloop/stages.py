@@ -30,7 +30,7 @@ from roboloop.binomial import outcomes_by_episode
 from roboloop.cache import ReceiptCache, cache_key
 from roboloop.datasets.config import ConvertConfig
 from roboloop.evaluation.config import CollectConfig, EvalConfig, EvalRecipe, OfflineRecipe
-from roboloop.hashing import MODEL_IGNORE, dir_md5, file_sha256
+from roboloop.hashing import MODEL_IGNORE, dir_md5, file_sha256, remembering
 from roboloop.keys import keyed
 from roboloop.lineage import Lineage
 from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
@@ -96,12 +96,13 @@ def ingest(source: str, cache_dir: str | Path | None = None, deep: bool = False,
 
 
 def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = None, dst: str | Path | None = None,
-            track: bool = False, overwrite: bool = False) -> DatasetRef:
+            track: bool = False, overwrite: bool = False, validated: bool = False) -> DatasetRef:
     """v2.x -> v3.0. A v3.0 dataset is returned as is, unless it is to be tracked and could not be tracked where
     it is (a folder outside the repository, an S3 download): then the loop versions a copy of it under
     artifacts/ (the user's folder is only read). An explicit `dst` (`roboloop convert SRC DST`) takes a cached
     result only if it is that folder; `overwrite` lets another conversion replace an earlier one of roboloop's
-    there (moved aside, never deleted)."""
+    there (moved aside, never deleted). `validated`: the caller has just validated the source
+    (`datasets.convert.validate_source`)."""
     from roboloop.datasets.convert import convert as convert_dataset
 
     if raw.format == "v3.0":
@@ -116,9 +117,10 @@ def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = No
     if ours and not (cache and cache.has(key)) and (out / "meta" / "info.json").is_file():
         ref = dataset_ref(out, source=raw.md5, track=track)  # this very conversion, receipt lost: reuse
     else:  # (a conversion of ours whose receipt no longer checks out is redone; the old one is moved aside)
-        convert_dataset(raw.path, out, cfg.model_copy(update={"progress": False}), overwrite=overwrite or ours,
-                        marker={"key": key})
-        ref = dataset_ref(out, source=raw.md5, track=track)
+        with remembering():  # the converter hashes its output while checking it: not read twice
+            convert_dataset(raw.path, out, cfg.model_copy(update={"progress": False}), overwrite=overwrite or ours,
+                            marker={"key": key}, validated=validated)
+            ref = dataset_ref(out, source=raw.md5, track=track)
     if cache:
         cache.put(key, ref)
     return ref

@@ -28,9 +28,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from roboloop import fsutil, procs
+from roboloop import fsutil, hashing, procs
 from roboloop.datasets import episode_stats, layout, stats, video
-from roboloop.datasets.arrowutil import read_table, to_2d
+from roboloop.datasets.arrowutil import read_table, tasks_table, to_2d
 from roboloop.datasets.config import ConvertConfig
 from roboloop.datasets.meta import DatasetMeta, load_meta
 from roboloop.datasets.validate import DatasetDefectError, validate
@@ -108,17 +108,29 @@ class ConversionCheckError(ValueError):
     """The converted output failed its own validation: it was not published."""
 
 
-def check_source(src: Path, dst: Path, cfg: ConvertConfig, overwrite: bool = False):
+def check_source(src: Path, dst: Path, cfg: ConvertConfig, overwrite: bool = False, validated: bool = False):
     """Everything that must hold before a conversion writes anything: a readable v2.x source without defects and
-    a destination roboloop may write. Returns the source's metadata; raises naming the defect."""
+    a destination roboloop may write. Returns the source's metadata; raises naming the defect. `validated`: the
+    caller has just run `validate_source` (the CLI runs it beside hashing the source for the receipt)."""
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a dataset folder" if src.exists() else f"{src} does not exist")
     if fsutil.inside(dst, src) or fsutil.inside(src, dst):
         raise ValueError(f"destination {dst} must be outside the source {src} (and must not contain it)")
     fsutil.check_destination(dst, "dataset_v3", overwrite, flag="DST")
+    return _v2_meta(src) if validated else validate_source(src, cfg)
+
+
+def validate_source(src: Path, cfg: ConvertConfig):
+    """The source alone: a v2.x dataset without defects (DatasetDefectError with the report otherwise)."""
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src} is not a dataset folder" if src.exists() else f"{src} does not exist")
     report = validate(src, deep=cfg.validate_deep, workers=cfg.num_workers)
     if not report.ok:
         raise DatasetDefectError(report)
+    return _v2_meta(src)
+
+
+def _v2_meta(src: Path) -> DatasetMeta:
     meta = load_meta(src)
     if not meta.is_v2:
         raise ValueError(f"{src} is {meta.version}; convert takes v2.0/v2.1 datasets (v3.0 needs no conversion)")
@@ -126,31 +138,35 @@ def check_source(src: Path, dst: Path, cfg: ConvertConfig, overwrite: bool = Fal
 
 
 def convert(src: str | Path, dst: str | Path, config: ConvertConfig | None = None, overwrite: bool = False,
-            marker: dict | None = None) -> Path:
+            marker: dict | None = None, validated: bool = False) -> Path:
     """Convert the v2.x dataset at `src` to v3.0 at `dst`. Raises DatasetDefectError on a bad source.
 
     `dst` must not exist, unless it is an earlier roboloop conversion and `overwrite` is set (the old
-    one is moved aside). The output is validated (and the first and last frame of every episode
-    decoded) before it is renamed into place: a conversion we would refuse to read is never published.
+    one is moved aside). The output is validated and checked (`check_output`) before it is renamed into place:
+    a conversion we would refuse to read is never published. `validated`: `validate_source` has just passed.
     """
     cfg = config or ConvertConfig()
     src, dst = Path(src).resolve(), Path(dst).absolute()
-    meta = check_source(src, dst, cfg, overwrite)
+    meta = check_source(src, dst, cfg, overwrite, validated)
     dst.parent.mkdir(parents=True, exist_ok=True)
     with fsutil.exclusive(fsutil.lock_path_for(dst), f"conversion to {dst}"), \
             fsutil.atomic_dir(dst, "dataset_v3", overwrite, meta={"format": layout.V30, **(marker or {})}) as tmp:
         _convert_into(meta, tmp, cfg)
-        check_output(tmp, cfg.num_workers)
+        with ThreadPoolExecutor(1) as pool:
+            # the output's md5s on a second core while the output is checked: inside `hashing.remembering()`
+            # (the stage's receipt) they are not read again after the rename
+            hashed = pool.submit(hashing.dir_entries, tmp)
+            check_output(tmp, cfg.num_workers)
+            hashed.result()
     return dst
 
 
 def check_output(root: Path, workers: int = 1) -> None:
-    """Never publish what we would refuse to read: validate, then decode each episode's first frame and find its
-    last frame's packet at the time the metadata gives. Packets are stream-copied, never re-encoded, so a frame
-    that is present decodes as it did in the (validated) source; decoding each last frame would cost a decode
-    from its keyframe, up to a whole GOP per episode."""
-    import bisect
-
+    """Never publish what we would refuse to read: validate, then check from the packets (one demux pass per file,
+    shared with the validation) that every episode starts on a keyframe at the time the metadata gives and that
+    its last frame's packet is where the metadata says, and decode each file's first frame. Packets are
+    stream-copied, never re-encoded, so a frame that is present decodes as it did in the (validated) source;
+    decoding each episode's first frame cost a seek and a decode per episode (a fifth of a conversion)."""
     report = validate(root, workers=workers)
     if not report.ok:
         raise ConversionCheckError("the converted dataset failed validation; nothing was published:\n"
@@ -170,18 +186,32 @@ def check_output(root: Path, workers: int = 1) -> None:
     def check(item: tuple[Path, tuple[list[float], list[float]]]) -> None:
         path, (firsts, lasts) = item
         try:
-            video.check_decodes_at(path, firsts, tolerance_s=tol)
-            times = video.packet_times(path)
-            for t in lasts:
-                i = bisect.bisect_left(times, t - tol)
-                if i == len(times) or abs(times[i] - t) > tol:
-                    raise ValueError(f"no frame at t={t:.6f}s")
+            _check_episode_packets(path, firsts, lasts, tol)
         except Exception as e:
             raise ConversionCheckError(f"the converted video {path.relative_to(root)} does not hold an episode's "
                                        f"first/last frame ({e}); nothing was published") from e
 
     with ThreadPoolExecutor(max(1, workers)) as pool:  # PyAV decodes with the GIL released
         list(pool.map(check, wanted.items()))
+
+
+def _check_episode_packets(path: Path, firsts: list[float], lasts: list[float], tol: float) -> None:
+    """Each episode starts on a keyframe at its first time and has a packet at its last; the file's first frame
+    decodes. Raises ValueError naming the first time that fails."""
+    import bisect
+
+    def near(times: tuple[float, ...], t: float) -> bool:
+        i = bisect.bisect_left(times, t - tol)
+        return i < len(times) and abs(times[i] - t) <= tol
+
+    index = video.packet_index(path)
+    for t in firsts:
+        if not near(index.keyframe_times, t):
+            raise ValueError(f"no keyframe at t={t:.6f}s, where an episode starts")
+    for t in lasts:
+        if not near(index.times, t):
+            raise ValueError(f"no frame at t={t:.6f}s")
+    video.check_decodes_at(path, [min(firsts)], tolerance_s=tol)
 
 
 def _convert_into(meta: DatasetMeta, out: Path, cfg: ConvertConfig) -> None:
@@ -249,11 +279,7 @@ def _output_schema(first_src: Path, meta: DatasetMeta) -> pa.Schema:
 def _write_meta(meta: DatasetMeta, out: Path, cfg: ConvertConfig, data_assign: list, video_assign: dict,
                 video_spans: dict, ep_quantiles: dict, ep_stats_all: dict) -> None:
     (out / "meta").mkdir(parents=True, exist_ok=True)
-    # tasks.parquet: index = task string, column task_index (what LeRobot writes via pandas)
-    import pandas as pd  # only here: keeps `roboloop convert`'s start-up short
-
-    tasks = pd.DataFrame({"task_index": list(meta.tasks)}, index=pd.Index(list(meta.tasks.values()), name="task"))
-    tasks.to_parquet(out / layout.V30_TASKS_PATH)
+    pq.write_table(tasks_table(meta.tasks), out / layout.V30_TASKS_PATH)  # index = task string, as pandas writes
 
     rows = []
     start = 0

@@ -10,6 +10,7 @@ decodes to exactly the same pixels as in the source.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -78,21 +79,52 @@ def duration_s(container: av.container.InputContainer) -> float:
     return float(container.duration / av.time_base)
 
 
-def demux_count(path: str | Path) -> tuple[int, int]:
-    """(packets present, packets flagged corrupt) without decoding: a file cut short after its index
-    (an mp4 written with `faststart`) still probes fine but holds fewer packets than the index lists."""
+@dataclass(frozen=True)
+class PacketIndex:
+    """What one demux pass over a file's first video stream found, without decoding."""
+
+    count: int  # packets present (the demuxer's end-of-stream flush packet not counted)
+    corrupt: int  # packets flagged corrupt, plus one if the demuxer failed part way
+    times: tuple[float, ...]  # presentation times (s) of the packets, sorted
+    keyframe_times: tuple[float, ...]  # those of keyframes (where decoding can start), sorted
+
+
+def packet_index(path: str | Path) -> PacketIndex:
+    """One demux pass, remembered for this file as it is (path, inode, size, mtime): the converter's output
+    check and the validator it runs before it both need the packets, and demuxing a large file twice cost
+    about a tenth of a conversion. A file changed since is demuxed again."""
+    st = os.stat(path)
+    return _packet_index(str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _packet_index(path: str, *_stat: int) -> PacketIndex:
     n = corrupt = 0
-    with av.open(str(path)) as container:
+    times: list[float] = []
+    keys: list[float] = []
+    with av.open(path) as container:
         st = container.streams.video[0]
+        tb = float(st.time_base)  # a float product per packet: Fraction arithmetic costs more than the demux
         try:
             for packet in container.demux(st):
                 if packet.dts is None and packet.size == 0:
                     continue  # the demuxer's end-of-stream flush packet
                 n += 1
                 corrupt += bool(packet.is_corrupt)
+                if packet.pts is not None:
+                    times.append(packet.pts * tb)
+                    if packet.is_keyframe:
+                        keys.append(times[-1])
         except av.error.FFmpegError:
             corrupt += 1
-    return n, corrupt
+    return PacketIndex(n, corrupt, tuple(sorted(times)), tuple(sorted(keys)))
+
+
+def demux_count(path: str | Path) -> tuple[int, int]:
+    """(packets present, packets flagged corrupt) without decoding: a file cut short after its index
+    (an mp4 written with `faststart`) still probes fine but holds fewer packets than the index lists."""
+    index = packet_index(path)
+    return index.count, index.corrupt
 
 
 def count_decodable_frames(path: str | Path) -> int:
@@ -219,10 +251,7 @@ def check_decodes_at(path: str | Path, timestamps_s: Sequence[float], tolerance_
 
 def packet_times(path: str | Path) -> list[float]:
     """Presentation times (s) of every packet of the first video stream, sorted, without decoding."""
-    with av.open(str(path)) as container:
-        st = container.streams.video[0]
-        tb = float(st.time_base)  # a float product per packet: Fraction arithmetic costs more than the demux
-        return sorted(p.pts * tb for p in container.demux(st) if p.pts is not None)
+    return list(packet_index(path).times)
 
 
 def decode_frames_at(path: str | Path, timestamps_s: Sequence[float], tolerance_s: float = 1e-4) -> np.ndarray:

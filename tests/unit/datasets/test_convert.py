@@ -57,6 +57,16 @@ def test_output_is_valid_and_multi_file(converted):
         assert len(list((converted / "videos" / key).rglob("*.mp4"))) >= 1
 
 
+def test_tasks_table_reads_back_in_pandas_like_lerobots_own(converted, lerobot_converted):
+    """meta/tasks.parquet is written without pandas; pandas (LeRobot's reader) restores the same frame, task
+    strings as the index, as from the file LeRobot's converter wrote with pandas."""
+    import pandas as pd
+
+    ours, theirs = (pd.read_parquet(root / "meta" / "tasks.parquet") for root in (converted, lerobot_converted))
+    pd.testing.assert_frame_equal(ours, theirs)
+    assert ours.index.name == "task" and len(ours) > 1
+
+
 def test_episodes_metadata_equals_lerobot_converter(converted, lerobot_converted):
     ours = pq.read_table(next((converted / "meta/episodes").rglob("*.parquet"))).to_pylist()
     theirs = pq.read_table(next((lerobot_converted / "meta/episodes").rglob("*.parquet"))).to_pylist()
