@@ -29,14 +29,16 @@ def _import_isaaclab(task: str):
     """gymnasium, Isaac Lab's `launch_simulation` and (for Isaac Lab's own tasks) `resolve_task_config`; roboloop's
     tasks skip `isaaclab_tasks`, whose import walks every task package (~1.2 s of each simulator's start here)."""
     use_shipped_assets()
-    resolve_task_config = None
+    resolve_task_config: Any = None
     try:
         import gymnasium as gym
         from isaaclab.app import launch_simulation
 
         if task not in ROBOLOOP_TASKS:
             import isaaclab_tasks  # noqa: F401  (registers Isaac Lab's tasks)
-            from isaaclab_tasks.utils import resolve_task_config
+            from isaaclab_tasks import utils as task_utils
+
+            resolve_task_config = task_utils.resolve_task_config
 
         import roboloop.evaluation.isaac_tasks  # noqa: F401
     except ImportError as e:

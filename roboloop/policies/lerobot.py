@@ -236,4 +236,11 @@ class LeRobotPolicy:
 
     def chunk(self, inputs: dict) -> torch.Tensor:
         """The normalised chunk for preprocessed inputs (the network's part of `act`)."""
-        return self.policy.predict_action_chunk(inputs)
+        return self.network.predict_action_chunk(inputs)
+
+    @property
+    def network(self):
+        """LeRobot's policy module; a folder opened with `weights=False` (processors and schema only) has none."""
+        if self.policy is None:
+            raise RuntimeError(f"{self.dir} was opened without its weights: it cannot act")
+        return self.policy

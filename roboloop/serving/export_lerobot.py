@@ -87,7 +87,7 @@ def export_lerobot(folder: Path, tmp: Path, checks: int, onnx_file: str, toleran
         raise ValueError(f"{folder}: LeRobot's {kind} is not exported to ONNX ({why}); serve it from its folder")
     policy = LeRobotPolicy(folder)
     keys, has_state, has_env = input_keys(policy.cfg)
-    graph = _ActGraph(policy.policy.model, has_state, has_env).eval()
+    graph = _ActGraph(policy.network.model, has_state, has_env).eval()
     probe = _probe(policy, checks + 1, 0)
     first = policy.inputs(probe[0])
     with torch.no_grad(), warnings.catch_warnings():
