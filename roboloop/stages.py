@@ -10,9 +10,8 @@
 The loop (`roboloop.loop.run_loop`: `roboloop loop`, the `closed-loop` flow's task adapters, benches),
 `roboloop reproduce` and `roboloop registry add` call these. With a `ReceiptCache`, a stage whose inputs
 (their content identities), config and code are unchanged returns its earlier receipt, once its output
-has been checked (or restored from DVC); output folders are named by that key, so a different input
-never lands on an earlier output. `roboloop convert`, `ingest`, `train` and `evaluate` are these stages too
-(`roboloop.cli_stages`): same receipts and caches, with the user's explicit output folders.
+has been checked (or restored from DVC); output folders are named by that key, so a different input never lands
+on an earlier output. `roboloop convert`, `ingest`, `train`, `evaluate` are these stages too (`cli_stages`).
 """
 
 from __future__ import annotations
@@ -101,8 +100,7 @@ def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = No
     it is (a folder outside the repository, an S3 download): then the loop versions a copy of it under
     artifacts/ (the user's folder is only read). An explicit `dst` (`roboloop convert SRC DST`) takes a cached
     result only if it is that folder; `overwrite` lets another conversion replace an earlier one of roboloop's
-    there (moved aside, never deleted). `validated`: the caller has just validated the source
-    (`datasets.convert.validate_source`)."""
+    there (moved aside, never deleted). `validated`: the caller has just run `validate_source`."""
     from roboloop.datasets.convert import convert as convert_dataset
 
     if raw.format == "v3.0":
@@ -118,8 +116,8 @@ def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = No
         ref = dataset_ref(out, source=raw.md5, track=track)  # this very conversion, receipt lost: reuse
     else:  # (a conversion of ours whose receipt no longer checks out is redone; the old one is moved aside)
         with remembering():  # the converter hashes its output while checking it: not read twice
-            convert_dataset(raw.path, out, cfg.model_copy(update={"progress": False}), overwrite=overwrite or ours,
-                            marker={"key": key}, validated=validated)
+            convert_dataset(raw.path, out, cfg.model_copy(update={"progress": False}), overwrite or ours, {"key": key},
+                            validated)
             ref = dataset_ref(out, source=raw.md5, track=track)
     if cache:
         cache.put(key, ref)
