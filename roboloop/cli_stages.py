@@ -48,23 +48,25 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from roboloop.cli import _model_from_args
     from roboloop.datasets.convert import ConvertConfig, validate_source
     from roboloop.datasets.validate import DatasetDefectError
-    from roboloop.hashing import dir_entries, remembering
+    from roboloop.hashing import remembering
 
     cfg = _model_from_args(ConvertConfig, args)
     src = Path(args.src).resolve()
     try:
-        # the source is validated (it names any defect first) while a second core hashes it for the receipt
+        # the source is validated on a thread while it is hashed and converted (into a temporary folder): the
+        # validation's verdict gates the output check and the rename, and its defects are what is reported
         with remembering(), ThreadPoolExecutor(1) as pool:
-            hashed = pool.submit(dir_entries, src) if src.is_dir() else None
+            verdict = pool.submit(validate_source, src, cfg)  # type: ignore[arg-type]
             try:
-                validate_source(src, cfg)  # type: ignore[arg-type]
-            except BaseException:
-                if hashed is not None:
-                    hashed.cancel()
+                raw = stages.dataset_ref(args.src)
+                if raw.format == "v3.0":
+                    verdict.result()  # refused: "v3.0 needs no conversion"
+                ref = stages.convert(raw, cfg, cache=_cache(args), dst=args.dst, track=args.track,  # type: ignore[arg-type]
+                                     overwrite=args.overwrite, validated=verdict)
+            except Exception:
+                verdict.result()  # a defect of the source, named, before whatever it caused
                 raise
-            raw = stages.dataset_ref(args.src)  # a v3.0 source was refused above ("needs no conversion")
-            ref = stages.convert(raw, cfg, cache=_cache(args), dst=args.dst, track=args.track,  # type: ignore[arg-type]
-                                 overwrite=args.overwrite, validated=True)
+            verdict.result()  # a cache hit too: the source must still validate
     except DatasetDefectError as e:
         print(e.report.to_json() if args.json else e.report.human(), file=sys.stderr)
         print(f"refused: {args.src} has {len(e.report.defects)} defect(s); nothing was written", file=sys.stderr)

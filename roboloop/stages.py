@@ -22,6 +22,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 from roboloop import fsutil
@@ -77,8 +78,7 @@ def dataset_ref(path: str | Path, source: str | None = None, track: bool = False
 
 def ingest(source: str, cache_dir: str | Path | None = None, deep: bool = False, workers: int = 8,
            collect: CollectConfig | None = None, track: bool = False, on_line: OnLine = print) -> DatasetRef:
-    """A validated dataset from a folder or S3; a defective one raises DatasetDefectError with its report.
-    With `collect`, a missing local folder is first recorded by the scripted expert."""
+    """A validated dataset from a folder or S3 (DatasetDefectError otherwise); `collect` records a missing one."""
     from roboloop.datasets.ingest import ingest as ingest_dataset
     from roboloop.s3 import is_s3
 
@@ -95,12 +95,12 @@ def ingest(source: str, cache_dir: str | Path | None = None, deep: bool = False,
 
 
 def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = None, dst: str | Path | None = None,
-            track: bool = False, overwrite: bool = False, validated: bool = False) -> DatasetRef:
+            track: bool = False, overwrite: bool = False, validated: bool | Future = False) -> DatasetRef:
     """v2.x -> v3.0. A v3.0 dataset is returned as is, unless it is to be tracked and could not be tracked where
     it is (a folder outside the repository, an S3 download): then the loop versions a copy of it under
     artifacts/ (the user's folder is only read). An explicit `dst` (`roboloop convert SRC DST`) takes a cached
     result only if it is that folder; `overwrite` lets another conversion replace an earlier one of roboloop's
-    there (moved aside, never deleted). `validated`: the caller has just run `validate_source`."""
+    there (moved aside, never deleted). `validated`: `validate_source` passed or runs (see the converter)."""
     from roboloop.datasets.convert import convert as convert_dataset
 
     if raw.format == "v3.0":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 
@@ -54,7 +56,6 @@ def tasks_table(tasks: dict[int, str]) -> pa.Table:
     `task_index` column, the task strings as the `task` index column and the pandas metadata that makes
     `pd.read_parquet` restore that index. Built without importing pandas (~0.4 s of a conversion's wall time);
     `tests/unit/datasets/test_convert.py` checks that pandas reads it back like its own file."""
-    import json
     from importlib.metadata import version
 
     pandas_md = {
@@ -71,7 +72,44 @@ def tasks_table(tasks: dict[int, str]) -> pa.Table:
         "creator": {"library": "pyarrow", "version": pa.__version__},
         "pandas_version": version("pandas"),
     }
-    schema = pa.schema([("task_index", pa.int64()), ("task", pa.string())],
-                       metadata={b"pandas": json.dumps(pandas_md).encode()})
-    return pa.table([pa.array(list(tasks), pa.int64()), pa.array(list(tasks.values()), pa.string())],
-                    schema=schema)
+    table = rows_table([{"task_index": i, "task": t} for i, t in tasks.items()],
+                       pa.schema([("task_index", pa.int64()), ("task", pa.string())]))
+    return table.replace_schema_metadata({b"pandas": json.dumps(pandas_md).encode()})
+
+
+def infer_type(value) -> pa.DataType:
+    """The Arrow type `pa.Table.from_pylist` infers for a JSON-like value (bool, int, float, str, nested lists)."""
+    if isinstance(value, bool):
+        return pa.bool_()
+    if isinstance(value, int):
+        return pa.int64()
+    if isinstance(value, float):
+        return pa.float64()
+    if isinstance(value, str):
+        return pa.string()
+    if isinstance(value, list | tuple):
+        kinds = {infer_type(v) for v in value}
+        if kinds == {pa.int64(), pa.float64()}:
+            return pa.list_(pa.float64())
+        if len(kinds) > 1:
+            raise TypeError(f"mixed list {value!r:.80}")
+        return pa.list_(kinds.pop() if kinds else pa.null())
+    raise TypeError(f"no Arrow type for {type(value).__name__}")
+
+
+def rows_table(rows: list[dict], schema: pa.Schema | None = None) -> pa.Table:
+    """`pa.Table.from_pylist(rows)` through Arrow's JSON reader: every Python-object path into pyarrow (pa.array,
+    from_pylist, from_pydict) imports pandas, which was a tenth of a conversion's wall time. The schema is the
+    one from_pylist infers from the first row (`infer_type`) unless given; floats go through their shortest
+    repr, which parses back to the same double. Non-finite numbers are refused (JSON has none)."""
+    import io
+
+    import pyarrow.json as pj
+
+    if schema is None:
+        schema = pa.schema([(k, infer_type(v)) for k, v in rows[0].items()])
+    body = "\n".join(json.dumps(r, allow_nan=False) for r in rows).encode()
+    opts = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")  # as from_pylist: row 0's keys
+    table = pj.read_json(io.BytesIO(body), read_options=pj.ReadOptions(block_size=max(1 << 20, len(body) + 1)),
+                         parse_options=opts)
+    return table.select(schema.names).combine_chunks()

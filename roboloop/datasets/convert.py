@@ -17,9 +17,10 @@ Plan, then execute:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from tqdm import tqdm
 
 from roboloop import fsutil, hashing, procs
 from roboloop.datasets import episode_stats, layout, stats, video
-from roboloop.datasets.arrowutil import read_table, tasks_table, to_2d
+from roboloop.datasets.arrowutil import read_table, rows_table, tasks_table, to_2d
 from roboloop.datasets.config import ConvertConfig
 from roboloop.datasets.meta import DatasetMeta, load_meta
 from roboloop.datasets.validate import DatasetDefectError, validate
@@ -138,20 +139,27 @@ def _v2_meta(src: Path) -> DatasetMeta:
 
 
 def convert(src: str | Path, dst: str | Path, config: ConvertConfig | None = None, overwrite: bool = False,
-            marker: dict | None = None, validated: bool = False) -> Path:
+            marker: dict | None = None, validated: bool | Future = False) -> Path:
     """Convert the v2.x dataset at `src` to v3.0 at `dst`. Raises DatasetDefectError on a bad source.
 
     `dst` must not exist, unless it is an earlier roboloop conversion and `overwrite` is set (the old
     one is moved aside). The output is validated and checked (`check_output`) before it is renamed into place:
-    a conversion we would refuse to read is never published. `validated`: `validate_source` has just passed.
+    a conversion we would refuse to read is never published. `validated`: `validate_source` has just passed, or
+    is running (a Future: the CLI validates while the source is hashed and converted); then its verdict gates the
+    output check and the rename, and a defect it finds is what this raises, whatever the conversion ran into.
     """
     cfg = config or ConvertConfig()
     src, dst = Path(src).resolve(), Path(dst).absolute()
-    meta = check_source(src, dst, cfg, overwrite, validated)
+    verdict = validated if isinstance(validated, Future) else None
+    with _source_defects_first(verdict):
+        meta = check_source(src, dst, cfg, overwrite, bool(validated))
     dst.parent.mkdir(parents=True, exist_ok=True)
     with fsutil.exclusive(fsutil.lock_path_for(dst), f"conversion to {dst}"), \
             fsutil.atomic_dir(dst, "dataset_v3", overwrite, meta={"format": layout.V30, **(marker or {})}) as tmp:
-        _convert_into(meta, tmp, cfg)
+        with _source_defects_first(verdict):
+            _convert_into(meta, tmp, cfg)
+        if verdict is not None:
+            verdict.result()  # a defective source raises its report here: the temporary folder goes, nothing else
         with ThreadPoolExecutor(1) as pool:
             # the output's md5s on a second core while the output is checked: inside `hashing.remembering()`
             # (the stage's receipt) they are not read again after the rename
@@ -159,6 +167,17 @@ def convert(src: str | Path, dst: str | Path, config: ConvertConfig | None = Non
             check_output(tmp, cfg.num_workers)
             hashed.result()
     return dst
+
+
+@contextlib.contextmanager
+def _source_defects_first(verdict: Future | None) -> Iterator[None]:
+    """A conversion of a source still being validated may fail on its defects: report the defects, not that."""
+    try:
+        yield
+    except Exception:
+        if verdict is not None:
+            verdict.result()
+        raise
 
 
 def check_output(root: Path, workers: int = 1) -> None:
@@ -306,7 +325,7 @@ def _write_meta(meta: DatasetMeta, out: Path, cfg: ConvertConfig, data_assign: l
         rows.append(row)
     ep_path = out / layout.V30_EPISODES_PATH.format(chunk_index=0, file_index=0)
     ep_path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), ep_path)
+    pq.write_table(rows_table(rows), ep_path)  # what pa.Table.from_pylist(rows) gives, without pandas
 
     legacy = [ep_stats_all[ep.episode_index] for ep in meta.episodes]
     dataset_stats = stats.aggregate(legacy)

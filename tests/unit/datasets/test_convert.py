@@ -233,3 +233,19 @@ def test_non_integer_fps_kept_exactly_end_to_end(tmp_path):
     frames = ds.decode_window(1, "observation.images.top", int(ds.frame_index[last]), 1, (32, 32))
     theirs = LeRobotDataset("t/fps", root=out, video_backend="pyav")[last]["observation.images.top"]
     np.testing.assert_allclose(frames[0].transpose(2, 0, 1) / 255, theirs.numpy(), atol=2 / 255)
+
+
+def test_rows_table_equals_arrows_from_pylist():
+    """The episode table is built through Arrow's JSON reader (no pandas): the same table as from_pylist."""
+    import pyarrow as pa
+
+    from roboloop.datasets.arrowutil import rows_table
+
+    rows = [{"episode_index": i, "tasks": ["pick the cube", "ünïcode"][: i + 1], "length": 10 ** (i + 9),
+             "stats/x/mean": [0.1, 1 / 3, 1e-300, -2.5e300], "stats/x/count": [7],
+             "stats/img/min": [[[0.0]], [[0.5]], [[1.0 / 7]]], "ok": i == 0, "name": f"e{i}"} for i in range(2)]
+    ours, theirs = rows_table(rows), pa.Table.from_pylist(rows)
+    assert ours.schema == theirs.schema and ours.equals(theirs)
+    assert ours.to_pylist() == rows
+    with pytest.raises(ValueError):
+        rows_table([{"x": float("nan")}])
