@@ -145,12 +145,3 @@ def _cancel_unfinished(api: str) -> None:
         deadline = time.time() + 60
         while time.time() < deadline and _runs_in(api, ["PENDING", "RUNNING", "CANCELLING"]):
             time.sleep(1)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Each test's call report on its item (the browser fixture screenshots a failed test)."""
-    outcome = yield
-    rep = outcome.get_result()
-    if rep.when == "call":
-        item.rep_call = rep
