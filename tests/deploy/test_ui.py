@@ -3,10 +3,11 @@ log in (basic auth), fill and submit the `evaluate` form, then see the run's plo
 page. A failing test leaves a screenshot (its path is printed; $ROBOLOOP_UI_SCREENSHOTS picks the folder).
 
 Headless Chromium 156 on these 2-core VMs sometimes spins two renderers (the page's and its own top-chrome WebUI)
-at full CPU from launch, load average above 100: the browser then answers nothing for many minutes (seen in 3 of
-the last 5 CI runs: 25 min, 30 min, 17 min; the flow runs it had started completed in seconds). So each attempt
-runs under a watchdog that kills that browser's processes after `BUDGET_S`; an attempt the watchdog cut short is
-tried again with a fresh browser (at most `ATTEMPTS`), while any other failure fails at once."""
+at full CPU from launch, load average above 100: the browser then answers nothing for many minutes (seen in 4
+full runs of the suite, CI's and sessions': 25 min, 30 min, 17 min, and a 30 s API timeout; the flow runs
+completed). So each attempt runs under a watchdog that kills that browser's processes after `BUDGET_S`; an
+attempt the watchdog cut short is tried again with a fresh browser (at most `ATTEMPTS`), while any other failure
+fails at once."""
 
 from __future__ import annotations
 
