@@ -37,6 +37,11 @@ def remembering() -> Iterator[None]:
         _MEMO = outer
 
 
+def remembering_now() -> bool:
+    """Is a `remembering()` block open (so that hashing something ahead of time spares a later read)?"""
+    return _MEMO is not None
+
+
 def file_md5(path: Path) -> str:
     memo = _MEMO
     st = os.stat(path)

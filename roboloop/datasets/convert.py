@@ -113,8 +113,7 @@ def check_source(src: Path, dst: Path, cfg: ConvertConfig, overwrite: bool = Fal
     """Everything that must hold before a conversion writes anything: a readable v2.x source without defects and
     a destination roboloop may write. Returns the source's metadata; raises naming the defect. `validated`: the
     caller has just run `validate_source` (the CLI runs it beside hashing the source for the receipt)."""
-    if not src.is_dir():
-        raise FileNotFoundError(f"{src} is not a dataset folder" if src.exists() else f"{src} does not exist")
+    _require_folder(src)
     if fsutil.inside(dst, src) or fsutil.inside(src, dst):
         raise ValueError(f"destination {dst} must be outside the source {src} (and must not contain it)")
     fsutil.check_destination(dst, "dataset_v3", overwrite, flag="DST")
@@ -123,12 +122,16 @@ def check_source(src: Path, dst: Path, cfg: ConvertConfig, overwrite: bool = Fal
 
 def validate_source(src: Path, cfg: ConvertConfig):
     """The source alone: a v2.x dataset without defects (DatasetDefectError with the report otherwise)."""
-    if not src.is_dir():
-        raise FileNotFoundError(f"{src} is not a dataset folder" if src.exists() else f"{src} does not exist")
+    _require_folder(src)
     report = validate(src, deep=cfg.validate_deep, workers=cfg.num_workers)
     if not report.ok:
         raise DatasetDefectError(report)
     return _v2_meta(src)
+
+
+def _require_folder(src: Path) -> None:
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src} is not a dataset folder" if src.exists() else f"{src} does not exist")
 
 
 def _v2_meta(src: Path) -> DatasetMeta:
@@ -161,11 +164,12 @@ def convert(src: str | Path, dst: str | Path, config: ConvertConfig | None = Non
         if verdict is not None:
             verdict.result()  # a defective source raises its report here: the temporary folder goes, nothing else
         with ThreadPoolExecutor(1) as pool:
-            # the output's md5s on a second core while the output is checked: inside `hashing.remembering()`
-            # (the stage's receipt) they are not read again after the rename
-            hashed = pool.submit(hashing.dir_entries, tmp)
+            # inside `hashing.remembering()` (a stage that hashes its output for the receipt), the output's md5s
+            # are taken on a second core while it is checked, and not read again after the rename
+            hashed = pool.submit(hashing.dir_entries, tmp) if hashing.remembering_now() else None
             check_output(tmp, cfg.num_workers)
-            hashed.result()
+            if hashed is not None:
+                hashed.result()
     return dst
 
 

@@ -249,11 +249,6 @@ def check_decodes_at(path: str | Path, timestamps_s: Sequence[float], tolerance_
                 raise ValueError(f"{path}: no frame at t={t:.6f}s (the video ends earlier)")
 
 
-def packet_times(path: str | Path) -> list[float]:
-    """Presentation times (s) of every packet of the first video stream, sorted, without decoding."""
-    return list(packet_index(path).times)
-
-
 def decode_frames_at(path: str | Path, timestamps_s: Sequence[float], tolerance_s: float = 1e-4) -> np.ndarray:
     """Decode the frames shown at `timestamps_s` (sorted or not) as (N, H, W, 3) uint8."""
     order = np.argsort(timestamps_s)
