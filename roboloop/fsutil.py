@@ -21,7 +21,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -173,12 +173,13 @@ def temp_sibling(dst: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_dir(dst: str | Path, kind: str, overwrite: bool = False, meta: dict | None = None,
+def atomic_dir(dst: str | Path, kind: str, overwrite: bool = False, meta: dict | Callable[[], dict] | None = None,
                flag: str = "DST") -> Iterator[Path]:
     """Build a folder in a temporary sibling, then publish it at `dst` with roboloop's marker.
 
     The marker's content is `meta` plus kind: keep it deterministic, it is part of the output
-    (and of its DVC md5). On any failure the temporary folder is removed and `dst` is untouched.
+    (and of its DVC md5); a callable is asked for it once the folder is built (a key still being computed
+    while it was). On any failure the temporary folder is removed and `dst` is untouched.
     """
     dst = Path(dst).absolute()
     check_destination(dst, kind, overwrite, flag)
@@ -187,6 +188,7 @@ def atomic_dir(dst: str | Path, kind: str, overwrite: bool = False, meta: dict |
     tmp = make_dir(temp_sibling(dst))
     try:
         yield tmp
+        meta = meta() if callable(meta) else meta
         (tmp / MARKER).write_text(json.dumps({"created_by": "roboloop", "kind": kind, **(meta or {})},
                                              sort_keys=True, indent=1) + "\n")
         publish(tmp, dst, kind, overwrite, flag)

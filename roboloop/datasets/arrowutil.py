@@ -22,6 +22,29 @@ def to_2d(col: pa.ChunkedArray | pa.Array, dtype: type = np.float64) -> np.ndarr
     return np_col(col).astype(dtype)[:, None]
 
 
+def to_rows_nd(col: pa.ChunkedArray | pa.Array, dtype: type = np.float64) -> list[np.ndarray | None]:
+    """Each row of a (nested) list or scalar column as an at-least-1-d array, None for a null row: what
+    `np.atleast_1d(np.asarray(row, dtype))` gives for each of `col.to_pylist()`, from one conversion when every
+    row has the same shape (the episode table's 30 stats columns x 1000s of episodes, ~0.2 s row by row)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    shape: list[int] = [len(col)]
+    flat: pa.Array = col
+    while is_list(flat.type):
+        if flat.null_count:
+            break
+        lengths = np_col(flat.value_lengths()) if len(flat) else np.zeros(0, np.int32)
+        if len(lengths) == 0 or (lengths != lengths[0]).any():
+            break
+        shape.append(int(lengths[0]))
+        flat = flat.flatten()
+    else:
+        if flat.null_count == 0 and flat.type in _NUMPY_TYPES:
+            arr: np.ndarray = np_col(flat).astype(dtype).reshape(shape)
+            return [np.atleast_1d(a) for a in arr]
+    return [None if v is None else np.atleast_1d(np.asarray(v, dtype=dtype)) for v in col.to_pylist()]
+
+
 def read_table(path, columns: list[str] | None = None, memory_map: bool = False) -> pa.Table:
     """`pq.read_table` without `pyarrow.dataset`, which imports pandas (~1 s of start-up) when installed."""
     import pyarrow.parquet as pq

@@ -204,13 +204,13 @@ def check_video(path: Path, rel: str, meta: DatasetMeta, key: str, episode: int 
     """Resolution, fps and frame count against the metadata; truncation from the packets actually present.
     Returns the file's probe (None when unreadable)."""
     try:
-        pr = video.probe(path)
+        pr, index = video.scan(path)
     except Exception as e:
         size = path.stat().st_size
         report.add("corrupt_file", f"unreadable video ({size} bytes): {e}; an mp4 cut short loses its index "
                    "(moov box)", rel, episode, key)
         return None
-    _check_video_body(path, pr, rel, meta, key, episode, num_frames, min_duration_s, deep, report)
+    _check_video_body(path, pr, index, rel, meta, key, episode, num_frames, min_duration_s, deep, report)
     return pr
 
 
@@ -231,8 +231,9 @@ def check_same_encoding(probes: dict[str, list[tuple[int, str, video.VideoProbe]
                            "like the others", rel, ep, key)
 
 
-def _check_video_body(path: Path, pr: video.VideoProbe, rel: str, meta: DatasetMeta, key: str, episode: int | None,
-                      num_frames: int | None, min_duration_s: float | None, deep: bool, report: Report) -> None:
+def _check_video_body(path: Path, pr: video.VideoProbe, index: video.PacketIndex, rel: str, meta: DatasetMeta,
+                      key: str, episode: int | None, num_frames: int | None, min_duration_s: float | None,
+                      deep: bool, report: Report) -> None:
     feat = meta.info.features[key]
     names = feat.flat_names() or []
     width_first = names[:2] == ["width", "height"]
@@ -243,7 +244,7 @@ def _check_video_body(path: Path, pr: video.VideoProbe, rel: str, meta: DatasetM
     if abs(pr.fps - float(declared_fps)) > 1e-3 or abs(pr.fps - meta.info.fps) > 1e-3:
         report.add("video", f"{pr.fps:g} fps, metadata says {declared_fps:g} (dataset fps {meta.info.fps:g})",
                    rel, episode, key)
-    packets, corrupt = video.demux_count(path)
+    packets, corrupt = index.count, index.corrupt
     if packets < pr.num_frames or corrupt:
         report.add("corrupt_file", f"truncated video: its index lists {pr.num_frames} frames but only {packets} "
                    f"are in the file ({path.stat().st_size} bytes; cut short?)", rel, episode, key)

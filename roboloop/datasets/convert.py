@@ -20,13 +20,16 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import multiprocessing
+import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.compute  # noqa: F401  (pyarrow imports it lazily for list columns: once here, before the
+import pyarrow.parquet as pq  # workers fork, instead of ~0.1 s in each of them)
 from tqdm import tqdm
 
 from roboloop import fsutil, hashing, procs
@@ -72,11 +75,14 @@ def _groups(assign: list[tuple[int, int]]) -> dict[tuple[int, int], list[int]]:
     return groups
 
 
-def write_data_file(srcs: list[str], dst: str, schema_bytes: bytes, numeric: list[str]) -> dict[int, dict]:
-    """Concatenate episode parquets into `dst`; return exact quantiles of numeric features per episode."""
+def write_data_file(srcs: list[str], dst: str, schema_bytes: bytes, numeric: list[str],
+                    bounds: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[dict[int, dict], dict[str, np.ndarray]]:
+    """Concatenate episode parquets into `dst`; return exact quantiles of numeric features per episode, and the
+    counts of each feature's dataset-quantile sketch between `bounds` (min, max) over this file's rows."""
     schema = pa.ipc.read_schema(pa.py_buffer(schema_bytes))
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     quantiles: dict[int, dict] = {}
+    sketches = {k: stats.QuantileSketch(*bounds[k]) for k in numeric if k in bounds}
     buf: list[pa.Table] = []
     buffered = 0
     with pq.ParquetWriter(dst, schema, compression="snappy") as writer:
@@ -84,7 +90,11 @@ def write_data_file(srcs: list[str], dst: str, schema_bytes: bytes, numeric: lis
             table = read_table(src)
             table = table.select(schema.names).cast(schema) if table.schema != schema else table
             ep = int(table["episode_index"][0].as_py()) if table.num_rows else -1
-            quantiles[ep] = {k: _column_quantiles(table[k]) for k in numeric if k in table.column_names}
+            cols = {k: to_2d(table[k]) for k in numeric if k in table.column_names}
+            quantiles[ep] = _quantiles(cols)
+            for k, sk in sketches.items():
+                if k in cols:
+                    sk.update(cols[k])
             buf.append(table)
             buffered += table.nbytes
             if buffered >= ROW_GROUP_BYTES:
@@ -92,11 +102,24 @@ def write_data_file(srcs: list[str], dst: str, schema_bytes: bytes, numeric: lis
                 buf, buffered = [], 0
         if buf:
             writer.write_table(pa.concat_tables(buf), row_group_size=1 << 30)
-    return quantiles
+    return quantiles, {k: sk.counts for k, sk in sketches.items()}
 
 
-def _column_quantiles(col: pa.ChunkedArray) -> dict[str, list]:
-    arr = to_2d(col)
+def _quantiles(cols: dict[str, np.ndarray]) -> dict[str, dict[str, list]]:
+    """Exact quantiles of each (N, D) column, from one `np.quantile` over them side by side (column-wise, so the
+    same numbers as one call per column; a call per column cost a fifth of a data file's job)."""
+    if not cols or not len(next(iter(cols.values()))):
+        return {k: _column_quantiles(v) for k, v in cols.items()}
+    qs = np.quantile(np.hstack(list(cols.values())), stats.QUANTILES, axis=0)
+    out, at = {}, 0
+    for k, v in cols.items():
+        part = qs[:, at:at + v.shape[1]]
+        out[k] = {name: part[i].tolist() for i, name in enumerate(stats.QUANTILE_KEYS)}
+        at += v.shape[1]
+    return out
+
+
+def _column_quantiles(arr: np.ndarray) -> dict[str, list]:
     qs = np.quantile(arr, stats.QUANTILES, axis=0)
     return {k: qs[i].tolist() for i, k in enumerate(stats.QUANTILE_KEYS)}
 
@@ -142,12 +165,13 @@ def _v2_meta(src: Path) -> DatasetMeta:
 
 
 def convert(src: str | Path, dst: str | Path, config: ConvertConfig | None = None, overwrite: bool = False,
-            marker: dict | None = None, validated: bool | Future = False) -> Path:
+            marker: dict | Callable[[], dict] | None = None, validated: bool | Future = False) -> Path:
     """Convert the v2.x dataset at `src` to v3.0 at `dst`. Raises DatasetDefectError on a bad source.
 
     `dst` must not exist, unless it is an earlier roboloop conversion and `overwrite` is set (the old
-    one is moved aside). The output is validated and checked (`check_output`) before it is renamed into place:
-    a conversion we would refuse to read is never published. `validated`: `validate_source` has just passed, or
+    one is moved aside). `marker`: what roboloop's marker in `dst` records (a callable: asked at the end). The
+    output is validated and checked (`check_output`) before it is renamed into place: a conversion we would
+    refuse to read is never published. `validated`: `validate_source` has just passed, or
     is running (a Future: the CLI validates while the source is hashed and converted); then its verdict gates the
     output check and the rename, and a defect it finds is what this raises, whatever the conversion ran into.
     """
@@ -158,7 +182,8 @@ def convert(src: str | Path, dst: str | Path, config: ConvertConfig | None = Non
         meta = check_source(src, dst, cfg, overwrite, bool(validated))
     dst.parent.mkdir(parents=True, exist_ok=True)
     with fsutil.exclusive(fsutil.lock_path_for(dst), f"conversion to {dst}"), \
-            fsutil.atomic_dir(dst, "dataset_v3", overwrite, meta={"format": layout.V30, **(marker or {})}) as tmp:
+            fsutil.atomic_dir(dst, "dataset_v3", overwrite, meta=lambda: {
+                "format": layout.V30, **((marker() if callable(marker) else marker) or {})}) as tmp:
         with _source_defects_first(verdict):
             _convert_into(meta, tmp, cfg)
         if verdict is not None:
@@ -250,6 +275,9 @@ def _convert_into(meta: DatasetMeta, out: Path, cfg: ConvertConfig) -> None:
     }
     numeric = [k for k, f in info.features.items() if f.dtype not in ("video", "image", "string")]
     ep_stats = episode_stats.fill_missing(meta, cfg.num_workers)
+    dataset_stats = stats.aggregate([ep_stats[e] for e in eps])
+    # the data jobs also fill each feature's dataset-quantile sketch between its (exact) min and max
+    bounds = {k: (dataset_stats[k]["min"], dataset_stats[k]["max"]) for k in numeric if k in dataset_stats}
     schema = _output_schema(data_src[0], meta)
     schema_bytes = schema.serialize().to_pybytes()
 
@@ -257,7 +285,7 @@ def _convert_into(meta: DatasetMeta, out: Path, cfg: ConvertConfig) -> None:
     for (chunk, file), members in _groups(data_assign).items():
         dst = out / layout.V30_DATA_PATH.format(chunk_index=chunk, file_index=file)
         jobs.append(("data", (chunk, file, members), write_data_file,
-                     ([str(data_src[i]) for i in members], str(dst), schema_bytes, numeric)))
+                     ([str(data_src[i]) for i in members], str(dst), schema_bytes, numeric, bounds)))
     for key, assign in video_assign.items():
         for (chunk, file), members in _groups(assign).items():
             dst = out / layout.V30_VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
@@ -268,26 +296,75 @@ def _convert_into(meta: DatasetMeta, out: Path, cfg: ConvertConfig) -> None:
     results = _run_jobs(jobs, cfg)
 
     ep_quantiles: dict[int, dict] = {}
+    sketches = {k: stats.QuantileSketch(*b) for k, b in bounds.items()}
     video_spans: dict[str, dict[int, tuple[float, float]]] = {k: {} for k in video_assign}
     for (kind, (_, _, members), _, _), res in zip(jobs, results, strict=True):
         if kind == "data":
-            ep_quantiles.update(res)
+            ep_quantiles.update(res[0])
+            for k, counts in res[1].items():
+                sketches[k].counts += counts
         else:
             for i, span in zip(members, res, strict=True):
                 video_spans[kind][i] = span
-    _write_meta(meta, out, cfg, data_assign, video_assign, video_spans, ep_quantiles, ep_stats)
+    for k, sk in sketches.items():  # exact to a bin: one streaming pass over every row, in the data jobs
+        shape = np.asarray(dataset_stats[k]["mean"]).shape
+        dataset_stats[k].update({q: v.reshape(shape) for q, v in sk.quantiles().items()})
+    _write_meta(meta, out, cfg, data_assign, video_assign, video_spans, ep_quantiles, ep_stats, dataset_stats)
+
+
+_FORKED: ProcessPoolExecutor | None = None
+
+
+@contextlib.contextmanager
+def workers_forked_now(workers: int) -> Iterator[None]:
+    """Fork the conversion's worker processes now, while this process has one thread, for the conversions run
+    inside the block. A process forked while another thread is importing a module inherits that module's import
+    lock held forever: the worker hangs at its first import (seen: the CLI hashing and validating the source on
+    threads while it converts). Without this block, a conversion in a process with threads starts its workers
+    from a fork server."""
+    global _FORKED
+    if workers <= 1 or threading.active_count() > 1 or _FORKED is not None:
+        yield
+        return
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                               initializer=procs.die_with_parent)
+    pool.submit(int).result()  # a fork-context pool starts all its workers at its first task
+    _FORKED = pool
+    try:
+        yield
+    finally:
+        _FORKED = None
+        pool.shutdown(cancel_futures=True)
+
+
+def _worker_pool(workers: int) -> contextlib.AbstractContextManager[Executor]:
+    if workers <= 1:
+        return ThreadPoolExecutor(1)
+    if _FORKED is not None:
+        return contextlib.nullcontext(_FORKED)
+    if threading.active_count() == 1:
+        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=procs.die_with_parent)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])  # (takes effect when the server starts: once per process)
+    return ProcessPoolExecutor(workers, mp_context=ctx, initializer=procs.die_with_parent)
 
 
 def _run_jobs(jobs: list, cfg: ConvertConfig) -> list:
+    pool_cm = _worker_pool(min(cfg.num_workers, len(jobs)))  # before the bar's monitor thread
     bar = tqdm(total=len(jobs), desc="convert", unit="file", disable=not cfg.progress)
-    workers = min(cfg.num_workers, len(jobs))
     try:
-        with (ProcessPoolExecutor(workers, initializer=procs.die_with_parent) if workers > 1
-              else ThreadPoolExecutor(1)) as pool:
+        with pool_cm as pool:
             futures: list[Future] = [pool.submit(fn, *args) for _, _, fn, args in jobs]
             for f in futures:
                 f.add_done_callback(lambda _: bar.update(1))
-            return [f.result() for f in futures]
+            try:
+                return [f.result() for f in futures]
+            except BaseException:  # (a failed job, SIGTERM): no job may still write once the caller cleans up
+                for f in futures:
+                    f.cancel()
+                wait(futures)
+                raise
     finally:
         bar.close()
 
@@ -300,7 +377,7 @@ def _output_schema(first_src: Path, meta: DatasetMeta) -> pa.Schema:
 
 
 def _write_meta(meta: DatasetMeta, out: Path, cfg: ConvertConfig, data_assign: list, video_assign: dict,
-                video_spans: dict, ep_quantiles: dict, ep_stats_all: dict) -> None:
+                video_spans: dict, ep_quantiles: dict, ep_stats_all: dict, dataset_stats: dict) -> None:
     (out / "meta").mkdir(parents=True, exist_ok=True)
     pq.write_table(tasks_table(meta.tasks), out / layout.V30_TASKS_PATH)  # index = task string, as pandas writes
 
@@ -331,25 +408,8 @@ def _write_meta(meta: DatasetMeta, out: Path, cfg: ConvertConfig, data_assign: l
     ep_path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(rows_table(rows), ep_path)  # what pa.Table.from_pylist(rows) gives, without pandas
 
-    legacy = [ep_stats_all[ep.episode_index] for ep in meta.episodes]
-    dataset_stats = stats.aggregate(legacy)
-    _add_dataset_quantiles(meta, dataset_stats, data_assign)
     (out / layout.STATS_PATH).write_text(json.dumps(stats.to_jsonable(dataset_stats), indent=4))
     (out / layout.INFO_PATH).write_text(json.dumps(_v30_info(meta, cfg), indent=4))
-
-
-def _add_dataset_quantiles(meta: DatasetMeta, dataset_stats: dict, data_assign: list) -> None:
-    """Exact-to-a-bin dataset quantiles from one streaming pass over the numeric columns."""
-    numeric = [k for k, f in meta.info.features.items() if f.dtype not in ("video", "image", "string")
-               and k in dataset_stats]
-    sketches = {k: stats.QuantileSketch(dataset_stats[k]["min"], dataset_stats[k]["max"]) for k in numeric}
-    for ep in meta.episodes:
-        table = read_table(meta.root / meta.v21_data_path(ep.episode_index), columns=numeric)
-        for k in numeric:
-            sketches[k].update(to_2d(table[k]))
-    for k, sk in sketches.items():
-        shape = np.asarray(dataset_stats[k]["mean"]).shape
-        dataset_stats[k].update({q: v.reshape(shape) for q, v in sk.quantiles().items()})
 
 
 def _v30_info(meta: DatasetMeta, cfg: ConvertConfig) -> dict:

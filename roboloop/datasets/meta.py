@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from roboloop.datasets import layout
-from roboloop.datasets.arrowutil import read_table
+from roboloop.datasets.arrowutil import read_table, to_rows_nd
 
 
 class MetadataError(ValueError):
@@ -287,7 +287,7 @@ def _read_stats(root: Path) -> Stats | None:
         raise MetadataError(layout.STATS_PATH, f"malformed stats ({e})") from e
 
 
-def _episode_from_v3_row(row: dict, video_keys: list[str]) -> tuple[Episode, Stats]:
+def _episode_from_v3_row(row: dict, video_keys: list[str]) -> Episode:
     videos = {}
     for key in video_keys:
         prefix = f"videos/{key}/"
@@ -296,13 +296,7 @@ def _episode_from_v3_row(row: dict, video_keys: list[str]) -> tuple[Episode, Sta
                 name: row[prefix + name]
                 for name in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
             }
-    stats: Stats = {}
-    for col, value in row.items():
-        if col.startswith("stats/") and value is not None:
-            _, feat_stat = col.split("/", 1)
-            feat, stat = feat_stat.rsplit("/", 1)
-            stats.setdefault(feat, {})[stat] = np.atleast_1d(np.asarray(value, dtype=np.float64))
-    ep = Episode(
+    return Episode(
         episode_index=row["episode_index"],
         tasks=row["tasks"] if isinstance(row["tasks"], str) else list(row["tasks"] or []),
         length=row["length"],
@@ -312,13 +306,6 @@ def _episode_from_v3_row(row: dict, video_keys: list[str]) -> tuple[Episode, Sta
         dataset_to_index=row.get("dataset_to_index"),
         videos=videos,
     )
-    return ep, stats
-
-
-def _nested_to_numpy(value: Any) -> Any:
-    if isinstance(value, list):
-        return np.array([_nested_to_numpy(v) for v in value])
-    return value
 
 
 def _load_v30(root: Path, info: DatasetInfo) -> DatasetMeta:
@@ -332,9 +319,16 @@ def _load_v30(root: Path, info: DatasetInfo) -> DatasetMeta:
         for col in ("episode_index", "tasks", "length"):
             if col not in table.column_names:
                 raise MetadataError(rel, "required column is missing", field=col)
-        for row in table.to_pylist():
-            row = {k: _nested_to_numpy(v) if k.startswith("stats/") else v for k, v in row.items()}
-            ep, ep_stats = _episode_from_v3_row(row, info.video_keys)
+        stats_cols = [c for c in table.column_names if c.startswith("stats/")]
+        plain = table.drop_columns(stats_cols).to_pylist()
+        # stats/<feature>/<stat> columns (the feature's name may hold "/"), each converted in one go
+        per_col = [(*c.split("/", 1)[1].rsplit("/", 1), to_rows_nd(table[c])) for c in stats_cols]
+        for i, row in enumerate(plain):
+            ep = _episode_from_v3_row(row, info.video_keys)
+            ep_stats: Stats = {}
+            for feat, stat, values in per_col:
+                if values[i] is not None:
+                    ep_stats.setdefault(feat, {})[stat] = values[i]
             episodes.append(ep)
             episode_stats[ep.episode_index] = ep_stats
     episodes.sort(key=lambda ep: ep.episode_index)
