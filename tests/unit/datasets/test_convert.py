@@ -249,3 +249,64 @@ def test_rows_table_equals_arrows_from_pylist():
     assert ours.to_pylist() == rows
     with pytest.raises(ValueError):
         rows_table([{"x": float("nan")}])
+
+
+def test_scan_reads_what_a_full_probe_and_demux_read(small_v21, tmp_path):
+    """`video.scan` opens a file once without FFmpeg's decoding probe: the same facts as `probe` and as a full
+    demux, the pixel format left to the parameter sets; a file without parameter sets (mjpeg) gets its first
+    frame's pixel format, so encodings stay comparable."""
+    import av
+
+    path = next(small_v21.glob("videos/**/*.mp4"))
+    pr, index = video.scan(path)
+    full = video.probe(path)
+    assert pr.extradata_sha1 and pr.pix_fmt is None and full.pix_fmt == "yuv420p"
+    assert {**vars(pr), "pix_fmt": full.pix_fmt} == vars(full)
+    with av.open(str(path)) as c:
+        packets = [p for p in c.demux(c.streams.video[0]) if p.size]
+    assert index.count == len(packets) == full.num_frames and index.corrupt == 0
+    assert len(index.keyframe_times) == sum(p.is_keyframe for p in packets) >= 1
+
+    mj = tmp_path / "mjpeg.mp4"
+    with av.open(str(mj), "w") as out:
+        st = out.add_stream("mjpeg", rate=30)
+        st.pix_fmt, st.width, st.height = "yuvj420p", 64, 48
+        for i in range(5):
+            for p in st.encode(av.VideoFrame.from_ndarray(np.full((48, 64, 3), 40 * i, np.uint8), format="rgb24")):
+                out.mux(p)
+        for p in st.encode():
+            out.mux(p)
+    pr, index = video.scan(mj)
+    assert pr.extradata_sha1 == "" and pr.pix_fmt == "yuvj420p" and index.count == 5
+
+
+def test_workers_fork_only_from_a_process_without_other_threads(small_v21, tmp_path):
+    """A worker forked while another thread imports a module hangs on that module's lock (the CLI validates and
+    hashes on threads; a Prefect worker runs many): with another thread alive the workers come from a fork
+    server, and the conversion is the same."""
+    import threading
+
+    from roboloop.datasets import convert as conv
+    from roboloop.hashing import dir_md5
+
+    cfg = ConvertConfig(progress=False, num_workers=2, **CAPS)
+    with conv._worker_pool(2) as pool:  # (tqdm's monitor thread, once started, makes it a fork server too)
+        expected = "fork" if threading.active_count() == 1 else "forkserver"
+        assert pool._mp_context.get_start_method() == expected  # type: ignore[attr-defined]
+    single = convert(small_v21, tmp_path / "single", cfg)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        with conv._worker_pool(2) as pool:
+            assert pool._mp_context.get_start_method() == "forkserver"  # type: ignore[attr-defined]
+        threaded = convert(small_v21, tmp_path / "threaded", cfg)
+    finally:
+        stop.set()
+        other.join()
+    with conv.workers_forked_now(2):  # the CLI's way: fork first, then start threads
+        other = threading.Thread(target=lambda: None)
+        other.start()
+        other.join()
+        preforked = convert(small_v21, tmp_path / "preforked", cfg)
+    assert dir_md5(single) == dir_md5(threaded) == dir_md5(preforked)
