@@ -4,6 +4,9 @@ Last round `bench/eval.py` built a model for a 12-dim state the task no longer h
 bench` stopped before `bench/overhead.py`; nobody noticed because no test ran a bench. These runs
 check that each bench still works end to end and prints the numbers the README quotes (its keys), not
 what the numbers are: at these sizes they mean nothing. The README's list and this one must agree.
+
+They run two at a time, one thread each (`LANES`): at these sizes a bench is mostly interpreter and simulator
+start-up on one core, and one after another they cost CI 11 minutes. The Ray benches share a lane.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -61,13 +67,50 @@ def test_the_readme_lists_exactly_these_benches():
     assert makefile <= set(BENCHES)
 
 
+# two lanes of about equal length (seconds measured one at a time: so101 117, dagger 104, rl 90, policy 81,
+# lerobot_train 77, eval 60, loader 58, the rest under 40 each); the Ray benches (rl, serve) one after the other
+LANES = [["so101", "dagger", "policy", "eval", "precision"],
+         ["rl", "lerobot_train", "loader", "serve", "convert", "overhead", "packing", "startup"]]
+
+
+def test_lanes_hold_every_bench_once():
+    assert sorted(n for lane in LANES for n in lane) == sorted(BENCHES)
+
+
+@pytest.fixture(scope="module")
+def bench_runs(request, tmp_path_factory) -> Iterator[dict[str, Future]]:
+    """Starts every selected bench in its lane; each test waits for its own."""
+    selected = {item.callspec.params["name"] for item in request.session.items  # (selected, and not skipped)
+                if getattr(item, "originalname", "") == "test_bench_runs_to_its_json_line"
+                and hasattr(item, "callspec") and not item.get_closest_marker("skip")}
+    runs: dict[str, Future] = {name: Future() for name in selected}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "OPENBLAS_NUM_THREADS": "1"}  # TMPDIR as is: Ray's socket paths must stay short
+
+    def lane(names: list[str]) -> None:
+        for name in names:
+            if name not in runs:
+                continue
+            args = [a.replace("{tmp}", str(tmp_path_factory.mktemp(name))) for a in BENCHES[name][0]]
+            try:
+                runs[name].set_result(subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), *args],
+                                                     cwd=ROOT, capture_output=True, text=True, timeout=840, env=env))
+            except Exception as e:
+                runs[name].set_exception(e)
+
+    threads = [threading.Thread(target=lane, args=(names,), daemon=True) for names in LANES]
+    for t in threads:
+        t.start()
+    yield runs
+    for t in threads:
+        t.join()
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=m) for n, (_, _, m) in BENCHES.items()])
-@pytest.mark.timeout(900)
-def test_bench_runs_to_its_json_line(name, tmp_path):
-    args, keys, _ = BENCHES[name]
-    cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *[a.replace("{tmp}", str(tmp_path)) for a in args]]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=840,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})  # TMPDIR as is: Ray's socket paths must stay short
+@pytest.mark.timeout(1500)
+def test_bench_runs_to_its_json_line(name, bench_runs):
+    _, keys, _ = BENCHES[name]
+    proc = bench_runs[name].result(timeout=1450)
     assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stderr[-4000:]}"
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert keys <= set(last), f"{name}: its JSON line lacks {sorted(keys - set(last))}: {last}"
