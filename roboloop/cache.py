@@ -43,6 +43,13 @@ def cache_key(stage: str, *parts: Any) -> str:
     return f"{stage}-{hashlib.sha256(blob.encode()).hexdigest()[:24]}"
 
 
+def convert_key(source_md5: str, cfg: Any) -> str:
+    """A v2 -> v3 conversion's key: its receipt's, and the one in the marker it leaves in its output."""
+    from roboloop.keys import keyed
+
+    return cache_key("convert", source_md5, keyed(cfg))
+
+
 def verify(receipt: Receipt) -> bool:
     """Does the output the receipt names exist, with the content it recorded?"""
     try:

@@ -94,15 +94,14 @@ def _convert_while_hashing(src: Path, cfg: ConvertConfig, dst: Path, cache: Rece
     from concurrent.futures import ThreadPoolExecutor
 
     from roboloop import stages
-    from roboloop.cache import cache_key
+    from roboloop.cache import convert_key
     from roboloop.datasets.convert import convert
-    from roboloop.keys import keyed
 
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(stages.dataset_ref, src)
 
         def key() -> str:
-            return cache_key("convert", pending.result().md5, keyed(cfg))
+            return convert_key(pending.result().md5, cfg)
 
         convert(src, dst, cfg.model_copy(update={"progress": False}), False, lambda: {"key": key()}, verdict)
         ref = stages.dataset_ref(dst, source=pending.result().md5, track=track)

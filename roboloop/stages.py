@@ -27,7 +27,7 @@ from pathlib import Path
 
 from roboloop import fsutil
 from roboloop.binomial import outcomes_by_episode
-from roboloop.cache import ReceiptCache, cache_key
+from roboloop.cache import ReceiptCache, cache_key, convert_key
 from roboloop.datasets.config import ConvertConfig
 from roboloop.evaluation.config import CollectConfig, EvalConfig, EvalRecipe, OfflineRecipe
 from roboloop.hashing import MODEL_IGNORE, dir_md5, file_sha256, remembering
@@ -107,7 +107,7 @@ def convert(raw: DatasetRef, cfg: ConvertConfig, cache: ReceiptCache | None = No
         if not track or raw.tracked:
             return raw
         return snapshot(raw, cache, dst)
-    key = cache_key("convert", raw.md5, keyed(cfg))
+    key = convert_key(raw.md5, cfg)
     out = Path(dst).absolute() if dst else artifacts_root() / "datasets" / f"v3-{key.split('-')[-1][:16]}"
     if cache and (hit := cache.get(key, DatasetRef)) and (dst is None or Path(hit.path) == out):
         return dataset_ref(out, source=raw.md5, track=True) if track and not hit.tracked else hit

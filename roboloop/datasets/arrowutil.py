@@ -33,7 +33,7 @@ def to_rows_nd(col: pa.ChunkedArray | pa.Array, dtype: type = np.float64) -> lis
     while is_list(flat.type):
         if flat.null_count:
             break
-        lengths = np_col(flat.value_lengths()) if len(flat) else np.zeros(0, np.int32)
+        lengths = np_col(flat.value_lengths())
         if len(lengths) == 0 or (lengths != lengths[0]).any():
             break
         shape.append(int(lengths[0]))

@@ -326,8 +326,7 @@ def workers_forked_now(workers: int) -> Iterator[None]:
     if workers <= 1 or threading.active_count() > 1 or _FORKED is not None:
         yield
         return
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                               initializer=procs.die_with_parent)
+    pool = _fork_pool(workers)
     pool.submit(int).result()  # a fork-context pool starts all its workers at its first task
     _FORKED = pool
     try:
@@ -343,11 +342,15 @@ def _worker_pool(workers: int) -> contextlib.AbstractContextManager[Executor]:
     if _FORKED is not None:
         return contextlib.nullcontext(_FORKED)
     if threading.active_count() == 1:
-        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                   initializer=procs.die_with_parent)
+        return _fork_pool(workers)
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])  # (takes effect when the server starts: once per process)
     return ProcessPoolExecutor(workers, mp_context=ctx, initializer=procs.die_with_parent)
+
+
+def _fork_pool(workers: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                               initializer=procs.die_with_parent)
 
 
 def _run_jobs(jobs: list, cfg: ConvertConfig) -> list:
