@@ -86,6 +86,7 @@ class DataNeeds:
     camera_keys: tuple[str, ...] | None = None  # the cameras it reads (None: every one the dataset has)
     normalized: bool = True  # state and actions normalised by the loader (False: raw; the family normalises)
     history: int = 1  # observation frames per sample (> 1: states (N, n, S), images (3n, H, W), chunk from t-n+1)
+    drop_last: int = 0  # frames at each episode's end never drawn as samples (LeRobot's drop_n_last_frames)
     tokens_per_image: int = 0  # the packer's token budget per image
     state_tokens: int = 1
     max_text_len: int = 96

@@ -74,6 +74,15 @@ class LossModule(nn.Module):
         loss, _ = self.policy.forward(batch)
         return loss
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """FSDP2's sharding units: the layers LeRobot's policies keep in ModuleLists (ACT's encoder and decoder
+        layers, Diffusion's U-Net blocks), deepest first. Only modules that are called (never a ModuleList,
+        whose parameters no forward hook would gather) and that hold parameters."""
+        units = [m for parent in self.modules() if isinstance(parent, nn.ModuleList) for m in parent
+                 if not isinstance(m, nn.ModuleList | nn.ModuleDict) and any(True for _ in m.parameters())]
+        order = {id(m): i for i, m in enumerate(self.modules())}
+        return sorted(units, key=lambda m: -order[id(m)])
+
 
 @dataclass
 class LeRobotTrainable:
@@ -138,7 +147,8 @@ class LeRobotFamily:
         chunk = int(getattr(pcfg, "chunk_size", None) or getattr(pcfg, "horizon", None) or 1)
         needs = DataNeeds(horizon=chunk, cameras=bool(colour), image_size=None, tokens_per_image=0,
                           max_text_len=1, normalized=False, camera_keys=tuple(c["key"] for c in colour),
-                          history=int(getattr(pcfg, "n_obs_steps", 1) or 1))
+                          history=int(getattr(pcfg, "n_obs_steps", 1) or 1),
+                          drop_last=int(getattr(pcfg, "drop_n_last_frames", 0) or 0))
         return LeRobotTrainable(LossModule(policy), needs, pcfg, pre, post, features.state_key,
                                 [c["key"] for c in colour])
 

@@ -262,7 +262,7 @@ class SampleStream:
                  normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256,
                  tokenizer: str | None = None, state_tokens: int = 1, episodes: list[int] | None = None,
                  depth_mm: dict[str, tuple[float, float]] | None = None, cameras: list[str] | None = None,
-                 history: int = 1):
+                 history: int = 1, drop_last: int = 0):
         self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len  # image_size None: as stored
         # the cameras fed, in the dataset's order (None: all of them)
         self.cams = [k for k in ds.camera_keys if cameras is None or k in cameras]
@@ -273,6 +273,15 @@ class SampleStream:
         self.episodes = None if episodes is None else set(episodes)
         if self.episodes is not None and not self.episodes:
             raise ValueError(f"{ds.root}: no episode left to train on")
+        # frames at each episode's end never drawn as samples (LeRobot's `drop_n_last_frames`: Diffusion's chunk
+        # would be mostly padding there); still decoded as history and read as action targets
+        if drop_last < 0:
+            raise ValueError(f"drop_last must be >= 0, got {drop_last}")
+        self.drop_last = drop_last
+        if drop_last and not any(ep.length > drop_last for ep in ds.meta.episodes
+                                 if self.episodes is None or ep.episode_index in self.episodes):
+            raise ValueError(f"{ds.root}: no episode is longer than the {drop_last} last frames dropped from each "
+                             f"(drop_n_last_frames): nothing left to train on")
         self.state_tokens = state_tokens  # backbone tokens the model gives the state (see ModelConfig)
         self.window, self.shuffle_buffer, self.num_workers = window, shuffle_buffer, max(1, num_workers)
         self.seed, self.norm = seed, normalizer
@@ -295,9 +304,9 @@ class SampleStream:
 
     def _windows(self, epoch: int) -> list[tuple[int, int, int]]:
         """(episode, first frame, count), shuffled per epoch."""
-        wins = [(ep.episode_index, first, min(self.window, ep.length - first))
+        wins = [(ep.episode_index, first, min(self.window, ep.length - self.drop_last - first))
                 for ep in self.ds.meta.episodes if self.episodes is None or ep.episode_index in self.episodes
-                for first in range(0, ep.length, self.window)]
+                for first in range(0, ep.length - self.drop_last, self.window)]
         random.Random(self.seed * 1_000_003 + epoch).shuffle(wins)
         return wins
 

@@ -47,7 +47,8 @@ def init(device_pref: str = "auto") -> DistEnv:
 
 def wrap(model: nn.Module, env: DistEnv, strategy: str = "ddp") -> nn.Module:
     """DDP: replicate and all-reduce gradients. FSDP2 (`fully_shard`): shard parameters, gradients
-    and optimizer state over the ranks, one unit per transformer block plus the root. Both
+    and optimizer state over the ranks, one unit per transformer block (or per `model.fsdp_units()`, children
+    before their parents) plus the root. Both
     average gradients over ranks, so the loss scaling is the same. FSDP shards `model` in
     place and returns it; DDP returns a wrapper whose `forward` must be called."""
     if env.world_size == 1:
@@ -55,7 +56,8 @@ def wrap(model: nn.Module, env: DistEnv, strategy: str = "ddp") -> nn.Module:
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for block in [*getattr(model, "blocks", []), *getattr(model, "head_blocks", [])]:
+        units = getattr(model, "fsdp_units", None)
+        for block in units() if units else [*getattr(model, "blocks", []), *getattr(model, "head_blocks", [])]:
             fully_shard(block)
         fully_shard(model)
         return model

@@ -146,7 +146,7 @@ class Trainer:
                                    state_tokens=needs.state_tokens, episodes=self.train_episodes,
                                    depth_mm=self.depth_mm,
                                    cameras=list(needs.camera_keys) if needs.camera_keys is not None else None,
-                                   history=needs.history)
+                                   history=needs.history, drop_last=needs.drop_last)
         self.ckpt_dir = self.out / "checkpoints"
         self.start = self.resume()
         packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, needs.tokens_per_image, env.world_size)

@@ -69,6 +69,36 @@ def test_history_batches_are_lerobots(recorded):
         assert float((ours[cam] - theirs[cam]).abs().max()) <= 2 / 255 + 1e-6, cam
 
 
+def test_samples_are_the_frames_lerobots_sampler_draws(recorded):
+    """Diffusion's `drop_n_last_frames`: the frames an epoch draws are the ones LeRobot's EpisodeAwareSampler
+    draws (each episode's last frames, whose chunk would be mostly padding, never a sample)."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    from lerobot.datasets.sampler import EpisodeAwareSampler
+
+    from roboloop.policies import family
+    from roboloop.training.data import SampleStream, V3Dataset
+    from roboloop.training.train import features_of
+
+    ds = V3Dataset(recorded, horizon=8)
+    lr = LeRobotDataset("conformance/writer", root=recorded)
+    for override, episodes in (({}, None), ({"drop_n_last_frames": 2}, [0, 2])):
+        cfg = _cfg(recorded, "unused", policy_config={**DIFFUSION, **override})
+        needs = family("lerobot").build(cfg, features_of(ds, True)).needs
+        assert needs.drop_last == override.get("drop_n_last_frames", 7)
+        theirs = EpisodeAwareSampler(lr.meta.episodes["dataset_from_index"], lr.meta.episodes["dataset_to_index"],
+                                     episode_indices_to_use=episodes, drop_n_last_frames=needs.drop_last).indices
+        stream = SampleStream(ds, None, 1, shuffle_buffer=1, with_video=False, episodes=episodes,
+                              drop_last=needs.drop_last)
+        ours = [stream.next_key() for _ in theirs]
+        assert sorted(ours) == sorted(theirs) and len(set(ours)) == len(ours) < len(lr)
+        assert stream.epoch == 0
+        stream.next_key()  # one more starts the next epoch
+        assert stream.epoch == 1
+        stream.close()
+    with pytest.raises(ValueError, match="no episode is longer than the 500 last frames"):
+        SampleStream(ds, None, 1, with_video=False, drop_last=500)
+
+
 def test_diffusion_trains_lerobot_reads_it_and_roboloop_scores_it_with_its_past(recorded, tmp_path):
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
