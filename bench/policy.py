@@ -4,6 +4,8 @@
                            [--vision-model '{"aux_to_state": 0}'] [--vision-recipe '{"aux_weight": 0.3}']
                            [--state-model '{"horizon": 8}'] [--state-recipe '{"lr": 5e-4}']
                            [--collect '{"instructions_per_layout": 1}'] [--eval-seed 7]
+                           [--state-task Roboloop-Reach-Red-v0 --state-recipe '{"family": "lerobot",
+                            "policy_type": "act"}']   # LeRobot's ACT at the demo's budget
 
 Every ablation row of the README is one command line of this script (the README gives each).
 
@@ -49,6 +51,10 @@ def main() -> None:
     ap.add_argument("--collect", default="{}", help="JSON of CollectConfig fields to change in both recordings "
                     "(e.g. '{\"instructions_per_layout\": 1}', '{\"noise\": 0}')")
     ap.add_argument("--eval-seed", type=int, help="seed of the test-split layouts (default: EvalRecipe's)")
+    ap.add_argument("--state-task", default="Roboloop-Reach-Color-v0",
+                    help="the state row's task; Roboloop-Reach-Red-v0 (one instruction, recorded with one per layout) "
+                    "for policies that do not read language, e.g. --state-recipe '{\"family\": \"lerobot\", "
+                    "\"policy_type\": \"act\"}'")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-policy-")).absolute()
     os.environ["ROBOLOOP_ARTIFACTS"] = str(work / "artifacts")
@@ -90,7 +96,10 @@ def main() -> None:
                                                      "model_overrides": {**base.train.model_overrides,
                                                                          **json.loads(args.state_model)}})
         out["state_recipe"] = state_recipe.model_dump(mode="json", exclude_defaults=True)
-        run("Roboloop-Reach-Color-v0", state_recipe, "state_", smaller(base.collect_if_missing))
+        collect = base.collect_if_missing.model_copy(update={"task": args.state_task, **(
+            {"instructions_per_layout": 1} if args.state_task == "Roboloop-Reach-Red-v0" else {})})
+        out["state_task"] = args.state_task
+        run(args.state_task, state_recipe, "state_", smaller(collect))
     if not args.skip_vision:
         v = vision()
         steps = args.vision_steps or args.steps

@@ -8,10 +8,10 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from roboloop import stages
-from roboloop.evaluation.sweep import Scored, best, plot_sweep
+from roboloop.evaluation.sweep import Scored, best, offline_scores, plot_sweep
 from roboloop.lineage import Lineage
 from roboloop.receipts import Decision, EvalSummary, ModelRef
-from tasks.common import NO_CACHE, png_markdown
+from tasks.common import NO_CACHE, png_markdown, receipts
 from tasks.register import register_task
 
 
@@ -20,16 +20,35 @@ def candidates_task(run: str) -> list[tuple[int, ModelRef]]:
     return stages.sweep_candidates(run)
 
 
+@task(name="sweep-offline-scores", cache_policy=NO_CACHE)
+def offline_scores_task(run: str, step: int, model: ModelRef) -> dict[str, float]:
+    return offline_scores(run, step, model, cache=receipts())
+
+
 @task(name="sweep-report", cache_policy=NO_CACHE)
-def sweep_artifact(scored: list[Scored], run: str, task_id: str) -> str:
+def sweep_artifact(scored: list[Scored], run: str, task_id: str, agreement: dict | None = None) -> str:
     png = _plot(scored, run, task_id)
     b = best(scored)
+    names = list((agreement or {}).get("scores", {}))
     rows = "\n".join(f"| {s.step} | {s.successes}/{s.episodes} = {s.success_rate:.1%} | {s.ci_low:.1%}-{s.ci_high:.1%}"
-                     f" | {'**best**' if s is b else ''} |" for s in scored)
+                     f" | {' | '.join(f'{s.offline[n]:.4g}' for n in names)}{' | ' if names else ''}"
+                     f"{'**best**' if s is b else ''} |" for s in scored)
+    head = "| step | success | 95% CI | " + "".join(f"{n} | " for n in names) + " |\n|" + "---|" * (4 + len(names))
     create_markdown_artifact(f"### Checkpoint sweep of `{run}` on {task_id}\n\n{png_markdown(png, 'success vs step')}"
-                             f"\n\n| step | success | 95% CI | |\n|---|---|---|---|\n{rows}", key="checkpoint-sweep",
-                             description="success against the training step")
+                             f"\n\n{head}\n{rows}{_agreement_markdown(agreement)}", key="checkpoint-sweep",
+                             description="success against the training step, and how offline scores rank them")
     return str(png)
+
+
+def _agreement_markdown(agreement: dict | None) -> str:
+    if not agreement or not agreement.get("scores"):
+        return ""
+    rows = "\n".join(f"| {n} | {a['spearman']} | {a['ci'] or 'n < 4'} | {a['picks_step']} | "
+                     f"{a['picked_success_rate']:.1%} | {a['regret']:+.1%} |" for n, a in agreement["scores"].items())
+    note = f"\n\n{agreement['note']}" if agreement.get("note") else ""
+    return ("\n\n#### Can an offline score pick the checkpoint? (Spearman's rho with the simulator's success)\n\n"
+            "| offline score (lower is better) | rho | 95% CI | picks step | its success | short of the best |\n"
+            f"|---|---|---|---|---|---|\n{rows}{note}")
 
 
 def _plot(scored: list[Scored], run: str, task_id: str) -> Path:

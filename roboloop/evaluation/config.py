@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, JsonValue, model_validator
 # Tasks roboloop ships (Isaac Lab, kit-less) and gymnasium tasks it knows how to drive; any `Isaac-*` task that
 # isaaclab_tasks registers works too.
 ROBOLOOP_TASKS = ("Roboloop-Reach-Color-v0", "Roboloop-Reach-Color-Joint-v0", "Roboloop-Reach-Color-Vision-v0",
-                  "Roboloop-SO101-PickCube-v0")
+                  "Roboloop-Reach-Red-v0", "Roboloop-SO101-PickCube-v0")
 GYM_TASKS = ("gym_pusht/PushT-v0", "lerobot:pusht")  # lerobot:<type>: any env LeRobot's env configs have
 DEFAULT_EXECUTE_STEPS = 4  # chunk actions executed before re-planning, unless the model was validated otherwise
 
@@ -111,7 +111,8 @@ class CollectConfig(BaseModel):
     def _vision_needs_its_camera(self) -> CollectConfig:
         if not self.camera and (self.task.endswith("-Vision-v0") or "-SO101-" in self.task):
             raise ValueError(f"camera: {self.task}'s state has no target positions; its recordings need the camera")
-        if self.instructions_per_layout > 1 and not self.task.startswith("Roboloop-Reach-"):
+        if self.instructions_per_layout > 1 and (not self.task.startswith("Roboloop-Reach-")
+                                                 or self.task == "Roboloop-Reach-Red-v0"):
             raise ValueError(f"instructions_per_layout: {self.task} has one instruction; only the reach tasks name "
                              "one of several targets")
         return self

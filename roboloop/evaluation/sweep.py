@@ -4,17 +4,25 @@ The final loss is a poor guide to closed-loop success (flow-matching loss keeps 
 success plateaus or drops), so platforms score checkpoints in simulation. A checkpoint becomes
 a model folder (`model.safetensors` from its weights, the run's `config.json` and `stats.json`,
 `checkpoint_step` recorded) beside the run, never inside it; the run's own files are only read.
+
+Teams with only a real robot must pick checkpoints without a simulator. So where both exist, each checkpoint
+is also scored offline (its action-chunk error on the episodes the run held out, as `evaluate --offline` scores
+real recordings) and beside its training loss, and `rank_agreement` says how well each of those ranks the
+checkpoints as the simulator does (Spearman's rho with a 95% interval) and which checkpoint it would have picked.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from roboloop import fsutil
 
 NOT_MODEL_FILES = {"run_config.json", "heartbeat.json", "train_config.json", fsutil.MARKER}
+# offline scores of a checkpoint, lower is better: held-out chunk MSE and MAE (/ the action std), training loss
+OFFLINE_SCORES = ("offline_mse_norm", "offline_mae_norm", "train_loss")
 
 
 @dataclass
@@ -26,6 +34,7 @@ class Scored:
     ci_high: float
     successes: int
     episodes: int
+    offline: dict[str, float] = field(default_factory=dict)  # OFFLINE_SCORES it has
 
 
 def kept_checkpoints(run: str | Path) -> list[tuple[int, Path]]:
@@ -83,3 +92,72 @@ def plot_sweep(scored: list[Scored], png: Path, title: str = "") -> Path:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     return plots.save(fig, png)
+
+
+def train_loss_at(run: str | Path, step: int, window: int = 20) -> float | None:
+    """The run's mean logged loss over the `window` steps up to `step` (metrics.jsonl); None if none logged."""
+    path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    losses = [float(r["loss"]) for r in rows if "loss" in r and step - window < int(r.get("step", -1)) <= step]
+    return sum(losses) / len(losses) if losses else None
+
+
+def spearman(x: list[float], y: list[float]) -> tuple[float, float | None, float | None]:
+    """Spearman's rho (ties ranked by their mean) with a 95% interval from Fisher's z and the variance
+    1.06 / (n - 3) (Fieller, Hartley & Pearson 1957); no interval below 4 points, nan when either is constant."""
+    from scipy.stats import rankdata
+
+    n = len(x)
+    if n < 2 or len(set(x)) < 2 or len(set(y)) < 2:
+        return math.nan, None, None
+    rx, ry = rankdata(x), rankdata(y)
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    rho = float(cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)))
+    if n < 4:
+        return rho, None, None
+    z, half = math.atanh(max(-0.999999, min(0.999999, rho))), 1.96 * math.sqrt(1.06 / (n - 3))
+    return rho, math.tanh(z - half), math.tanh(z + half)
+
+
+def rank_agreement(scored: list[Scored]) -> dict:
+    """For each offline score the checkpoints have: Spearman's rho between (minus) the score and the simulator's
+    success (1: it orders the checkpoints as the simulator does), its 95% interval, the checkpoint it would pick
+    (lowest score) and that checkpoint's success short of the best one's (regret)."""
+    top = best(scored)
+    out: dict = {"checkpoints": len(scored), "best_step": top.step, "best_success_rate": top.success_rate,
+                 "scores": {}}
+    if len({s.success_rate for s in scored}) < 2:
+        out["note"] = "every checkpoint had the same success: nothing to rank"
+    for name in OFFLINE_SCORES:
+        have = [s for s in scored if name in s.offline and math.isfinite(s.offline[name])]
+        if len(have) < len(scored) or len(have) < 2:
+            continue
+        rho, lo, hi = spearman([-s.offline[name] for s in have], [s.success_rate for s in have])
+        pick = min(have, key=lambda s: (s.offline[name], -s.step))
+        out["scores"][name] = {"spearman": None if math.isnan(rho) else round(rho, 3),
+                               "ci": None if lo is None or hi is None else [round(lo, 3), round(hi, 3)],
+                               "picks_step": pick.step, "picked_success_rate": pick.success_rate,
+                               "regret": round(top.success_rate - pick.success_rate, 4)}
+    return out
+
+
+def offline_scores(run: str | Path, step: int, model, cache=None) -> dict[str, float]:
+    """A checkpoint's OFFLINE_SCORES: its training loss at `step`, and where the run held out episodes
+    (`val_fraction` > 0) and its dataset is here, its chunk errors on them (`stages.evaluate_offline`, cached)."""
+    from roboloop import stages
+    from roboloop.evaluation.config import OfflineRecipe
+    from roboloop.policies import model_info
+
+    out: dict[str, float] = {}
+    loss = train_loss_at(run, step)
+    if loss is not None:
+        out["train_loss"] = loss
+    dataset = model.config.get("dataset", "")
+    if model_info(model.path).split.get("validation_episodes") and dataset and Path(dataset).is_dir():
+        s = stages.evaluate_offline(model, stages.dataset_ref(dataset), OfflineRecipe(plot_episodes=0), cache=cache)
+        out["offline_mse_norm"] = s.mse_norm
+        out["offline_mae_norm"] = sum(s.mae_norm) / len(s.mae_norm)
+    return out

@@ -47,6 +47,8 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
                                 "segments_per_update": 2, "epochs": 1, "minibatch": 16, "critic_warmup_updates": 0}),
             "--work", "{tmp}"], {"success_before", "success_after", "gain", "sync_env_steps_per_s"},
            [pytest.mark.isaac]),
+    "sweep": (["--demos", "6", "--steps", "4", "--every", "2", "--episodes", "2", "--work", "{tmp}"],
+              {"scores", "best_step", "checkpoints"}, [pytest.mark.isaac]),
     "so101": (["--episodes", "2", "--num-envs", "2", "--speed-steps", "3"],
               {"env_steps_per_s_cameras", "env_steps_per_s_no_cameras", "expert", "random"}, [pytest.mark.isaac]),
     "serve": (["--requests", "5", "--seconds", "0.5", "--clients", "1", "2", "--families", "vla", "--ray-replicas"],

@@ -139,6 +139,10 @@ def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(lo
     assert best_lin["metrics"]["weights_sha256"] and best_lin["eval"]["episodes"] == 4 or sw.decision.reused
     art = Artifact.get("checkpoint-sweep")
     assert art is not None and "data:image/png;base64" in str(art.data) and "**best**" in str(art.data)
+    # the run held out no episodes: its checkpoints are ranked by their training loss only
+    assert sw.agreement is not None and list(sw.agreement["scores"]) == ["train_loss"]
+    assert all(set(x["offline"]) == {"train_loss"} for x in sw.scored)
+    assert sw.agreement.get("note") or "Spearman" in str(art.data)
 
 
 def test_rl_round_fine_tunes_the_last_model_and_registers_it_as_its_child(loop_env, reach_demos):

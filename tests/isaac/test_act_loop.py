@@ -1,6 +1,7 @@
 """LeRobot's ACT through the closed loop (`roboloop loop`, no Prefect server): trained on roboloop's engine from
-the reach task's recorded demonstrations (state + camera; ACT does not read the instruction, so the recording
-has one instruction per layout), evaluated in the reach task beside the random baseline, registered, and promoted
+the single-instruction reach task's recorded demonstrations (`Roboloop-Reach-Red-v0`, state + camera: ACT does not
+read the instruction, so every episode names the red ball), evaluated there beside the random baseline, registered,
+and promoted
 or not by the gate; then a DAgger round (ACT acts, the expert labels, training continues from its weights); the
 registered folders are ones LeRobot's own `from_pretrained` reads."""
 
@@ -17,6 +18,7 @@ pytestmark = [pytest.mark.isaac, pytest.mark.slow, pytest.mark.filterwarnings("i
               pytest.mark.filterwarnings("ignore::FutureWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
 ACT = {"dim_model": 64, "dim_feedforward": 128, "n_encoder_layers": 1, "n_decoder_layers": 1, "n_heads": 4,
        "latent_dim": 8, "chunk_size": 8, "n_action_steps": 8}
+RED = "Roboloop-Reach-Red-v0"
 
 
 def test_act_through_the_closed_loop(tmp_path):
@@ -24,7 +26,8 @@ def test_act_through_the_closed_loop(tmp_path):
 
     cfg = ci()
     cfg = cfg.model_copy(update={
-        "collect_if_missing": cfg.collect_if_missing.model_copy(update={"instructions_per_layout": 1}),
+        "collect_if_missing": cfg.collect_if_missing.model_copy(update={"task": RED}),
+        "eval": cfg.eval.model_copy(update={"task": RED}),
         "train": cfg.train.model_copy(update={"policy_type": "act", "family": "lerobot", "policy_config": ACT,
                                               "steps": 15, "max_samples": 8, "lr": 1e-4}),
         "rounds": 2, "dagger": cfg.dagger.model_copy(update={"episodes": 2, "num_envs": 2, "steps": 5}),
@@ -46,6 +49,7 @@ def test_act_through_the_closed_loop(tmp_path):
     reg = Registry(tmp_path / ".roboloop" / "registry")
     lineage = reg.lineage("reach-act", 1)
     assert lineage["family"] == "lerobot" and lineage["config"]["train"]["policy_type"] == "act"
+    assert lineage["eval"]["task"] == RED
     assert lineage["eval"]["episodes"] == 6 and lineage["baseline_eval"]["policy"] == "random"
     dagger = reg.lineage("reach-act", 2)
     assert dagger["family"] == "lerobot" and dagger["config"]["train"]["init_from"]  # continued from round 0

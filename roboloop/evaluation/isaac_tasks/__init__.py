@@ -9,6 +9,7 @@ TASKS = {
     "Roboloop-Reach-Color-v0": ("reach", "ReachColorEnv", "ReachColorEnvCfg"),
     "Roboloop-Reach-Color-Joint-v0": ("reach", "ReachColorEnv", "ReachColorJointEnvCfg"),
     "Roboloop-Reach-Color-Vision-v0": ("reach", "ReachColorEnv", "ReachColorVisionEnvCfg"),
+    "Roboloop-Reach-Red-v0": ("reach", "ReachColorEnv", "ReachRedEnvCfg"),
     "Roboloop-SO101-PickCube-v0": ("so101", "SO101PickCubeEnv", "SO101PickCubeEnvCfg"),
 }
 

@@ -17,6 +17,9 @@ Three variants (registered in `roboloop.evaluation.isaac_tasks`):
   per step at |action| = 1), which a policy must learn the arm's inverse kinematics for.
 - `Roboloop-Reach-Color-Vision-v0`: EE actions, but the state is the arm's own (joint positions
   and velocities, 4): the policy has to find the named ball in the camera image.
+- `Roboloop-Reach-Red-v0`: the Color task with a single instruction, "reach the red ball", in every
+  episode (green and blue stay as distractors): for policies that do not read language (LeRobot's ACT
+  and Diffusion), which cannot tell the Color task's targets apart.
 
 Every variant has a scripted expert (`ReachColorEnv.expert_action`, privileged: it reads the
 ball positions from the simulator). It is a proportional controller with a wide linear zone
@@ -140,6 +143,8 @@ class ReachColorEnvCfg(DirectRLEnvCfg):
     # episode). Demonstrations recorded with 3 show every layout with every instruction, so the layout alone
     # never tells which ball to reach and a policy must read the instruction (see `roboloop collect`).
     instructions_per_layout = 1
+    # the colour every episode names (0 red, 1 green, 2 blue); -1: one per episode as above
+    fixed_target = -1
     # Layouts are a pure function of (split, seed, layout number), and the k-th episode to start plays layout
     # k // instructions_per_layout: the episodes an evaluation counts are the same whatever its num_envs, and
     # `collect` records on the "train" split, so evaluation ("test") never replays a demonstrated layout.
@@ -155,6 +160,11 @@ class ReachColorEnvCfg(DirectRLEnvCfg):
 class ReachColorJointEnvCfg(ReachColorEnvCfg):
     action_mode = "joint"
     expert_zone = 0.3  # rad
+
+
+@configclass
+class ReachRedEnvCfg(ReachColorEnvCfg):
+    fixed_target = 0
 
 
 @configclass
@@ -292,7 +302,7 @@ class ReachColorEnv(DirectRLEnv):
             q = torch.empty(2).uniform_(-0.6, 0.6, generator=g)
             q[1] = q[1] + torch.sign(q[1] + 1e-3) * 0.6  # start bent, away from the singularity
             self.start_q[env] = q
-            self.target[env] = int(order[min(slot, 2)])
+            self.target[env] = int(order[min(slot, 2)]) if self.cfg.fixed_target < 0 else int(self.cfg.fixed_target)
         return self.start_q[ids].clone()
 
     def _sample_balls(self, g: torch.Generator) -> torch.Tensor:

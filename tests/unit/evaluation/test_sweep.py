@@ -10,7 +10,16 @@ import torch
 
 from roboloop.datasets.convert import ConvertConfig, convert
 from roboloop.datasets.generate import GenSpec, generate_v21
-from roboloop.evaluation.sweep import Scored, best, export_checkpoint, kept_checkpoints, plot_sweep
+from roboloop.evaluation.sweep import (
+    Scored,
+    best,
+    export_checkpoint,
+    kept_checkpoints,
+    offline_scores,
+    plot_sweep,
+    rank_agreement,
+    spearman,
+)
 from roboloop.training import checkpoint
 from roboloop.training.config import TrainConfig
 from roboloop.training.train import train
@@ -23,6 +32,35 @@ def test_best_prefers_success_then_ci_low_then_later_step():
     assert best(s[:3]).step == 200
 
 
+def test_spearman_is_scipys_with_fishers_interval():
+    from scipy.stats import spearmanr
+
+    x, y = [0.1, 0.4, 0.2, 0.9, 0.5, 0.5], [1.0, 3.0, 2.0, 4.0, 6.0, 5.0]
+    rho, lo, hi = spearman(x, y)
+    assert rho == pytest.approx(spearmanr(x, y).statistic)
+    assert lo is not None and hi is not None and lo < rho < hi <= 1.0
+    half = 1.96 * (1.06 / 3) ** 0.5
+    assert lo == pytest.approx(__import__("math").tanh(__import__("math").atanh(rho) - half))
+    assert spearman([1, 2, 3], [3, 2, 1])[0] == pytest.approx(-1.0) and spearman([1, 2, 3], [3, 2, 1])[1] is None
+    assert spearman([1, 1, 1, 1], [1, 2, 3, 4])[0] != spearman([1, 1, 1, 1], [1, 2, 3, 4])[0]  # nan: no ranking
+
+
+def test_rank_agreement_says_which_offline_score_picks_the_simulators_best():
+    success = [0.2, 0.5, 0.8, 0.6, 0.4]  # peaks at step 300, as success often does while the loss keeps falling
+    loss = [1.0, 0.6, 0.4, 0.3, 0.2]
+    mse = [0.9, 0.5, 0.2, 0.3, 0.6]  # orders the checkpoints as success does
+    scored = [Scored(100 * (i + 1), f"m{i}", s, s - 0.1, s + 0.1, int(10 * s), 10,
+                     {"train_loss": loss[i], "offline_mse_norm": mse[i]}) for i, s in enumerate(success)]
+    a = rank_agreement(scored)
+    assert a["best_step"] == 300 and a["checkpoints"] == 5 and "offline_mae_norm" not in a["scores"]
+    m, t = a["scores"]["offline_mse_norm"], a["scores"]["train_loss"]
+    assert m["spearman"] == 1.0 and m["picks_step"] == 300 and m["regret"] == 0.0
+    assert t["spearman"] == pytest.approx(0.3) and t["picks_step"] == 500 and t["regret"] == pytest.approx(0.4)
+    assert t["ci"][0] < 0.3 < t["ci"][1]
+    flat = rank_agreement([Scored(s.step, s.model, 0.5, 0.4, 0.6, 5, 10, s.offline) for s in scored])
+    assert flat["note"] and flat["scores"]["train_loss"]["spearman"] is None
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
@@ -30,7 +68,7 @@ def run(tmp_path_factory):
     v3 = convert(src, root / "v3", ConvertConfig(progress=False))
     out = root / "run"
     train(TrainConfig(dataset=str(v3), output_dir=str(out), steps=20, checkpoint_every_steps=5, keep_last=2,
-                      max_tokens=256, with_video=False, warmup_steps=1,
+                      max_tokens=256, with_video=False, warmup_steps=1, val_fraction=0.34,
                       model_overrides={"horizon": 4, "dim": 32, "head_dim_model": 32}))
     return out
 
@@ -62,3 +100,19 @@ def test_kept_checkpoints_export_as_loadable_models_without_touching_the_run(run
     png = plot_sweep([Scored(10, str(dst), 0.5, 0.3, 0.7, 5, 10), Scored(15, "x", 0.6, 0.4, 0.8, 6, 10)],
                      tmp_path / "sweep.png")
     assert png.stat().st_size > 1000
+
+
+def test_offline_scores_of_a_checkpoint_are_its_loss_and_its_held_out_error(run, tmp_path):
+    import json
+
+    from roboloop.evaluation.offline import evaluate_offline
+    from roboloop.stages import model_ref
+
+    step, ckpt = kept_checkpoints(run)[0]
+    dst = export_checkpoint(run, ckpt, step, tmp_path / "step10")
+    scores = offline_scores(run, step, model_ref(dst, ""))
+    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()][:step]
+    assert scores["train_loss"] == pytest.approx(sum(losses) / len(losses))
+    direct = evaluate_offline(json.loads((run / "config.json").read_text())["train"]["dataset"], dst, stride=4)
+    assert scores["offline_mse_norm"] == pytest.approx(direct.mse_norm)
+    assert scores["offline_mae_norm"] == pytest.approx(sum(direct.mae_norm) / len(direct.mae_norm))
