@@ -43,12 +43,12 @@ def sweep_artifact(scored: list[Scored], run: str, task_id: str, agreement: dict
 def _agreement_markdown(agreement: dict | None) -> str:
     if not agreement or not agreement.get("scores"):
         return ""
-    rows = "\n".join(f"| {n} | {a['spearman']} | {a['ci'] or 'n < 4'} | {a['picks_step']} | "
+    rows = "\n".join(f"| {n} | {a['spearman']} | {a['ci'] or '-'} | {a['p']} | {a['picks_step']} | "
                      f"{a['picked_success_rate']:.1%} | {a['regret']:+.1%} |" for n, a in agreement["scores"].items())
     note = f"\n\n{agreement['note']}" if agreement.get("note") else ""
     return ("\n\n#### Can an offline score pick the checkpoint? (Spearman's rho with the simulator's success)\n\n"
-            "| offline score (lower is better) | rho | 95% CI | picks step | its success | short of the best |\n"
-            f"|---|---|---|---|---|---|\n{rows}{note}")
+            "| offline score (lower is better) | rho | 95% CI | p (permutations) | picks step | its success | "
+            f"short of the best |\n|---|---|---|---|---|---|---|\n{rows}{note}")
 
 
 def _plot(scored: list[Scored], run: str, task_id: str) -> Path:

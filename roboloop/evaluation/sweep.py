@@ -116,15 +116,35 @@ def spearman(x: list[float], y: list[float]) -> tuple[float, float | None, float
     mx, my = sum(rx) / n, sum(ry) / n
     cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
     rho = float(cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)))
-    if n < 4:
+    if n < 4 or abs(rho) > 1 - 1e-9:  # Fisher's z has no interval at |rho| = 1: see `permutation_p`
         return rho, None, None
-    z, half = math.atanh(max(-0.999999, min(0.999999, rho))), 1.96 * math.sqrt(1.06 / (n - 3))
+    z, half = math.atanh(rho), 1.96 * math.sqrt(1.06 / (n - 3))
     return rho, math.tanh(z - half), math.tanh(z + half)
+
+
+def permutation_p(x: list[float], y: list[float], draws: int = 20000) -> float | None:
+    """One-sided p-value of Spearman's rho: the share of orderings of `y` whose rho with `x` is at least the
+    observed one (every ordering up to 8 points, else `draws` seeded random ones); None when rho is undefined."""
+    import itertools
+    import random
+
+    rho = spearman(x, y)[0]
+    if math.isnan(rho):
+        return None
+    if len(y) <= 8:
+        perms: list = list(itertools.permutations(y))
+    else:
+        rng = random.Random(0)
+        perms = [rng.sample(y, len(y)) for _ in range(draws)]
+    hits = sum(1 for p in perms if spearman(x, list(p))[0] >= rho - 1e-12)
+    return hits / len(perms)
 
 
 def rank_agreement(scored: list[Scored]) -> dict:
     """For each offline score the checkpoints have: Spearman's rho between (minus) the score and the simulator's
-    success (1: it orders the checkpoints as the simulator does), its 95% interval, the checkpoint it would pick
+    success (1: it orders the checkpoints as the simulator does), its 95% interval and its permutation p-value
+    (how often a random ordering agrees as well: with 6 checkpoints a perfect ranking has p = 1/720), the
+    checkpoint it would pick
     (lowest score) and that checkpoint's success short of the best one's (regret)."""
     top = best(scored)
     out: dict = {"checkpoints": len(scored), "best_step": top.step, "best_success_rate": top.success_rate,
@@ -137,8 +157,10 @@ def rank_agreement(scored: list[Scored]) -> dict:
             continue
         rho, lo, hi = spearman([-s.offline[name] for s in have], [s.success_rate for s in have])
         pick = min(have, key=lambda s: (s.offline[name], -s.step))
+        p = permutation_p([-s.offline[name] for s in have], [s.success_rate for s in have])
         out["scores"][name] = {"spearman": None if math.isnan(rho) else round(rho, 3),
                                "ci": None if lo is None or hi is None else [round(lo, 3), round(hi, 3)],
+                               "p": None if p is None else round(p, 4),
                                "picks_step": pick.step, "picked_success_rate": pick.success_rate,
                                "regret": round(top.success_rate - pick.success_rate, 4)}
     return out

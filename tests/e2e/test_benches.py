@@ -70,8 +70,9 @@ def test_the_readme_lists_exactly_these_benches():
 
 
 # two lanes of about equal length (seconds measured one at a time: so101 117, dagger 104, rl 90, policy 81,
-# lerobot_train 77, eval 60, loader 58, the rest under 40 each); the Ray benches (rl, serve) one after the other
-LANES = [["so101", "dagger", "policy", "eval", "precision"],
+# lerobot_train 77, sweep 64, eval 60, loader 58, the rest under 40 each); the Ray benches (rl, serve) one after
+# the other
+LANES = [["so101", "dagger", "policy", "eval", "sweep", "precision"],
          ["rl", "lerobot_train", "loader", "serve", "convert", "overhead", "packing", "startup"]]
 
 

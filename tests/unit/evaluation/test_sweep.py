@@ -55,8 +55,9 @@ def test_rank_agreement_says_which_offline_score_picks_the_simulators_best():
     assert a["best_step"] == 300 and a["checkpoints"] == 5 and "offline_mae_norm" not in a["scores"]
     m, t = a["scores"]["offline_mse_norm"], a["scores"]["train_loss"]
     assert m["spearman"] == 1.0 and m["picks_step"] == 300 and m["regret"] == 0.0
+    assert m["ci"] is None and m["p"] == pytest.approx(1 / 120, abs=1e-4)  # 5 points: one ordering in 5! agrees
     assert t["spearman"] == pytest.approx(0.3) and t["picks_step"] == 500 and t["regret"] == pytest.approx(0.4)
-    assert t["ci"][0] < 0.3 < t["ci"][1]
+    assert t["ci"][0] < 0.3 < t["ci"][1] and 0.2 < t["p"] < 0.5
     flat = rank_agreement([Scored(s.step, s.model, 0.5, 0.4, 0.6, 5, 10, s.offline) for s in scored])
     assert flat["note"] and flat["scores"]["train_loss"]["spearman"] is None
 

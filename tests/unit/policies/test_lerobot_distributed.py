@@ -1,12 +1,11 @@
 """LeRobot's ACT on two CPU ranks (gloo, through `roboloop train --nproc-per-node 2 --strategy fsdp`): FSDP2, one
-unit per encoder/decoder layer, trains as one process does on the same global batch, its sharded checkpoints
-resume exactly, and the final folder is what LeRobot's `from_pretrained` reads (the shards gathered into full
-weights). DDP's wrapper is the VLA's (tests/unit/training/test_distributed.py)."""
+unit per encoder/decoder layer, trains as one process does on the same global batch, writes DCP shards, and the
+final folder is what LeRobot's `from_pretrained` reads (the shards gathered into full weights). DDP's wrapper and
+the restart from DCP shards are the VLA's (tests/unit/training/test_distributed.py)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -32,7 +31,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def test_act_on_two_fsdp_ranks_trains_like_one_and_resumes(tmp_path):
+def test_act_on_two_fsdp_ranks_trains_like_one(tmp_path):
     from lerobot.policies.act.modeling_act import ACTPolicy
 
     ds = tmp_path / "ds"
@@ -53,12 +52,3 @@ def test_act_on_two_fsdp_ranks_trains_like_one_and_resumes(tmp_path):
     assert len(got) == 8 and max(abs(a - b) for a, b in zip(ref, got, strict=True)) <= 1e-4, (ref, got)
     ACTPolicy.from_pretrained(str(out))  # strict: every weight at its full shape
     assert (out / "checkpoints" / "step-00000004" / ".metadata").exists()  # DCP shards
-    # a restart after step 4 (what torchrun --max-restarts does) resumes there and repeats steps 5-8
-    (out / "model.safetensors").unlink()
-    for d in (out / "checkpoints").iterdir():
-        if d.name != "step-00000004":
-            shutil.rmtree(d)
-    proc = _cli(*args, "--rdzv-endpoint", f"127.0.0.1:{_port()}")
-    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-4000:]
-    again = _losses(out)
-    assert len(again) == 8 and max(abs(a - b) for a, b in zip(got, again, strict=True)) <= 1e-5
