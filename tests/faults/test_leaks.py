@@ -56,9 +56,12 @@ def test_two_concurrent_converts_to_one_destination(v21_dataset, tmp_path):
         p.stdout.close()
         p.stderr.close()
     codes = sorted(code for code, _ in results)
-    assert codes == [0, 2], results
-    loser = next(err for code, err in results if code == 2)
-    assert "is being written by" in loser or "already holds a roboloop dataset_v3" in loser, loser
+    # one writes; the other is refused while it writes, or (started after it published: the conversion takes
+    # about a second here) gets its checked, cached result
+    assert codes in ([0, 2], [0, 0]), results
+    if codes == [0, 2]:
+        loser = next(err for code, err in results if code == 2)
+        assert "is being written by" in loser or "already holds a roboloop dataset_v3" in loser, loser
     assert run_cli("validate", dst).code == 0
     assert_no_debris(tmp_path)
 
@@ -139,16 +142,25 @@ def test_user_tree_survives_a_cancelled_conversion(bigger_v21, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(bigger_v21, src)
     before = tree_hash(src)
-    proc = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "convert", str(src), str(tmp_path / "out"),
-                             "--workers", "2", "--video-file-size-in-mb", "0.05", "--no-progress"], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while time.time() < deadline and not list(tmp_path.glob(".out.roboloop-tmp-*/videos")):
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGTERM)
-    proc.wait(60)
-    assert not (tmp_path / "out").exists()
-    assert proc.returncode == 143
-    assert_no_processes(str(tmp_path / "out"))
-    assert_no_debris(tmp_path)  # SIGTERM unwinds: the temporary folder was removed on the way out
-    assert tree_hash(src) == before
+    # The conversion takes well under a second here, so on a loaded machine it can publish between this
+    # poll seeing its temporary videos/ and the signal landing: then (exit 0, a complete output) try again.
+    for attempt in range(5):
+        out = tmp_path / f"out{attempt}"
+        proc = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "convert", str(src), str(out),
+                                 "--workers", "2", "--video-file-size-in-mb", "0.05", "--no-progress"], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while time.time() < deadline and not list(tmp_path.glob(f".{out.name}.roboloop-tmp-*/videos")):
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+        if proc.returncode == 0:
+            assert run_cli("validate", out).code == 0  # finished first: published whole
+            continue
+        assert proc.returncode == 143
+        assert not out.exists()
+        assert_no_processes(str(out))
+        assert_no_debris(tmp_path)  # SIGTERM unwinds: the temporary folder was removed on the way out
+        assert tree_hash(src) == before
+        return
+    pytest.fail("every conversion finished before SIGTERM reached it")
