@@ -358,10 +358,11 @@ def _run_jobs(jobs: list, cfg: ConvertConfig) -> list:
     bar = tqdm(total=len(jobs), desc="convert", unit="file", disable=not cfg.progress)
     try:
         with pool_cm as pool:
-            futures: list[Future] = [pool.submit(fn, *args) for _, _, fn, args in jobs]
-            for f in futures:
-                f.add_done_callback(lambda _: bar.update(1))
-            try:
+            futures: list[Future] = []
+            try:  # submitting too: a SIGTERM while jobs are queued must not leave the queued ones running
+                for _, _, fn, args in jobs:
+                    futures.append(pool.submit(fn, *args))
+                    futures[-1].add_done_callback(lambda _: bar.update(1))
                 return [f.result() for f in futures]
             except BaseException:  # (a failed job, SIGTERM): no job may still write once the caller cleans up
                 for f in futures:
