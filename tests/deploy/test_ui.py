@@ -2,12 +2,12 @@
 log in (basic auth), fill and submit the `evaluate` form, then see the run's plot and rollout video on its
 page. A failing test leaves a screenshot (its path is printed; $ROBOLOOP_UI_SCREENSHOTS picks the folder).
 
-Headless Chromium 156 on these 2-core VMs sometimes spins two renderers (the page's and its own top-chrome WebUI)
-at full CPU from launch, load average above 100: the browser then answers nothing for many minutes (seen in 4
-full runs of the suite, CI's and sessions': 25 min, 30 min, 17 min, and a 30 s API timeout; the flow runs
-completed). So each attempt runs under a watchdog that kills that browser's processes after `BUDGET_S`; an
-attempt the watchdog cut short is tried again with a fresh browser (at most `ATTEMPTS`), while any other failure
-fails at once."""
+The browser is Debian's `chromium-headless-shell` (Chromium's headless shell: the page's renderer and nothing
+else). Full Chromium in `--headless=new` mode, used before, sometimes spun two renderers (the page's and its own
+top-chrome WebUI) at full CPU from launch on these 2-core VMs, load above 100: the browser answered nothing for
+17-30 min in 4 full runs, and once held CI until its 90-minute limit. Each attempt still runs under a watchdog
+that kills that browser's processes after `BUDGET_S`; an attempt the watchdog cut short is tried again with a
+fresh browser (at most `ATTEMPTS`), while any other failure fails at once."""
 
 from __future__ import annotations
 
@@ -63,11 +63,11 @@ def chromium(shots: Path, name: str):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    chromium_bin, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium_bin and driver, "Chromium and its driver are missing: `make install` installs Debian's " \
-                                    "chromium and chromium-driver"
+    chromium_bin, driver = shutil.which("chromium-headless-shell"), shutil.which("chromedriver")
+    assert chromium_bin and driver, "Chromium's headless shell and its driver are missing: `make install` " \
+                                    "installs Debian's chromium-headless-shell and chromium-driver"
     opts = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2200",
+    for arg in ("--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2200",
                 "--autoplay-policy=no-user-gesture-required", "--disable-extensions", "--mute-audio"):
         opts.add_argument(arg)
     opts.binary_location = chromium_bin
