@@ -12,7 +12,10 @@ so the ratio is FP8's alone. Ends with one JSON line: per preset step ms, MFU an
 `--grid` times forward+backward of one linear (tokens x features x features) in FP8 and in
 bf16 over a grid of widths, prints each ratio and the smallest width from which FP8 is faster
 at every larger one, and records it for this GPU model in the cache dir's
-`fp8_thresholds.json`, which training then uses instead of the documented default.
+`fp8_thresholds.json` (null where FP8 was never faster; eager grids only, as the trainer runs eager):
+training then uses it instead of the documented default, and `precision=auto` picks FP8 only on a
+GPU model recorded faster. Measured on an H200 (torchao 0.18, 8192 tokens, eager): FP8 0.11-0.54x of
+bf16 at every width from 256 to 8192; a whole `base` step 0.19x eager and 0.83x with `--compile`.
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ def step_time(preset: str, mode: str, backend: str, steps: int, max_tokens: int,
     model = VLAPolicy(cfg).cuda()
     plan = precision.PrecisionPlan(mode, "bench", backend if mode == "fp8" else None)
     converted = precision.apply_fp8(model, plan)
-    if compile_:  # both arms or neither: the ratio is FP8's, not the compiler's
-        model = torch.compile(model)
+    # both arms or neither: the ratio is FP8's, not the compiler's. The loss is what runs, so the loss is what
+    # is compiled (`torch.compile(model)` would compile only `forward`, which `model.loss` does not go through)
+    loss_fn = torch.compile(model.loss) if compile_ else model.loss
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     b = batch(cfg, max_tokens)
     for i in range(steps + 5):
@@ -54,7 +58,7 @@ def step_time(preset: str, mode: str, backend: str, steps: int, max_tokens: int,
             torch.cuda.synchronize()
             t0 = time.perf_counter()
         with plan.autocast("cuda"), precision.fp8_context(plan):
-            loss = model.loss(b)
+            loss = loss_fn(b)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -99,14 +103,16 @@ def grid(backend: str, tokens: int, compile_: bool) -> dict:
     wins = sorted(rows)
     threshold = next((w for i, w in enumerate(wins) if all(rows[v] > 1.0 for v in wins[i:])), None)
     name = torch.cuda.get_device_name()
-    if threshold is not None:
+    if not compile_:  # the trainer runs eager: only an eager grid speaks for it (null: FP8 never faster here)
         f = Path(settings().cache_dir) / precision.FP8_THRESHOLDS_FILE
         known = json.loads(f.read_text()) if f.is_file() else {}
         f.parent.mkdir(parents=True, exist_ok=True)
         fsutil.atomic_write_json(f, {**known, name: threshold})
     return {"device": name, "fp8_backend": backend, "tokens": tokens, "compiled": compile_,
             "speedup_by_features": rows, "break_even_features": threshold,
-            "note": "FP8 never faster on this grid" if threshold is None else "recorded for training"}
+            "note": ("FP8 never faster on this grid" if threshold is None else f"FP8 faster from {threshold} features")
+            + ("; recorded for training (precision=auto follows it)" if not compile_ else
+               "; not recorded: the trainer runs eager")}
 
 
 def main() -> None:

@@ -1,11 +1,14 @@
 """Precision policy: `auto | fp8 | bf16 | fp32`.
 
-FP8 only pays off on large GEMMs (torchao measures 0.80x at 1024x2048x1024 and 1.39x at
-4096x8192x16384 on H100), so only linears whose in/out features both reach a threshold are
+FP8 only pays off on large GEMMs (torchao publishes 0.80x at 1024x2048x1024 and 1.39x at
+4096x8192x16384 on H100, compiled), so only linears whose in/out features both reach a threshold are
 converted; small ones stay bf16. The threshold is the break-even `bench/precision.py --grid`
 measured on this GPU model when one is recorded (`FP8_THRESHOLDS_FILE`), else the documented
-default `FP8_MIN_FEATURES`. A plan named fp8 that would convert no linear is bf16, with that
-reason (`settle`). FP8 runs through Transformer Engine (`fp8_autocast`, DelayedScaling) or
+default `FP8_MIN_FEATURES`. `auto` picks FP8 only on a GPU model where that measurement found FP8
+faster: on an H200, torchao's float8 in eager mode (how the trainer runs) measured 0.11-0.54x of bf16
+per linear at 8192 tokens and 0.19x for a whole `base` step, so an unmeasured GPU trains in bf16 and
+says why. An explicit `fp8` is honoured. A plan named fp8 that would convert no linear is bf16, with
+that reason (`settle`). FP8 runs through Transformer Engine (`fp8_autocast`, DelayedScaling) or
 torchao's float8 training (tensorwise scaling; `emulate` runs its casts on CPU for tests). An
 explicit `fp8` that cannot run fails with what is missing; `auto` falls back and says so.
 Every run records what actually ran (`run_record`): metrics.jsonl's first row, the model's
@@ -41,7 +44,8 @@ class PrecisionPlan:
         return contextlib.nullcontext()
 
 
-def plan(requested: str, device_type: str, fp8_backend: str = "te") -> PrecisionPlan:
+def plan(requested: str, device_type: str, fp8_backend: str = "te", gpu_name: str | None = None) -> PrecisionPlan:
+    """`gpu_name`: the CUDA device's name (asked of torch when not given), for `auto`'s measured break-even."""
     if requested == "fp32":
         return PrecisionPlan("fp32", "requested")
     if requested == "bf16":
@@ -57,9 +61,18 @@ def plan(requested: str, device_type: str, fp8_backend: str = "te") -> Precision
     for backend in (fp8_backend, "torchao" if fp8_backend == "te" else "te"):
         try:
             availability.require_fp8(backend)
-            return PrecisionPlan("fp8", f"auto: FP8-capable GPU and {backend} installed", backend)
         except availability.MissingCapability as e:
             why = str(e)
+            continue
+        name = gpu_name or torch.cuda.get_device_name()
+        found, break_even, where = recorded_break_even(name)
+        if found and break_even is not None:
+            return PrecisionPlan("fp8", f"auto: {backend} installed and FP8 measured faster on {name} from "
+                                 f"{break_even} features ({where})", backend)
+        why = (f"FP8 measured slower than bf16 at every width on {name} ({where})" if found else
+               f"FP8 not measured faster on {name}: `python bench/precision.py --grid` measures it and records the "
+               "break-even (torchao's eager float8 ran 0.11-0.54x of bf16 per linear on an H200)")
+        break
     log.info("precision auto -> bf16 (%s)", why)
     return PrecisionPlan("bf16", f"auto: bf16 ({why})")
 
@@ -90,22 +103,32 @@ def settle(p: PrecisionPlan, model: nn.Module, min_features: int, what: str) -> 
     return p, names
 
 
-def fp8_threshold(device: torch.device) -> tuple[int, str]:
-    """(min features, where it came from): the break-even measured on this GPU model, else the default."""
+def recorded_break_even(gpu_name: str) -> tuple[bool, int | None, str]:
+    """(measured on this GPU model?, the width from which FP8 was faster or None where it never was, the file)
+    as `bench/precision.py --grid` recorded it."""
     import json
     from pathlib import Path
 
     from roboloop.settings import settings
 
+    f = Path(settings().cache_dir) / FP8_THRESHOLDS_FILE
+    try:
+        known = json.loads(f.read_text()) if f.is_file() else {}
+    except ValueError:
+        known = {}
+    if not isinstance(known, dict) or gpu_name not in known:
+        return False, None, str(f)
+    value = known[gpu_name]
+    return True, int(value) if value else None, str(f)
+
+
+def fp8_threshold(device: torch.device) -> tuple[int, str]:
+    """(min features, where it came from): the break-even measured on this GPU model, else the default."""
     if device.type == "cuda":
-        f = Path(settings().cache_dir) / FP8_THRESHOLDS_FILE
         name = torch.cuda.get_device_name(device)
-        try:
-            measured = json.loads(f.read_text()).get(name) if f.is_file() else None
-        except ValueError:
-            measured = None
-        if measured:
-            return int(measured), f"measured on {name} ({f})"
+        found, measured, where = recorded_break_even(name)
+        if found and measured:
+            return measured, f"measured on {name} ({where})"
     return FP8_MIN_FEATURES, "documented default (bench/precision.py --grid measures this GPU's)"
 
 

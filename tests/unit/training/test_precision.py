@@ -16,12 +16,22 @@ def test_cpu_auto_is_fp32_and_explicit_fp8_names_the_gap():
         precision.plan("fp8", "cpu")
 
 
-def test_auto_picks_fp8_on_hopper_with_a_backend(monkeypatch):
+def test_auto_picks_fp8_only_where_fp8_was_measured_faster_on_that_gpu(monkeypatch, tmp_path):
+    import json
+
+    monkeypatch.setenv("ROBOLOOP_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(availability, "cuda_available", lambda: True)
     monkeypatch.setattr(availability, "cuda_capability", lambda: (9, 0))
     monkeypatch.setattr(availability, "has_module", lambda name: name == "torchao")
-    p = precision.plan("auto", "cuda", "te")
-    assert (p.name, p.fp8_backend) == ("fp8", "torchao")
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    p = precision.plan("auto", "cuda", "te", gpu_name=h200)  # nothing measured yet
+    assert p.name == "bf16" and "not measured faster on NVIDIA H200" in p.reason and "--grid" in p.reason
+    (tmp_path / precision.FP8_THRESHOLDS_FILE).write_text(json.dumps({h100: 2048, h200: None}))
+    p = precision.plan("auto", "cuda", "te", gpu_name=h200)  # measured: never faster
+    assert p.name == "bf16" and "slower than bf16 at every width on NVIDIA H200" in p.reason
+    p = precision.plan("auto", "cuda", "te", gpu_name=h100)
+    assert (p.name, p.fp8_backend) == ("fp8", "torchao") and "from 2048 features" in p.reason
+    assert precision.plan("fp8", "cuda", "torchao", gpu_name=h200).name == "fp8"  # an explicit fp8 is honoured
     with pytest.raises(availability.MissingCapability, match="Transformer Engine is not installed"):
         precision.plan("fp8", "cuda", "te")
 
@@ -51,7 +61,7 @@ def test_a_plan_named_fp8_that_converts_no_linear_is_bf16_and_base_converts_its_
     from roboloop.training.model import VLAPolicy
 
     _hopper_with_torchao(monkeypatch)
-    p = precision.plan("auto", "cuda")
+    p = precision.plan("fp8", "cuda", "torchao")
     assert p.name == "fp8"
     with torch.device("meta"):  # shapes only: no memory for base's weights
         small_model, base_model = VLAPolicy(small()), VLAPolicy(base())
@@ -60,7 +70,7 @@ def test_a_plan_named_fp8_that_converts_no_linear_is_bf16_and_base_converts_its_
     assert "no linear >= 1024 features in preset small" in settled.reason
     settled, names = precision.settle(p, base_model, precision.FP8_MIN_FEATURES, "preset base")
     assert settled.name == "fp8" and len(names) >= 32 and "blocks.0.mlp.fc1" in names
-    rec = precision.run_record("auto", settled, names, 1024, "default", torch.device("cpu"))
+    rec = precision.run_record("fp8", settled, names, 1024, "default", torch.device("cpu"))
     assert rec["fp8_linears"] == len(names) and rec["fp8_backend"] == "torchao"
     assert "linears in FP8 (torchao)" in precision.record_line(rec)
 
@@ -74,6 +84,8 @@ def test_the_measured_threshold_is_used_for_its_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda _d=None: "NVIDIA H100 80GB HBM3")
     value, source = precision.fp8_threshold(torch.device("cuda"))
     assert value == 2048 and "measured on NVIDIA H100" in source
+    (tmp_path / precision.FP8_THRESHOLDS_FILE).write_text(json.dumps({"NVIDIA H100 80GB HBM3": None}))
+    assert precision.fp8_threshold(torch.device("cuda"))[0] == precision.FP8_MIN_FEATURES  # never faster: default
 
 
 def test_torchao_conversion_runs_on_cpu_in_emulation():
