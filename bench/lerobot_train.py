@@ -1,9 +1,13 @@
-"""LeRobot's ACT trained by roboloop's engine vs by `lerobot-train`: same dataset, ACT config, batch size, steps.
+"""LeRobot's ACT (or Diffusion) trained by roboloop's engine vs by `lerobot-train`: same dataset, policy config,
+batch size, steps, device.
 
     python bench/lerobot_train.py [--height 480 --width 640] [--episodes 8] [--steps 20] [--batch 4]
+                                  [--policy act|diffusion] [--device cpu|cuda]
 
 Baseline: `lerobot-train` (LeRobot 0.6.1: its LeRobotDataset + DataLoader with `--num-workers`, its training
-loop), both on this machine's CPU, one camera stored as h264 video at HxW (generated once under bench/out/).
+loop, fp32 as its default `use_amp=false`; roboloop runs `--precision fp32` to match), both on the same device,
+one camera stored as h264 video at HxW (generated once under bench/out/). LeRobot decodes with torchcodec where
+it is installed, else PyAV (the JSON says which); roboloop decodes with PyAV.
 Samples/s is measured over the steps after the first two: LeRobot's from its own per-step `updt_s` + `data_s`
 log fields, roboloop's from its metrics.jsonl; peak RSS of each process tree is sampled every 20 ms. The final
 loss of each is the mean of its last five steps (their data orders differ). Ends with one JSON line:
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -26,6 +31,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ACT = {"dim_model": 256, "dim_feedforward": 1024, "n_encoder_layers": 2, "n_decoder_layers": 1,
        "chunk_size": 20, "n_action_steps": 20}
+# the optimiser each side uses: LeRobot's preset for the policy, given to roboloop as flags
+OPTIM = {"act": ["--lr", "1e-5", "--weight-decay", "1e-4", "--grad-clip", "10", "--warmup-steps", "0",
+                 "--lr-schedule", "constant"],
+         "diffusion": ["--lr", "1e-4", "--weight-decay", "1e-6", "--grad-clip", "10", "--warmup-steps", "500"]}
+CONFIG = {"act": ACT, "diffusion": {}}  # Diffusion: LeRobot's defaults (ResNet-18 from scratch, U-Net 512-2048)
 
 
 def run(cmd: list[str], cwd: Path) -> tuple[str, float]:
@@ -44,6 +54,12 @@ def run(cmd: list[str], cwd: Path) -> tuple[str, float]:
     if proc.returncode != 0:
         raise SystemExit(f"{cmd[:3]} failed:\n{out[-3000:]}")
     return out, peak / 2**20
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
 
 
 def dataset(args) -> Path:
@@ -66,6 +82,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--workers", type=int, default=2, help="LeRobot DataLoader workers / roboloop decode threads")
     ap.add_argument("--workdir", type=Path, default=HERE / "out")
+    ap.add_argument("--policy", choices=sorted(CONFIG), default="act")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: both trainers run there")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     ds = dataset(args)
@@ -73,10 +91,11 @@ def main() -> None:
     (work / "lerobot").mkdir(parents=True)
     (work / "roboloop").mkdir()
 
-    venv = Path(sys.executable).parent
-    lr_out, lr_rss = run([str(venv / "lerobot-train"), "--dataset.repo_id=bench/act", f"--dataset.root={ds}",
-                          "--policy.type=act", "--policy.pretrained_backbone_weights=null", "--policy.device=cpu",
-                          "--policy.push_to_hub=false", *[f"--policy.{k}={v}" for k, v in ACT.items()],
+    cfg = CONFIG[args.policy]
+    lr_out, lr_rss = run([sys.executable, "-m", "lerobot.scripts.lerobot_train", "--dataset.repo_id=bench/act",
+                          f"--dataset.root={ds}", f"--policy.type={args.policy}",
+                          "--policy.pretrained_backbone_weights=null", f"--policy.device={args.device}",
+                          "--policy.push_to_hub=false", *[f"--policy.{k}={v}" for k, v in cfg.items()],
                           f"--steps={args.steps}", f"--batch_size={args.batch}", f"--num_workers={args.workers}",
                           "--log_freq=1", f"--save_freq={args.steps}", "--output_dir=out", "--wandb.enable=false",
                           "--seed=0"], work / "lerobot")
@@ -88,16 +107,18 @@ def main() -> None:
     lr_loss = sum(r[0] for r in rows[-5:]) / len(rows[-5:])
 
     _, rl_rss = run([sys.executable, "-m", "roboloop.cli", "train", "--dataset", str(ds), "--output-dir", "out",
-                     "--policy-type", "act", "--policy-config", json.dumps(ACT), "--steps", str(args.steps),
-                     "--max-samples", str(args.batch), "--lr", "1e-5", "--weight-decay", "1e-4", "--grad-clip", "10",
-                     "--warmup-steps", "0", "--num-workers", str(args.workers), "--checkpoint-every-steps", "0",
+                     "--policy-type", args.policy, "--policy-config", json.dumps(cfg), "--steps", str(args.steps),
+                     "--max-samples", str(args.batch), *OPTIM[args.policy], "--device", args.device,
+                     "--precision", "fp32", "--num-workers", str(args.workers), "--checkpoint-every-steps", "0",
                      "--no-cache"], work / "roboloop")
     metrics = [json.loads(line) for line in (work / "roboloop" / "out" / "metrics.jsonl").read_text().splitlines()]
     rl_sps = sum(m["samples_per_s"] for m in metrics[2:]) / max(1, len(metrics) - 2)
     rl_loss = sum(m["loss"] for m in metrics[-5:]) / len(metrics[-5:])
     print(json.dumps({
         "dataset": str(ds), "camera": f"{args.height}x{args.width}", "steps": args.steps, "batch": args.batch,
-        "act": ACT, "cpus": os.cpu_count(), "baseline": "lerobot-train (LeRobot 0.6.1), same dataset/config/batch",
+        "policy": args.policy, "config": cfg, "device": device_name(args.device), "cpus": os.cpu_count(),
+        "lerobot_video_backend": "torchcodec" if importlib.util.find_spec("torchcodec") else "pyav",
+        "baseline": "lerobot-train (LeRobot 0.6.1), same dataset/config/batch/device, fp32",
         "roboloop_samples_per_s": round(rl_sps, 2), "lerobot_samples_per_s": round(lr_sps, 2),
         "ratio_samples_per_s": round(rl_sps / lr_sps, 2), "roboloop_final_loss": round(rl_loss, 4),
         "lerobot_final_loss": round(lr_loss, 4), "final_loss_ratio": round(rl_loss / lr_loss, 3),

@@ -77,7 +77,7 @@ def small(**kw) -> ModelConfig:
 
 
 def base(**kw) -> ModelConfig:
-    """~1B parameters: where FP8 pays off on Hopper."""
+    """~1B parameters: the size where FP8 can pay off on Hopper (bench/precision.py measures whether it does)."""
     return ModelConfig(**{"image_size": (224, 224), "patch_size": 14, "dim": 2048, "layers": 4, "heads": 16,
                           "head_dim_model": 1536, "head_layers": 16, "head_heads": 32, "head_head_dim": 48, **kw})
 
@@ -100,7 +100,7 @@ class TrainRecipe(BaseModel):
         "aux_target", "aux_weight", "deterministic", "device", "family", "fp8_backend", "grad_clip", "init_from",
         "lr", "max_samples", "max_tokens", "model_overrides", "policy_config", "policy_type", "precision", "preset",
         "seed", "shuffle_buffer", "steps", "strategy", "val_fraction", "warmup_steps", "weight_decay", "window",
-        "with_video"})
+        "with_video", "lr_schedule"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
         "resume"})
@@ -127,9 +127,14 @@ class TrainRecipe(BaseModel):
                                    "`collect`): a training signal only, never a policy input")
     aux_weight: float = Field(0.3, ge=0, description="weight of the auxiliary target's L1 loss (normalised units)")
     warmup_steps: int = Field(20, ge=0, description="linear warm-up steps before the cosine decay")
+    lr_schedule: Literal["cosine", "constant"] = Field(
+        "cosine", description="after warm-up: cosine decay to a tenth of lr at the last step, or constant (LeRobot's "
+                              "ACT preset has no scheduler)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
-    precision: Literal["auto", "fp8", "bf16", "fp32"] = Field("auto", description="fp8 needs CC>=8.9 + TE/torchao")
+    precision: Literal["auto", "fp8", "bf16", "fp32"] = Field(
+        "auto", description="auto: fp32 on CPU; on a GPU fp8 only where bench/precision.py --grid measured FP8 "
+                            "faster, else bf16")
     fp8_backend: Literal["te", "torchao"] = Field("te", description="FP8 implementation when precision=fp8")
     seed: int = Field(0, description="seeds weights, data order and flow-matching noise")
     window: int = Field(32, gt=0, description="frames decoded per sequential video read")

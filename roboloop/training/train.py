@@ -48,6 +48,8 @@ class TrainResult:
 def lr_at(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
     progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
@@ -113,7 +115,8 @@ class Trainer:
         self.with_video = cfg.with_video and needs.cameras
         self.train_episodes, self.val_episodes = split_episodes([e.episode_index for e in ds.meta.episodes],
                                                                 cfg.val_fraction, cfg.seed)
-        self.prec = precision.plan(cfg.precision, self.device.type, cfg.fp8_backend)
+        self.prec = precision.plan(cfg.precision, self.device.type, cfg.fp8_backend,
+                                   torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None)
         self.depth_mm = ds.depth_ranges(ds.meta.dataset_stats()) if self.with_video else {}
         if cfg.init_from:
             self.stats = self.family.load_init(pol, Path(cfg.init_from), [ds.state_key, ds.action_key])
@@ -242,6 +245,9 @@ class Trainer:
         row = {"step": step + 1, "loss": value, "lr": self.sched.get_last_lr()[0],
                "samples_per_s": len(ready.keys) / dt, "tokens_per_s": tokens * env.world_size / dt,
                "nonpad_fraction": tokens / cfg.max_tokens, "data_wait_fraction": min(1.0, wait / dt),
+               # the loop's own time building the next batch (on CUDA overlapped with the GPU's queued work;
+               # on CPU it is data wait too)
+               "data_build_fraction": min(1.0, self.pipe.build_s / dt),
                "mfu": flops / dt / self.peak if self.peak and flops is not None else None,
                **self.policy.extra_metrics()}
         return value, row

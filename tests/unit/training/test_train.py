@@ -205,3 +205,14 @@ def test_auxiliary_target_trains_from_recorded_environment_state_and_is_named_wh
         train(_cfg(tiny_v3, tmp_path / "refused", steps=1, aux_target="observation.environment_state",
                    model_overrides=over))
     assert not (tmp_path / "refused" / "model.safetensors").exists()
+
+
+def test_lr_schedules_warm_up_then_decay_or_hold():
+    from roboloop.training.train import lr_at
+
+    cos = TrainConfig(dataset="d", output_dir="o", steps=100, warmup_steps=10)
+    const = TrainConfig(dataset="d", output_dir="o", steps=100, warmup_steps=10, lr_schedule="constant")
+    for cfg in (cos, const):
+        assert [lr_at(s, cfg) for s in (0, 4, 9)] == [0.1, 0.5, 1.0]  # the same linear warm-up
+    assert lr_at(10, cos) == 1.0 and abs(lr_at(55, cos) - 0.55) < 1e-9 and abs(lr_at(100, cos) - 0.1) < 1e-9
+    assert {lr_at(s, const) for s in range(10, 101)} == {1.0}  # LeRobot's ACT preset: no scheduler
