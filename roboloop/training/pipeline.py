@@ -70,13 +70,22 @@ class Ready:
 
 class BatchPipeline:
     def __init__(self, packer: Packer, stream: SampleStream, rank: int, world_size: int, tokens_per_image: int,
-                 device: torch.device, prefetch: bool = True):
+                 device: torch.device, prefetch: bool = True, lookahead: bool | None = None):
         self.packer, self.stream, self.rank, self.world = packer, stream, rank, world_size
         self.tpi, self.device, self.prefetch = tokens_per_image, device, prefetch
         self.cuda = device.type == "cuda"
+        # lookahead: the batch after the next one is planned (its decoding started on the stream's threads) when
+        # the next one is built, so decoding has a whole step to finish. On by default on CUDA, where the training
+        # loop's thread would otherwise wait for it while the GPU runs out of work (suspected, not yet measured:
+        # on an H200 ACT at 480x640 ran at 0.75x lerobot-train's samples/s with no wait in `next()`, which does
+        # not see this; `data_build_fraction` in metrics.jsonl now does); on CPU the decode threads would compete
+        # with the step for the cores
+        self.lookahead = prefetch and (self.cuda if lookahead is None else lookahead)
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self._next: Ready | None = None
+        self._planned: tuple[list[int], list[int], float, dict] | None = None  # after `_next`, decoding
         self.wait_s = 0.0  # time the last `next()` blocked the training loop
+        self.build_s = 0.0  # time the last `prepare_next()` spent building (decode waits, collate, copy launch)
 
     def _plan(self) -> tuple[list[int], list[int], float, dict]:
         position = self.packer.state_dict()
@@ -85,6 +94,10 @@ class BatchPipeline:
         self.stream.prefetch(mine)  # decode starts now, on the stream's threads
         denom = float(sum(self.stream.num_valid_steps(k) for k in keys))
         return keys, mine, denom, position
+
+    def _take_plan(self) -> tuple[list[int], list[int], float, dict]:
+        plan, self._planned = self._planned, None
+        return plan if plan is not None else self._plan()
 
     def _build(self, plan: tuple[list[int], list[int], float, dict]) -> Ready:
         keys, mine, denom, position = plan
@@ -101,7 +114,7 @@ class BatchPipeline:
 
     def next(self) -> Ready:
         t0 = time.perf_counter()
-        cur = self._next if self._next is not None else self._build(self._plan())
+        cur = self._next if self._next is not None else self._build(self._take_plan())
         self._next = None
         if cur.event is not None:
             torch.cuda.current_stream(self.device).wait_event(cur.event)
@@ -112,9 +125,15 @@ class BatchPipeline:
 
     def prepare_next(self) -> None:
         """Start the following batch (call after launching the current step's work)."""
+        t0 = time.perf_counter()
         if self.prefetch and self._next is None:
-            self._next = self._build(self._plan())
+            self._next = self._build(self._take_plan())
+            if self.lookahead:
+                self._planned = self._plan()
+        self.build_s = time.perf_counter() - t0
 
     def state_dict(self) -> dict:
         """Stream position of the first batch not yet trained on."""
-        return self._next.position if self._next is not None else self.packer.state_dict()
+        if self._next is not None:
+            return self._next.position
+        return self._planned[3] if self._planned is not None else self.packer.state_dict()
