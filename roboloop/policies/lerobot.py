@@ -50,6 +50,13 @@ def policy_config(policy_type: str, overrides: dict, horizon: int | None, device
         raise LeRobotPolicyError(f"policy_type {policy_type!r} {REFUSED[policy_type]}")
     if policy_type not in SUPPORTED:
         raise LeRobotPolicyError(f"policy_type {policy_type!r} is not one roboloop trains: use one of {SUPPORTED}")
+    trainer_owned = sorted(k for k in overrides if k.startswith(("optimizer_", "scheduler_")))
+    if trainer_owned:  # LeRobot's optimiser preset is lerobot-train's; roboloop's trainer would ignore these
+        raise LeRobotPolicyError(
+            f"policy_config for {policy_type}: {', '.join(trainer_owned)} would do nothing here: roboloop's trainer "
+            "sets the optimiser from the recipe's lr, weight_decay, grad_clip, warmup_steps and lr_schedule (one "
+            "learning rate for every parameter). LeRobot's ACT preset, for instance, is lr 1e-5, weight_decay 1e-4, "
+            "grad_clip 10, lr_schedule constant, warmup_steps 0")
     chunk = {"chunk_size": horizon, "n_action_steps": horizon} if horizon and policy_type == "act" else {}
     kw = {**NO_DOWNLOAD, **FROM_SCRATCH.get(policy_type, {}), **chunk, **overrides}
     try:

@@ -151,4 +151,9 @@ def test_types_roboloop_does_not_train_are_refused_with_the_reason(recorded, tmp
         policy_config("smolvla", {}, None, "cpu")
     with pytest.raises(LeRobotPolicyError, match="no_such_option"):
         train(_cfg(recorded, tmp_path / "x", policy_config={"no_such_option": 1}))
+    # LeRobot's optimiser options are lerobot-train's: here they would do nothing, so they are refused
+    with pytest.raises(LeRobotPolicyError, match="optimizer_lr, optimizer_lr_backbone would do nothing here"):
+        policy_config("act", {"optimizer_lr": 1e-5, "optimizer_lr_backbone": 1e-5}, None, "cpu")
+    with pytest.raises(LeRobotPolicyError, match="scheduler_warmup_steps would do nothing"):
+        policy_config("diffusion", {"scheduler_warmup_steps": 10}, None, "cpu")
     assert policy_config("act", {}, None, "cpu").pretrained_backbone_weights is None  # never a download
