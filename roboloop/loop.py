@@ -126,8 +126,8 @@ def ci() -> LoopConfig:
 
 def nightly_gpu() -> LoopConfig:
     """The nightly retraining on the GPU pool: the `small` model in bf16, ranks from the job. (`precision="auto"`
-    picks FP8 on an FP8-capable GPU, but no linear of `small` (width 384) reaches FP8's break-even, so the run
-    trains in bf16 and records "bf16: no linear >= 1024 features in preset small"; FP8 pays from `base` up.)"""
+    picks FP8 only on a GPU model `bench/precision.py --grid` recorded faster, and even there no linear of `small`
+    (width 384) reaches the break-even, so the run trains in bf16 and its record says why.)"""
     return LoopConfig(train=TrainRecipe(preset="small", steps=20000, max_tokens=16384, max_samples=256, lr=3e-4,
                                         warmup_steps=500, precision="auto", device="auto", num_workers=8,
                                         checkpoint_every_steps=1000, checkpoint_every_minutes=30.0),
