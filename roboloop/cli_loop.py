@@ -14,6 +14,8 @@ def add_parser(sub) -> None:
                         "rounds as configured) without a Prefect server; ends with the summary's JSON line")
     lp.add_argument("--preset", default="demo", help="demo (default), ci, vision, nightly_gpu, so101 or so101_ci")
     lp.add_argument("--config", help="a LoopConfig as JSON (instead of --preset)")
+    lp.add_argument("--override", metavar="JSON", help="settings merged over the preset or --config, e.g. "
+                    "'{\"train\": {\"steps\": 500}}' (nested objects merge; an unknown name is refused)")
     lp.add_argument("--source", help="your dataset: a folder anywhere or s3://bucket/prefix (only read); the loop "
                     "then evaluates offline on the episodes training holds out, unless --evaluation simulator")
     lp.add_argument("--evaluation", choices=["offline", "simulator"], help="with --source: how to evaluate")
@@ -31,6 +33,8 @@ def config(args: argparse.Namespace):
         cfg = PRESETS[args.preset]()
     else:
         raise ValueError(f"unknown preset {args.preset!r}: choose one of {', '.join(sorted(PRESETS))}")
+    if args.override:
+        cfg = override(cfg, args.override)
     if args.source:
         cfg = for_source(cfg, args.source, args.evaluation or "offline", args.model_name)
     elif args.model_name:
@@ -38,6 +42,39 @@ def config(args: argparse.Namespace):
     if args.no_track:
         cfg = cfg.model_copy(update={"track": False})
     return cfg
+
+
+def override(cfg, text: str):
+    """`cfg` with the JSON object `text` merged into it (objects merge key by key, anything else replaces); a name
+    the config does not have is refused, naming its path (pydantic would drop it silently)."""
+    import json
+
+    from roboloop.loop import LoopConfig
+
+    try:
+        over = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--override is not JSON: {e}") from None
+    if not isinstance(over, dict):
+        raise ValueError("--override takes a JSON object, e.g. '{\"train\": {\"steps\": 500}}'")
+
+    def merge(base, new):
+        if isinstance(base, dict) and isinstance(new, dict):
+            return {**base, **{k: merge(base.get(k), v) for k, v in new.items()}}
+        return new
+
+    merged = LoopConfig.model_validate(merge(cfg.model_dump(mode="json"), over))
+    dumped = merged.model_dump(mode="json")
+
+    def check(node, new, path):
+        for k, v in new.items():
+            if not isinstance(node, dict) or k not in node:
+                raise ValueError(f"--override: {'.'.join([*path, k])} is not a setting of the loop")
+            if isinstance(v, dict):
+                check(node[k], v, [*path, k])
+
+    check(dumped, over, [])
+    return merged
 
 
 def cmd_loop(args: argparse.Namespace) -> int:

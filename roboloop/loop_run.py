@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from roboloop.datasets.config import ConvertConfig
-from roboloop.evaluation.config import CollectConfig, EvalRecipe, OfflineRecipe
+from roboloop.evaluation.config import ROBOLOOP_TASKS, CollectConfig, EvalRecipe, OfflineRecipe
 from roboloop.lineage import Lineage
 from roboloop.loop import LoopConfig
 from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
@@ -146,11 +146,12 @@ def baseline_recipe(cfg: LoopConfig) -> EvalRecipe:
 
 
 def dagger_recipe(cfg: LoopConfig) -> CollectConfig:
-    """A DAgger round's recording: the loop's task, device and execution, the demonstrations' seed and camera
-    (so the new labels merge with them)."""
+    """A DAgger round's recording: the loop's task, device and execution, the demonstrations' seed, camera and
+    environment_state (so the new labels merge with them)."""
     base = cfg.collect_if_missing or CollectConfig()
     return CollectConfig(task=cfg.eval.task, episodes=cfg.dagger.episodes, num_envs=cfg.dagger.num_envs,
                          device=cfg.eval.device, seed=base.seed, camera=base.camera,
+                         environment_state=base.environment_state and cfg.eval.task in ROBOLOOP_TASKS,
                          execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
 
 

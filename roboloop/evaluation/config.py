@@ -83,8 +83,8 @@ class CollectConfig(BaseModel):
     """Scripted-expert demonstrations, written as a LeRobot v2.1 dataset."""
     # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
     KEYED: ClassVar[frozenset[str]] = frozenset({
-        "camera", "device", "episodes", "execute_steps", "instructions_per_layout", "noise", "num_envs",
-        "only_success", "seed", "task"})
+        "camera", "device", "environment_state", "episodes", "execute_steps", "instructions_per_layout", "noise",
+        "num_envs", "only_success", "seed", "task"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({"dst", "policy"})
 
 
@@ -106,6 +106,10 @@ class CollectConfig(BaseModel):
     execute_steps: int = Field(4, ge=1, description="a model policy's chunk actions executed before re-planning")
     camera: bool = Field(True, description="record the task's cameras as videos (False: state + language only, "
                          "about 3x faster on CPU, where rendering is most of a step)")
+    environment_state: bool = Field(
+        False, description="also record the simulator's scene state (the SO-101's cube pose and grasp point) as "
+        "observation.environment_state: a training target (aux_target), never a policy input. Off, an SO-101 "
+        "recording has exactly a real so101_follower's features (the -Vision- reach task always records it)")
 
     @model_validator(mode="after")
     def _vision_needs_its_camera(self) -> CollectConfig:
@@ -115,4 +119,7 @@ class CollectConfig(BaseModel):
                                                  or self.task == "Roboloop-Reach-Red-v0"):
             raise ValueError(f"instructions_per_layout: {self.task} has one instruction; only the reach tasks name "
                              "one of several targets")
+        if self.environment_state and self.task not in ROBOLOOP_TASKS:
+            raise ValueError(f"environment_state: {self.task} is not a roboloop task; only those expose their scene "
+                             "state")
         return self

@@ -66,6 +66,8 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
         overrides = {"layout_split": "train"}
         if cfg.task.startswith("Roboloop-Reach-"):
             overrides["instructions_per_layout"] = cfg.instructions_per_layout
+        if cfg.environment_state:
+            overrides["privileged_obs"] = True
     env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=cfg.camera, overrides=overrides)
     try:
         expert = ExpertPolicy(env)
@@ -90,6 +92,9 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
 
 # what a reach task's `privileged` observation holds (see ReachColorEnvCfg.privileged_obs)
 ENV_STATE_NAMES = ["red_x", "red_y", "green_x", "green_y", "blue_x", "blue_y", "tip_x", "tip_y"]
+# what the SO-101 task's `privileged` observation holds (recorded when CollectConfig.environment_state is on): the
+# cube's centre (m, the arm's base frame), its yaw (rad) and the point between the jaw pads (m)
+SO101_ENV_STATE_NAMES = ["cube_x", "cube_y", "cube_z", "cube_yaw", "grasp_x", "grasp_y", "grasp_z"]
 # LeRobot's so101_follower motors (state and action `<motor>.pos`), as `lerobot-record` names them
 SO101_NAMES = [f"{m}.pos" for m in ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll",
                                     "gripper")]
@@ -102,7 +107,7 @@ def task_schema(task: str) -> tuple[str, list[str] | None, list[str] | None, lis
     """(robot_type, state names, action names, environment-state names) of what `collect` records on `task`
     (names None: numbered)."""
     if task == "Roboloop-SO101-PickCube-v0":
-        return SO101_ROBOT_TYPE, SO101_NAMES, SO101_NAMES, None
+        return SO101_ROBOT_TYPE, SO101_NAMES, SO101_NAMES, SO101_ENV_STATE_NAMES
     if task not in ROBOLOOP_TASKS:
         return "roboloop", None, None, None
     state = ["q_shoulder", "q_elbow", "qd_shoulder", "qd_elbow"]

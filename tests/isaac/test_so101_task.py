@@ -88,6 +88,15 @@ def test_recording_has_lerobots_so101_follower_features(tmp_path):
     state = frame["observation.state"]
     assert -110 <= float(state[0]) <= 110 and 0 <= float(state[5]) <= 100  # degrees, and the gripper 0-100
 
+    # asked for, the recording also keeps the cube's pose and the grasp point (a training target), and only that
+    roboloop("collect", str(tmp_path / "priv"), "--task", TASK, "--episodes", "2", "--num-envs", "2",
+             "--environment-state")
+    priv = json.loads((tmp_path / "priv" / "meta" / "info.json").read_text())["features"]
+    extra = priv.pop("observation.environment_state")
+    assert extra["names"] == ["cube_x", "cube_y", "cube_z", "cube_yaw", "grasp_x", "grasp_y", "grasp_z"]
+    plain = json.loads((tmp_path / "raw" / "meta" / "info.json").read_text())["features"]
+    assert {k: v["shape"] for k, v in priv.items()} == {k: v["shape"] for k, v in plain.items()}
+
 
 @pytest.mark.slow
 def test_short_closed_loop_on_the_so101_registers_a_version(tmp_path):

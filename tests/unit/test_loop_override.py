@@ -1,0 +1,38 @@
+"""`roboloop loop --preset P --override JSON`: a preset with a few settings changed, no setting silently dropped."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from roboloop.cli_loop import config
+from roboloop.loop import so101
+
+
+def _args(**kw) -> argparse.Namespace:
+    return argparse.Namespace(**{"preset": "demo", "config": None, "override": None, "source": None,
+                                 "evaluation": None, "model_name": None, "no_track": False, **kw})
+
+
+def test_nested_settings_merge_into_the_preset():
+    cfg = config(_args(preset="so101", override='{"collect_if_missing": {"environment_state": true}, "train": '
+                       '{"aux_target": "observation.environment_state", "model_overrides": {"aux_to_state": 1}}}'))
+    want = so101()
+    assert cfg.collect_if_missing.environment_state
+    assert cfg.collect_if_missing.episodes == want.collect_if_missing.episodes
+    assert cfg.train.aux_target == "observation.environment_state" and cfg.train.steps == want.train.steps
+    assert cfg.train.model_overrides == {**want.train.model_overrides, "aux_to_state": 1}  # merged, not replaced
+    assert config(_args(preset="so101")) == want  # nothing given, nothing changed
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ('{"train": {"stepz": 5}}', "train.stepz is not a setting"),
+    ('{"evl": {"episodes": 5}}', "evl is not a setting"),
+    ('{"train": {"steps": "many"}}', "steps"),
+    ("[1]", "takes a JSON object"),
+    ("{train: 1}", "is not JSON"),
+])
+def test_a_wrong_override_is_refused_with_its_name(text, error):
+    with pytest.raises(ValueError, match=error):
+        config(_args(override=text))
