@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import httpx
 import pytest
 
 from tests.deploy.conftest import AUTH, REPO
+from tests.deploy.ui_browser import until as _until
 
 pytestmark = [pytest.mark.ui, pytest.mark.slow, pytest.mark.isaac]
 
@@ -93,16 +93,6 @@ def _api(method: str, url: str, **kw):
         return None
     r.raise_for_status()
     return r.json()
-
-
-def _until(fn, timeout: float = 30, what: str = ""):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.mark.timeout(2 * ATTEMPTS * (BUDGET_S + 30) + RUN_S + 200)
