@@ -113,6 +113,7 @@ def test_evaluate_form_submits_a_named_run_whose_page_shows_the_plot_and_a_playa
             break
         assert attempt < ATTEMPTS, f"the browser answered nothing in {ATTEMPTS} attempts"
     run = _until(submitted, 60, "the submitted run")[0]
+    assert run["parameters"]["params"].get("policy") == "expert", run["parameters"]  # what the form was given
 
     def finished():
         s = _api("GET", f"{api}/flow_runs/{run['id']}")

@@ -80,12 +80,26 @@ def field(d, label: str):
                                     "[self::input or self::select or self::textarea][1]")
 
 
-def put(el, value: str) -> None:
+def put(d, label: str, value: str) -> None:
+    """Type `value` into the field labelled `label` and see that it holds it. Prefect's form re-renders a field
+    as it empties; keys typed meanwhile are lost (CI once submitted "pert" for "expert"), so it types again
+    until the field reads back what was typed."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.keys import Keys
 
-    el.send_keys(Keys.CONTROL, "a")
-    el.send_keys(Keys.DELETE)
-    el.send_keys(value)
+    seen = None
+    for _ in range(5):
+        with contextlib.suppress(StaleElementReferenceException):
+            el = field(d, label)
+            el.send_keys(Keys.CONTROL, "a")
+            el.send_keys(Keys.DELETE)
+            time.sleep(0.3)  # let the emptied field settle before typing
+            el.send_keys(value)
+            time.sleep(0.3)
+            seen = field(d, label).get_attribute("value")
+            if seen == value:
+                return
+    raise AssertionError(f"the {label} field holds {seen!r} after typing {value!r} five times")
 
 
 def submit(d, ui: str, deployment: str) -> None:
@@ -101,9 +115,10 @@ def submit(d, ui: str, deployment: str) -> None:
     tasks = [o.text for o in Select(field(d, "Task")).options]
     assert {"Roboloop-Reach-Color-v0", "Roboloop-Reach-Color-Vision-v0"} <= set(tasks), tasks  # a choice
 
-    put(field(d, "Policy"), "expert")
-    for label, value in (("Episodes", "6"), ("Num Envs", "6"), ("Videos", "1")):
-        put(field(d, label), value)
+    for label, value in (("Policy", "expert"), ("Episodes", "6"), ("Num Envs", "6"), ("Videos", "1")):
+        put(d, label, value)
+    for label, value in (("Policy", "expert"), ("Episodes", "6"), ("Num Envs", "6"), ("Videos", "1")):
+        assert field(d, label).get_attribute("value") == value, (label, field(d, label).get_attribute("value"))
     d.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     # the run's creation is the test's to see (through the API); the UI goes to the new run's page once the
     # server has answered, and the browser must not quit before that
