@@ -41,7 +41,7 @@ def _spawn(cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="package")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, request):
     tmp = tmp_path_factory.mktemp("prefect-stack")
     port = _port()
     api = f"http://127.0.0.1:{port}/api"
@@ -80,12 +80,15 @@ def stack(tmp_path_factory):
                "scheduled": scheduled,
                "env": {**env, "PREFECT_API_AUTH_STRING": ":".join(AUTH)}}
     finally:
-        _cancel_unfinished(api)
-        _stop(procs)
+        # what slows the teardown goes to the terminal (CI's log), not to pytest's capture
+        tr = request.config.pluginmanager.get_plugin("terminalreporter")
+        say = (lambda m: tr.write_line(f"[deploy stack teardown] {m}")) if tr else print
+        _cancel_unfinished(api, say)
+        _stop(procs, say)
         kill_leftovers(str(tmp))
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list[subprocess.Popen], say) -> None:
     """SIGTERM every group, then SIGKILL what is still there after 20 s; every child reaped (no "subprocess still
     running" at the end of the session)."""
     for p in reversed(procs):
@@ -95,6 +98,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         try:
             p.wait(20)
         except subprocess.TimeoutExpired:
+            say(f"{p.args} ignored SIGTERM for 20 s; killed")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait(10)
@@ -135,7 +139,7 @@ def _pause_schedules(api: str) -> tuple[dict[str, dict], list[dict]]:
     return deps, scheduled
 
 
-def _cancel_unfinished(api: str) -> None:
+def _cancel_unfinished(api: str, say) -> None:
     """Cancel every run not yet in a final state and give the workers ≤ 60 s to stop them."""
     with contextlib.suppress(httpx.HTTPError):  # a dead server: the process sweep still kills what is left
         live = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
@@ -145,3 +149,5 @@ def _cancel_unfinished(api: str) -> None:
         deadline = time.time() + 60
         while time.time() < deadline and _runs_in(api, ["PENDING", "RUNNING", "CANCELLING"]):
             time.sleep(1)
+        if left := _runs_in(api, ["PENDING", "RUNNING", "CANCELLING"]):  # CI's summary shows which
+            say(f"runs not stopped 60 s after cancelling: {[(r['name'], r['state']['type']) for r in left]}")
