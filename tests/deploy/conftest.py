@@ -147,7 +147,7 @@ def _cancel_unfinished(api: str, say) -> None:
             api_call("POST", f"{api}/flow_runs/{run['id']}/set_state",
                   json={"state": {"type": "CANCELLING"}, "force": True})
         deadline = time.time() + 60
-        while time.time() < deadline and _runs_in(api, ["PENDING", "RUNNING", "CANCELLING"]):
+        while (left := _runs_in(api, ["PENDING", "RUNNING", "CANCELLING"])) and time.time() < deadline:
             time.sleep(1)
-        if left := _runs_in(api, ["PENDING", "RUNNING", "CANCELLING"]):  # CI's summary shows which
+        if left:  # CI's log shows which
             say(f"runs not stopped 60 s after cancelling: {[(r['name'], r['state']['type']) for r in left]}")

@@ -115,10 +115,11 @@ def submit(d, ui: str, deployment: str) -> None:
     tasks = [o.text for o in Select(field(d, "Task")).options]
     assert {"Roboloop-Reach-Color-v0", "Roboloop-Reach-Color-Vision-v0"} <= set(tasks), tasks  # a choice
 
-    for label, value in (("Policy", "expert"), ("Episodes", "6"), ("Num Envs", "6"), ("Videos", "1")):
+    typed = {"Policy": "expert", "Episodes": "6", "Num Envs": "6", "Videos": "1"}
+    for label, value in typed.items():
         put(d, label, value)
-    for label, value in (("Policy", "expert"), ("Episodes", "6"), ("Num Envs", "6"), ("Videos", "1")):
-        assert field(d, label).get_attribute("value") == value, (label, field(d, label).get_attribute("value"))
+    held = {label: field(d, label).get_attribute("value") for label in typed}  # none undone by a later re-render
+    assert held == typed, held
     d.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
     # the run's creation is the test's to see (through the API); the UI goes to the new run's page once the
     # server has answered, and the browser must not quit before that
