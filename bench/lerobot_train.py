@@ -2,7 +2,7 @@
 batch size, steps, device.
 
     python bench/lerobot_train.py [--height 480 --width 640] [--episodes 8] [--steps 20] [--batch 4]
-                                  [--policy act|diffusion] [--device cpu|cuda]
+                                  [--policy act|diffusion] [--device cpu|cuda] [--lookahead auto|on|off ...]
 
 Baseline: `lerobot-train` (LeRobot 0.6.1: its LeRobotDataset + DataLoader with `--num-workers`, its training
 loop, fp32 as its default `use_amp=false`; roboloop runs `--precision fp32` to match), both on the same device,
@@ -11,7 +11,9 @@ it is installed, else PyAV (the JSON says which); roboloop decodes with PyAV.
 Samples/s is measured over the steps after the first two: LeRobot's from its own per-step `updt_s` + `data_s`
 log fields, roboloop's from its metrics.jsonl; peak RSS of each process tree is sampled every 20 ms. The final
 loss of each is the mean of its last five steps (their data orders differ). Ends with one JSON line:
-`ratio_samples_per_s` (roboloop / LeRobot), `final_loss_ratio`, `rss_ratio`.
+`ratio_samples_per_s` (roboloop / LeRobot), `final_loss_ratio`, `rss_ratio` (roboloop's first `--lookahead`
+run), and `roboloop_runs`: each run's samples/s, loss, and the training loop's data wait and batch-building
+fractions of a step.
 """
 
 from __future__ import annotations
@@ -84,12 +86,13 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=HERE / "out")
     ap.add_argument("--policy", choices=sorted(CONFIG), default="act")
     ap.add_argument("--device", default="cpu", help="cpu or cuda: both trainers run there")
+    ap.add_argument("--lookahead", nargs="+", choices=["auto", "on", "off"], default=["auto"],
+                    help="roboloop runs once per value (its pipeline's lookahead; auto: on CUDA only)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     ds = dataset(args)
     work = Path(tempfile.mkdtemp(prefix="lerobot_train_run-", dir=args.workdir))  # fresh each run, never reused
     (work / "lerobot").mkdir(parents=True)
-    (work / "roboloop").mkdir()
 
     cfg = CONFIG[args.policy]
     lr_out, lr_rss = run([sys.executable, "-m", "lerobot.scripts.lerobot_train", "--dataset.repo_id=bench/act",
@@ -106,25 +109,41 @@ def main() -> None:
     lr_sps = sum(args.batch / (u + d) for _, u, d in rows[2:]) / max(1, len(rows) - 2)
     lr_loss = sum(r[0] for r in rows[-5:]) / len(rows[-5:])
 
-    _, rl_rss = run([sys.executable, "-m", "roboloop.cli", "train", "--dataset", str(ds), "--output-dir", "out",
-                     "--policy-type", args.policy, "--policy-config", json.dumps(cfg), "--steps", str(args.steps),
-                     "--max-samples", str(args.batch), *OPTIM[args.policy], "--device", args.device,
-                     "--precision", "fp32", "--num-workers", str(args.workers), "--checkpoint-every-steps", "0",
-                     "--no-cache"], work / "roboloop")
-    metrics = [json.loads(line) for line in (work / "roboloop" / "out" / "metrics.jsonl").read_text().splitlines()]
-    rl_sps = sum(m["samples_per_s"] for m in metrics[2:]) / max(1, len(metrics) - 2)
-    rl_loss = sum(m["loss"] for m in metrics[-5:]) / len(metrics[-5:])
+    runs = [roboloop_run(args, ds, work / f"roboloop-{la}", la) for la in args.lookahead]
+    first = runs[0]
     print(json.dumps({
         "dataset": str(ds), "camera": f"{args.height}x{args.width}", "steps": args.steps, "batch": args.batch,
         "policy": args.policy, "config": cfg, "device": device_name(args.device), "cpus": os.cpu_count(),
         "lerobot_video_backend": "torchcodec" if importlib.util.find_spec("torchcodec") else "pyav",
         "baseline": "lerobot-train (LeRobot 0.6.1), same dataset/config/batch/device, fp32",
-        "roboloop_samples_per_s": round(rl_sps, 2), "lerobot_samples_per_s": round(lr_sps, 2),
-        "ratio_samples_per_s": round(rl_sps / lr_sps, 2), "roboloop_final_loss": round(rl_loss, 4),
-        "lerobot_final_loss": round(lr_loss, 4), "final_loss_ratio": round(rl_loss / lr_loss, 3),
-        "roboloop_peak_rss_mb": round(rl_rss), "lerobot_peak_rss_mb": round(lr_rss),
-        "rss_ratio": round(rl_rss / lr_rss, 2)}))
+        "roboloop_samples_per_s": first["samples_per_s"], "lerobot_samples_per_s": round(lr_sps, 2),
+        "ratio_samples_per_s": round(first["samples_per_s"] / lr_sps, 2),
+        "roboloop_final_loss": first["final_loss"], "lerobot_final_loss": round(lr_loss, 4),
+        "final_loss_ratio": round(first["final_loss"] / lr_loss, 3),
+        "roboloop_peak_rss_mb": first["peak_rss_mb"], "lerobot_peak_rss_mb": round(lr_rss),
+        "rss_ratio": round(first["peak_rss_mb"] / lr_rss, 2),
+        "roboloop_runs": [r | {"ratio_samples_per_s": round(r["samples_per_s"] / lr_sps, 2)} for r in runs]}))
 
+
+def roboloop_run(args, ds: Path, cwd: Path, lookahead: str) -> dict:
+    """`roboloop train` on the same data and config; samples/s and the loop's data fractions from metrics.jsonl."""
+    cwd.mkdir()
+    cfg = CONFIG[args.policy]
+    _, rss = run([sys.executable, "-m", "roboloop.cli", "train", "--dataset", str(ds), "--output-dir", "out",
+                  "--policy-type", args.policy, "--policy-config", json.dumps(cfg), "--steps", str(args.steps),
+                  "--max-samples", str(args.batch), *OPTIM[args.policy], "--device", args.device,
+                  "--precision", "fp32", "--num-workers", str(args.workers), "--checkpoint-every-steps", "0",
+                  "--lookahead", lookahead, "--no-cache"], cwd)
+    metrics = [json.loads(line) for line in (cwd / "out" / "metrics.jsonl").read_text().splitlines()]
+    timed = metrics[2:] or metrics
+
+    def mean(key: str) -> float:
+        return sum(m[key] for m in timed) / len(timed)
+
+    return {"lookahead": lookahead, "ran": metrics[0].get("pipeline"), "samples_per_s": round(mean("samples_per_s"), 2),
+            "final_loss": round(sum(m["loss"] for m in metrics[-5:]) / len(metrics[-5:]), 4),
+            "data_wait_fraction": round(mean("data_wait_fraction"), 3),
+            "data_build_fraction": round(mean("data_build_fraction"), 3), "peak_rss_mb": round(rss)}
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """Policy-server latency and throughput on this machine, over loopback, against the same model in-process.
 
-    python bench/serve.py [--requests 200] [--seconds 6] [--clients 1 8 32] [--families vla act]
+    python bench/serve.py [--requests 200] [--seconds 6] [--clients 1 8 32] [--families vla act] [--device cuda]
 
 Models (weights do not change speed): `vla` is the demo's VLA shape (roboloop's tiny preset, horizon 8, the
 reach task's state and action sizes, state only, 4 flow-matching steps); `act` is LeRobot's ACT at its
@@ -35,17 +35,21 @@ ROOT = Path(__file__).resolve().parents[1]
 CAM = "observation.images.front"
 
 
-def vla_model(dst: Path) -> Path:
+def vla_model(dst: Path, dims: list[int] | None = None) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from roboloop.evaluation.isaac_tasks import make_cfg
     from roboloop.training.config import tiny
     from roboloop.training.model import VLAPolicy
 
-    c = make_cfg("Roboloop-Reach-Color-v0")
-    space = c.action_space
-    s, a = int(c.observation_space), int(space if isinstance(space, int) else space.shape[-1])
+    if dims:  # --vla-dims: where Isaac Lab is not installed
+        s, a = dims
+    else:
+        from roboloop.evaluation.isaac_tasks import make_cfg
+
+        c = make_cfg("Roboloop-Reach-Color-v0")
+        space = c.action_space
+        s, a = int(c.observation_space), int(space if isinstance(space, int) else space.shape[-1])
     torch.manual_seed(0)
     cfg = tiny(state_dim=s, action_dim=a, horizon=8)
     dst.mkdir(parents=True)
@@ -84,12 +88,15 @@ def pct(xs: list[float]) -> dict[str, float]:
     return {"p50": round(float(np.percentile(xs, 50)), 2), "p99": round(float(np.percentile(xs, 99)), 2)}
 
 
+DEVICE = "cpu"  # --device: where the model runs, in-process and in the server (ONNX exports: onnxruntime's CPU)
+
+
 def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 0) -> tuple[subprocess.Popen, int]:
     """`roboloop serve` in its own process (replicas > 0: the Ray Serve engine with that many replicas)."""
     env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"}
     engine = ["--engine", "ray", "--replicas", str(replicas)] if replicas else []
     p = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0", "--max-batch",
-                          str(max_batch), *engine], stderr=subprocess.PIPE, text=True, env=env)
+                          str(max_batch), "--device", DEVICE, *engine], stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 180
     while time.time() < deadline:
         line = p.stderr.readline()  # type: ignore[union-attr]
@@ -168,7 +175,7 @@ def bench(name: str, model: Path, args, work: Path) -> dict:
     from roboloop.policies import load_policy
     from roboloop.serving.token import read_token
 
-    policy = load_policy(model)
+    policy = load_policy(model, DEVICE)
     obs, state, images = observation(policy)
     token_file = work / "token"
     token = read_token(token_file, create=True)
@@ -201,15 +208,20 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--families", nargs="+", default=["vla", "act"], choices=["vla", "act"])
+    ap.add_argument("--vla-dims", type=int, nargs=2, metavar=("STATE", "ACTION"), help="the VLA's state and "
+                    "action sizes (default: read from Roboloop-Reach-Color-v0's config, which needs Isaac Lab)")
+    ap.add_argument("--device", default="cpu", help="torch device of the model in-process and in the server")
     ap.add_argument("--ray-replicas", type=int, nargs="*", default=[1, 2], help="also serve the VLA with "
                     "`--engine ray` at these replica counts (none: skip Ray Serve)")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     sys.path.insert(0, str(ROOT))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for fam in args.families:
-            model = vla_model(work / "vla") if fam == "vla" else act_model(work)
+            model = vla_model(work / "vla", args.vla_dims) if fam == "vla" else act_model(work)
             rows.append(bench(fam, model, args, work))
             r = rows[-1]
             print(f"{fam}: in-process p50 {r['in_process_ms']['p50']} ms p99 {r['in_process_ms']['p99']} | served "
@@ -217,7 +229,13 @@ def main() -> None:
                   f"{r['served_infer_ms']['p50']}) | chunks/s batched {r['chunks_per_s_batched']} unbatched "
                   f"{r['chunks_per_s_unbatched']}", file=sys.stderr)
     print(json.dumps({"bench": "serve", "baseline": "policy.act in the bench's own process", "cpu_threads":
-                      os.cpu_count(), "rows": rows}))
+                      os.cpu_count(), "device": device_name(args.device), "rows": rows}))
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
 
 
 if __name__ == "__main__":

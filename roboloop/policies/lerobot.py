@@ -107,10 +107,12 @@ class LeRobotTrainable:
         n = self.needs.history
         out: dict = {self.state_key: (b.states_hist if n > 1 else b.states).float(), "action": b.actions.float(),
                      "action_is_pad": ~b.action_mask, "task": [""] * b.num_samples}
+        images = b.image_input() if self.cameras else b.images
         for c, key in enumerate(self.cameras):
-            sel = b.image_camera == c
-            h, w = (int(x) for x in b.image_hw[sel][0])
-            img = b.images[sel][:, :, :h, :w].float()
+            # every sample has every camera, in this order (collate stacks them sample by sample); the sizes are
+            # the features' own: no mask or size read back from the device, which would wait for the GPU
+            _, h, w = self.cfg.input_features[key].shape
+            img = images[c::len(self.cameras)][:, :, :h, :w]
             out[key] = img.reshape(img.shape[0], n, 3, h, w) if n > 1 else img
         return out
 

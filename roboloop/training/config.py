@@ -103,7 +103,7 @@ class TrainRecipe(BaseModel):
         "with_video", "lr_schedule"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
-        "resume"})
+        "lookahead", "resume"})
 
 
     family: str = Field("vla", description="policy family (roboloop.policies): vla (roboloop's GR00T-style VLA), or "
@@ -154,6 +154,10 @@ class TrainRecipe(BaseModel):
     strategy: Literal["ddp", "fsdp"] = Field("ddp", description="data parallelism across ranks: replicate "
                                              "(DDP) or shard parameters/optimizer (FSDP2)")
     prefetch: bool = Field(True, description="prepare the next batch (decode, pin, copy) during the step")
+    lookahead: Literal["auto", "on", "off"] = Field(
+        "auto", description="with prefetch, also start decoding the batch after the next one, so decoding has a "
+                            "whole step to finish (auto: on CUDA, off on CPU, where decode threads compete with "
+                            "the step for the cores); same batches either way")
     deterministic: bool = Field(False, description="deterministic kernels (exact resume comparisons)")
 
     @model_validator(mode="after")
@@ -182,7 +186,7 @@ class TrainRecipe(BaseModel):
     # Fields a resumed run may change (how long, how often to save or log); anything else is another run.
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
         "steps", "checkpoint_every_steps", "checkpoint_every_minutes", "keep_last", "log_every", "resume",
-        "num_workers", "prefetch", "output_dir", "dataset", "device"})
+        "num_workers", "prefetch", "lookahead", "output_dir", "dataset", "device"})
 
     def changed_fields(self, saved: dict) -> list[str]:
         """Fields whose value differs from `saved` (another run's config) and that resuming cannot change."""

@@ -378,9 +378,9 @@ class SampleStream:
         if self.with_video:
             ep, first, _ = self._window_of(key)
             lo, frames = self._cache[(ep, first)].result()
-            images = [cams.to_model_input(frames[k][[s - lo for s in steps]], self.depth_mm.get(k))
+            images = [cams.to_training_input(frames[k][[s - lo for s in steps]], self.depth_mm.get(k))
                       .reshape(-1, *frames[k].shape[1:3]) if h > 1 else
-                      cams.to_model_input(frames[k][t - lo:t - lo + 1], self.depth_mm.get(k))[0] for k in self.cams]
+                      cams.to_training_input(frames[k][t - lo:t - lo + 1], self.depth_mm.get(k))[0] for k in self.cams]
         actions, pad = ds.action_chunk(key, start=1 - h)
         state = ds.state[key]
         hist = torch.from_numpy(np.ascontiguousarray(ds.state[[key - t + s for s in steps]], dtype=np.float32)) \

@@ -165,14 +165,14 @@ class VLAPolicy(nn.Module):
         aux_state = b.states.new_zeros(b.num_samples, cfg.max_cameras, cfg.aux_dim) if self.aux_state_dim else None
         if b.images.shape[0]:
             if isinstance(getattr(self, "vision", None), KeypointEncoder):
-                kp = self.vision.keypoints(b.images.to(self.patch_pos.dtype))  # (I, K, 3)
+                kp = self.vision.keypoints(b.image_input(self.patch_pos.dtype))  # (I, K, 3)
                 vis = self.vision.tokens(kp)
                 if kp_state is not None:
                     kp_state = kp_state.index_put((b.image_sample, b.image_camera), kp.flatten(1).to(kp_state.dtype))
             elif hasattr(self, "vision"):
-                vis = self.vision(b.images.to(self.patch_pos.dtype))  # (I, P, D)
+                vis = self.vision(b.image_input(self.patch_pos.dtype))  # (I, P, D)
             else:
-                vis = self.patch(b.images.to(self.patch.weight.dtype)).flatten(2).transpose(1, 2)  # (I, P, D)
+                vis = self.patch(b.image_input(self.patch.weight.dtype)).flatten(2).transpose(1, 2)  # (I, P, D)
             if hasattr(self, "aux_head"):
                 aux = self.aux_head(vis.flatten(1))
                 if aux_state is not None:  # detached: the flow loss does not move what the head perceives

@@ -20,7 +20,7 @@ import torch
 class Sample:
     """One training example before tokenisation (tensors on CPU)."""
 
-    images: list[torch.Tensor]  # each (3, H, W) float in [0, 1]; any number of cameras
+    images: list[torch.Tensor]  # each (3, H, W): uint8 RGB, or float in [0, 1]; any number of cameras
     instruction: torch.Tensor  # (L,) int64 token ids
     state: torch.Tensor  # (S,) float
     actions: torch.Tensor  # (H, A) float, the chunk to predict
@@ -35,7 +35,8 @@ class Sample:
 
 @dataclass
 class PackedBatch:
-    """A pack of samples. Images are stacked (num_images, 3, H, W) with their owner sample."""
+    """A pack of samples. Images are stacked (num_images, 3, H, W) with their owner sample: uint8 when every
+    image is (colour frames travel to the device as decoded), else float in [0, 1]; models read `image_input`."""
 
     images: torch.Tensor
     image_sample: torch.Tensor  # (num_images,) which sample each image belongs to
@@ -59,6 +60,13 @@ class PackedBatch:
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
         return PackedBatch(**{k: v.to(device, non_blocking=non_blocking) for k, v in vars(self).items()})
 
+    def image_input(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The images as a model reads them, in [0, 1]: uint8 is scaled here, on the batch's device (float32
+        division, then `dtype`: the values `cameras.to_model_input` gives on the host)."""
+        if self.images.dtype == torch.uint8:
+            return self.images.float().div_(255).to(dtype)
+        return self.images.to(dtype)
+
     def pin_memory(self) -> PackedBatch:
         return PackedBatch(**{k: v.pin_memory() for k, v in vars(self).items()})
 
@@ -74,6 +82,8 @@ def collate(samples: Sequence[Sample], tokens_per_image: int, state_tokens: int 
         tok_sample.append(torch.full((s.instruction.numel(),), i, dtype=torch.long))
         tok_pos.append(torch.arange(s.instruction.numel()))
     hw = torch.tensor([img.shape[-2:] for img in images], dtype=torch.long).reshape(-1, 2)
+    if len({img.dtype for img in images}) > 1:  # depth (float) beside colour (uint8): one float stack
+        images = [img.float().div_(255) if img.dtype == torch.uint8 else img for img in images]
     if images and (hw != hw[0]).any():  # cameras at their own resolutions: pad to the largest, keep the sizes
         h, w = int(hw[:, 0].max()), int(hw[:, 1].max())
         images = [torch.nn.functional.pad(img, (0, w - img.shape[-1], 0, h - img.shape[-2])) for img in images]

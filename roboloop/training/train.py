@@ -154,7 +154,8 @@ class Trainer:
         self.start = self.resume()
         packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, needs.tokens_per_image, env.world_size)
         self.pipe = BatchPipeline(packer, self.stream, env.rank, env.world_size, needs.tokens_per_image, self.device,
-                                  prefetch=cfg.prefetch)
+                                  prefetch=cfg.prefetch,
+                                  lookahead=None if cfg.lookahead == "auto" else cfg.lookahead == "on")
         self.peak = precision.peak_flops(self.device, self.prec.name)
         self.metrics_path = self.out / "metrics.jsonl"
         self.last_ckpt_time = time.time()
@@ -200,6 +201,7 @@ class Trainer:
                 last_loss, row = self.train_step(step)
                 if step == self.start:  # each (re)start's first row says what ran
                     first_loss, row["run"] = last_loss, self.run_record
+                    row["pipeline"] = {"prefetch": self.pipe.prefetch, "lookahead": self.pipe.lookahead}
                 self.log(step, last_loss, row, bar)
                 self.maybe_checkpoint(step)
                 if env.is_main:
@@ -233,12 +235,14 @@ class Trainer:
         if device.type != "cuda":  # on CPU that work is not overlapped: it is data wait
             wait += time.perf_counter() - t_prep
         global_loss = distributed.all_reduce_sum(loss.detach() / env.world_size, env)
-        if not torch.isfinite(global_loss):
-            raise NonFiniteLossError(f"loss became {global_loss.item()} at step {step}; stopping without a final model")
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.opt.step()
         self.sched.step()
+        # the step's one wait for the device (the clip and the update were queued behind the backward pass);
+        # a non-finite loss stops the run here, before its weights can reach a checkpoint or the final model
         value = global_loss.item()
+        if not math.isfinite(value):
+            raise NonFiniteLossError(f"loss became {value} at step {step}; stopping without a final model")
         dt = time.perf_counter() - t0
         tokens = int(batch.seq_lens.sum())
         flops = self.policy.flops(batch)

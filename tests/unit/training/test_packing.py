@@ -124,3 +124,36 @@ def test_loss_averages_only_valid_steps(model):
     b.action_mask[1, 2] = True
     loss = model.loss(b, generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(loss, errors[1, 2])
+
+
+def test_uint8_frames_reach_the_model_as_the_host_float_path_made_them():
+    """Training batches carry colour frames as uint8 (a quarter of the bytes to stack, pin and copy) and scale
+    them where the batch is; the values are those `to_model_input` makes on the host, so models see no change."""
+    import numpy as np
+
+    from roboloop.datasets.cameras import to_model_input, to_training_input
+
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, (1, 24, 32, 3), dtype=np.uint8) for _ in range(3)]
+    depth = rng.uniform(400, 900, (1, 24, 32, 1)).astype(np.float32)
+
+    def samples(fn, with_depth: bool) -> list[Sample]:
+        base = make_samples(3)
+        for s, f in zip(base, frames, strict=True):
+            s.images = [fn(f)[0]] + ([fn(depth, (300.0, 1000.0))[0]] if with_depth else [])
+        return base
+
+    for with_depth in (False, True):
+        new, old = collate(samples(to_training_input, with_depth), 4), collate(samples(to_model_input, with_depth), 4)
+        assert new.images.dtype == (torch.float32 if with_depth else torch.uint8)  # depth: one float stack
+        assert old.images.dtype == torch.float32
+        for dtype in (torch.float32, torch.bfloat16):
+            assert torch.equal(new.image_input(dtype), old.image_input(dtype))
+    model = VLAPolicy(tiny(image_size=(24, 32), patch_size=8, dim=32, heads=4, head_dim_model=32, head_heads=4,
+                           horizon=4)).eval()
+    tpi = model.cfg.tokens_per_image
+    new, old = collate(samples(to_training_input, False), tpi), collate(samples(to_model_input, False), tpi)
+    torch.manual_seed(0)
+    a = model.loss(new)
+    torch.manual_seed(0)
+    assert torch.equal(a, model.loss(old))

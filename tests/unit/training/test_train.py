@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from roboloop.datasets.convert import ConvertConfig, convert
 from roboloop.datasets.generate import GenSpec, generate_v21
@@ -89,8 +90,13 @@ def test_nan_loss_stops_without_final_model(tiny_v3, tmp_path, monkeypatch):
 
     monkeypatch.setattr(VLAPolicy, "_errors", poisoned)
     with pytest.raises(NonFiniteLossError, match="at step 2"):
-        train(_cfg(tiny_v3, tmp_path, steps=10))
+        train(_cfg(tiny_v3, tmp_path, steps=10, checkpoint_every_steps=1))
     assert not (tmp_path / "model.safetensors").exists()
+    # the update of the poisoned step ran (the check waits for the device once, after it) but reached no checkpoint
+    kept = checkpoint.complete(tmp_path / "checkpoints")
+    assert [p.name for p in kept] == ["step-00000001", "step-00000002"]
+    for found in kept:
+        assert all(torch.isfinite(v).all() for v in checkpoint.load(found)["model"].values())
 
 
 def test_explicit_fp8_on_cpu_says_what_is_missing(tiny_v3, tmp_path):
@@ -101,10 +107,14 @@ def test_explicit_fp8_on_cpu_says_what_is_missing(tiny_v3, tmp_path):
 
 
 def test_prefetch_changes_nothing_but_timing(tiny_v3, tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     train(_cfg(tiny_v3, a, steps=12, prefetch=True))
     train(_cfg(tiny_v3, b, steps=12, prefetch=False))
-    assert _losses(a) == _losses(b)
+    train(_cfg(tiny_v3, c, steps=12, prefetch=True, lookahead="on"))  # CUDA's default, forced on this CPU
+    assert _losses(a) == _losses(b) == _losses(c)
+    firsts = [json.loads((d / "metrics.jsonl").read_text().splitlines()[0])["pipeline"] for d in (a, b, c)]
+    assert firsts == [{"prefetch": True, "lookahead": False}, {"prefetch": False, "lookahead": False},
+                      {"prefetch": True, "lookahead": True}]  # what ran is recorded: auto is off on CPU
     row = json.loads((a / "metrics.jsonl").read_text().splitlines()[-1])
     for key in ("loss", "lr", "samples_per_s", "tokens_per_s", "nonpad_fraction", "data_wait_fraction", "mfu"):
         assert key in row
