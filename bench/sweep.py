@@ -1,6 +1,7 @@
 """Can an offline score pick the checkpoint the simulator would? (`checkpoint-sweep`'s rank agreement)
 
     python bench/sweep.py [--preset demo|so101] [--steps N] [--every N] [--episodes 48] [--demos N] [--work DIR]
+                          [--train '{"ema_decay": 0.999}']
 
 Records the preset's demonstrations, trains its recipe holding out 10% of the episodes (`val_fraction`), keeps
 a checkpoint every `--every` steps, and scores each (and the final model) in the simulator on the same
@@ -32,6 +33,8 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=48, help="simulator episodes per checkpoint")
     ap.add_argument("--demos", type=int, help="demonstrations to record (default: the preset's)")
     ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
+    ap.add_argument("--train", type=json.loads, default={}, help="JSON: TrainRecipe fields to change from the "
+                    "preset's, e.g. '{\"ema_decay\": 0.999}'")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-sweep-")).absolute()
     os.environ["ROBOLOOP_ARTIFACTS"] = str(work / "artifacts")
@@ -50,8 +53,9 @@ def main() -> None:
     if args.demos:
         collect = collect.model_copy(update={"episodes": args.demos, "num_envs": min(collect.num_envs, args.demos)})
     steps = args.steps or cfg.train.steps
-    recipe = cfg.train.model_copy(update={"steps": steps, "val_fraction": 0.1, "checkpoint_every_steps": args.every,
-                                          "keep_last": steps // args.every + 1})
+    recipe = type(cfg.train).model_validate({**cfg.train.model_dump(), **args.train, "steps": steps,
+                                             "val_fraction": 0.1, "checkpoint_every_steps": args.every,
+                                             "keep_last": steps // args.every + 1})
     ev = EvalRecipe(task=cfg.eval.task, episodes=args.episodes, num_envs=min(16, args.episodes),
                     execute_steps=cfg.eval.execute_steps, videos=0)
     data = stages.convert(stages.ingest(str(work / "demos"), collect=collect, on_line=quiet),
@@ -67,7 +71,7 @@ def main() -> None:
         print(json.dumps({"step": step, "success": e.success_rate, **{k: round(v, 5)
                                                                        for k, v in scored[-1].offline.items()}}),
               flush=True)
-    print(json.dumps({"bench": "sweep", "preset": args.preset, "task": ev.task, "steps": steps,
+    print(json.dumps({"bench": "sweep", "preset": args.preset, "train": args.train, "task": ev.task, "steps": steps,
                       "eval_episodes": args.episodes, "train_minutes": train_minutes, **rank_agreement(scored)}))
 
 

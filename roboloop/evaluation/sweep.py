@@ -62,8 +62,11 @@ def export_checkpoint(run: str | Path, ckpt: Path, step: int, dst: str | Path) -
             raise FileNotFoundError(f"{run}: no {f}; sweep a finished run (its config and normalisation are needed)")
     if (dst / "model.safetensors").is_file() and (fsutil.read_marker(dst) or {}).get("checkpoint_step") == step:
         return dst
+    from roboloop.training.ema import averaged
+
     state = checkpoint.load(ckpt)
-    weights = {k.removeprefix("module."): v.contiguous() for k, v in state["model"].items()}
+    # a run with ema_decay: the checkpoint's weight average, as the run's final model holds it
+    weights = {k.removeprefix("module."): v.contiguous() for k, v in averaged(state["model"], state.get("ema")).items()}
     with fsutil.atomic_dir(dst, "model", overwrite=True, meta={"checkpoint_step": step, "run": run.name}) as tmp:
         for meta_file in run.iterdir():  # the run's metadata (its family's files among them), not logs or weights
             if meta_file.is_file() and meta_file.suffix == ".json" and meta_file.name not in NOT_MODEL_FILES:

@@ -100,7 +100,7 @@ class TrainRecipe(BaseModel):
         "aux_target", "aux_weight", "deterministic", "device", "family", "fp8_backend", "grad_clip", "init_from",
         "lr", "max_samples", "max_tokens", "model_overrides", "policy_config", "policy_type", "precision", "preset",
         "seed", "shuffle_buffer", "steps", "strategy", "val_fraction", "warmup_steps", "weight_decay", "window",
-        "with_video", "lr_schedule"})
+        "with_video", "lr_schedule", "ema_decay"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
         "lookahead", "resume"})
@@ -131,6 +131,9 @@ class TrainRecipe(BaseModel):
         "cosine", description="after warm-up: cosine decay to a tenth of lr at the last step, or constant (LeRobot's "
                               "ACT preset has no scheduler)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
+    ema_decay: float = Field(0.0, ge=0, lt=1, description="exponential moving average of the weights (e.g. 0.999, "
+                             "about the last 1000 steps): the final model and every checkpoint's export hold the "
+                             "average, training steps the raw weights; 0: off")
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
     precision: Literal["auto", "fp8", "bf16", "fp32"] = Field(
         "auto", description="auto: fp32 on CPU; on a GPU fp8 only where bench/precision.py --grid measured FP8 "

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from roboloop import fsutil, policies
 from roboloop.errors import DiskFullError
-from roboloop.training import checkpoint, distributed, metrics, outdir, precision
+from roboloop.training import checkpoint, distributed, ema, metrics, outdir, precision
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import Normalizer, SampleStream, V3Dataset
 from roboloop.training.model import num_parameters
@@ -151,6 +151,10 @@ class Trainer:
                                    cameras=list(needs.camera_keys) if needs.camera_keys is not None else None,
                                    history=needs.history, drop_last=needs.drop_last)
         self.ckpt_dir = self.out / "checkpoints"
+        if cfg.ema_decay and self.sharded:
+            raise ValueError("ema_decay with strategy=fsdp on more than one rank is not supported yet (the average "
+                             "would have to be sharded like the weights): use strategy=ddp or ema_decay=0")
+        self.ema = ema.WeightAverage(self.model, cfg.ema_decay) if cfg.ema_decay else None
         self.start = self.resume()
         packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, needs.tokens_per_image, env.world_size)
         self.pipe = BatchPipeline(packer, self.stream, env.rank, env.world_size, needs.tokens_per_image, self.device,
@@ -181,6 +185,11 @@ class Trainer:
                 raise ValueError(f"{found} is a DDP checkpoint; resume it with strategy=ddp")
             self.model.load_state_dict(st["model"])
             self.opt.load_state_dict(st["optimizer"])
+            if self.ema is not None:  # the run's average goes on; a checkpoint without one starts it here
+                if st.get("ema"):
+                    self.ema.load_state_dict(st["ema"])
+                else:
+                    self.ema = ema.WeightAverage(self.model, self.cfg.ema_decay)
         _check_same_run(st.get("config", {}), self.cfg, found)
         self.sched.load_state_dict(st["scheduler"])
         checkpoint.set_rng_state(st["rng"])
@@ -208,7 +217,8 @@ class Trainer:
                     checkpoint.heartbeat(self.out / "heartbeat.json", step + 1, loss=last_loss)
         finally:
             self.stream.close()
-        weights = precision.plain_state_dict(distributed.full_state_dict(self.model, self.sharded))
+        weights = distributed.full_state_dict(self.model, self.sharded)
+        weights = precision.plain_state_dict(ema.averaged(weights, self.ema.state_dict() if self.ema else None))
         weights = getattr(self.family, "weights", lambda sd: sd)(weights)  # as the family's folder names them
         if env.is_main:
             save_final(self.out, weights, self.family, self.policy, cfg, self.ds, self.stats,
@@ -238,6 +248,8 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.opt.step()
         self.sched.step()
+        if self.ema is not None:
+            self.ema.update(self.model)
         # the step's one wait for the device (the clip and the update were queued behind the backward pass);
         # a non-finite loss stops the run here, before its weights can reach a checkpoint or the final model
         value = global_loss.item()
@@ -283,7 +295,9 @@ class Trainer:
                                     lambda: distributed.barrier(env))
         elif env.is_main:  # DDP replicas are identical: rank 0 writes, everyone waits
             checkpoint.save(self.ckpt_dir, step + 1, {**extra, "model": self.model.state_dict(),
-                                                      "optimizer": self.opt.state_dict()}, cfg.keep_last)
+                                                      "optimizer": self.opt.state_dict(),
+                                                      **({"ema": self.ema.state_dict()} if self.ema else {})},
+                            cfg.keep_last)
         distributed.barrier(env)
         self.last_ckpt_time = time.time()
 
