@@ -22,16 +22,16 @@ class WeightAverage:
         if not 0.0 < decay < 1.0:
             raise ValueError(f"ema_decay must be in (0, 1), got {decay}")
         self.decay, self.updates = decay, 0
-        self.shadow = {n: p.detach().float().clone() for n, p in model.named_parameters()
-                       if p.requires_grad and p.is_floating_point()}
+        self._params = {n: p for n, p in model.named_parameters() if p.requires_grad and p.is_floating_point()}
+        self.shadow = {n: p.detach().float().clone() for n, p in self._params.items()}
 
     def rate(self) -> float:
         return min(self.decay, (1 + self.updates) / (10 + self.updates))
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
-        params = dict(model.named_parameters())
-        current = [params[n].detach().float() for n in self.shadow]
+    def update(self) -> None:
+        """After an optimiser step of the model this average was made for (its parameters, updated in place)."""
+        current = [p.detach().float() for p in self._params.values()]
         torch._foreach_lerp_(list(self.shadow.values()), current, 1.0 - self.rate())
         self.updates += 1
 

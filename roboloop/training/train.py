@@ -249,7 +249,7 @@ class Trainer:
         self.opt.step()
         self.sched.step()
         if self.ema is not None:
-            self.ema.update(self.model)
+            self.ema.update()
         # the step's one wait for the device (the clip and the update were queued behind the backward pass);
         # a non-finite loss stops the run here, before its weights can reach a checkpoint or the final model
         value = global_loss.item()

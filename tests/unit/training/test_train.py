@@ -23,14 +23,6 @@ from roboloop.training.train import NonFiniteLossError, train
 OVERRIDES = {"image_size": [32, 32], "horizon": 8}
 
 
-@pytest.fixture(scope="module")
-def tiny_v3(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    src = generate_v21(root / "v21", GenSpec(num_episodes=3, min_length=16, max_length=24,
-                                            cameras={"observation.images.top": (32, 32)}, seed=4))
-    return convert(src, root / "v3", ConvertConfig(progress=False))
-
-
 def _cfg(ds, out, **kw) -> TrainConfig:
     base = dict(dataset=str(ds), output_dir=str(out), max_tokens=1024, lr=2e-3, warmup_steps=10,
                 checkpoint_every_steps=0, model_overrides=OVERRIDES)
