@@ -13,7 +13,9 @@ same, so a loop run by one is a verified cache hit for the other.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from roboloop.datasets.config import ConvertConfig
@@ -115,7 +117,7 @@ def run_loop(cfg: LoopConfig, steps: Steps) -> LoopSummary:
                               cfg.margin)
     rounds = [round_result(0, data, model, evaluation, decision)]
     for r in range(1, cfg.rounds):
-        visited = steps.dagger_collect(model, dagger_recipe(cfg), r, cfg.track)
+        visited = steps.dagger_collect(model, dagger_recipe(cfg, raw), r, cfg.track)
         raw = steps.aggregate([raw, visited], r, cfg.track)
         data = steps.convert(raw, cfg.convert, cfg.track)
         recipe = cfg.train.model_copy(update={"init_from": model.path, "steps": cfg.dagger.steps,
@@ -145,14 +147,30 @@ def baseline_recipe(cfg: LoopConfig) -> EvalRecipe:
                                        "episodes": min(cfg.eval.episodes, cfg.baseline_episodes or cfg.eval.episodes)})
 
 
-def dagger_recipe(cfg: LoopConfig) -> CollectConfig:
-    """A DAgger round's recording: the loop's task, device and execution, the demonstrations' seed, camera and
-    environment_state (so the new labels merge with them)."""
+def dagger_recipe(cfg: LoopConfig, raw: DatasetRef | None = None) -> CollectConfig:
+    """A DAgger round's recording: the loop's task, device and execution, the demonstrations' seed, and the camera
+    and environment_state the data it is merged into has (`raw`'s features when they are at hand, else what
+    `collect_if_missing` records): the merge refuses datasets whose features differ, and a source recorded
+    earlier need not have been recorded with the loop's settings."""
     base = cfg.collect_if_missing or CollectConfig()
+    camera, env_state = base.camera, base.environment_state
+    features = _features(raw)
+    if features is not None:
+        camera = any(f.get("dtype") in ("video", "image") for f in features.values())
+        env_state = "observation.environment_state" in features
     return CollectConfig(task=cfg.eval.task, episodes=cfg.dagger.episodes, num_envs=cfg.dagger.num_envs,
-                         device=cfg.eval.device, seed=base.seed, camera=base.camera,
-                         environment_state=base.environment_state and cfg.eval.task in ROBOLOOP_TASKS,
+                         device=cfg.eval.device, seed=base.seed, camera=camera,
+                         environment_state=env_state and cfg.eval.task in ROBOLOOP_TASKS,
                          execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
+
+
+def _features(raw: DatasetRef | None) -> dict[str, dict] | None:
+    if raw is None:
+        return None
+    try:
+        return json.loads((Path(raw.path) / "meta" / "info.json").read_text())["features"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def lineage(cfg: LoopConfig, raw: DatasetRef, data: DatasetRef, model: ModelRef, ev: EvalSummary | None,

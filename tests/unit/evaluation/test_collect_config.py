@@ -33,3 +33,36 @@ def test_a_dagger_round_records_what_the_demonstrations_recorded():
     assert dagger_recipe(recorded).environment_state and dagger_recipe(recorded).camera
     assert not dagger_recipe(cfg).environment_state
     assert not dagger_recipe(vision()).environment_state  # the -Vision- task records its scene state anyway
+
+
+def test_a_dagger_round_follows_the_features_of_the_data_it_joins(tmp_path):
+    """A source recorded earlier (with --environment-state, or without cameras) is not described by the loop's
+    `collect_if_missing`: the round's recording takes what the data has, or the merge would refuse it after the
+    whole collection had run."""
+    import json
+
+    from roboloop.loop import demo, so101
+    from roboloop.loop_run import dagger_recipe
+    from roboloop.receipts import DatasetRef
+
+    def source(name: str, features: dict) -> DatasetRef:
+        (tmp_path / name / "meta").mkdir(parents=True)
+        (tmp_path / name / "meta" / "info.json").write_text(json.dumps({"features": features}))
+        return DatasetRef(path=str(tmp_path / name), md5="0" * 32, format="v2.1", num_episodes=1, num_frames=1,
+                          fps=30)
+
+    state = {"observation.state": {"dtype": "float32", "shape": [6]}, "action": {"dtype": "float32", "shape": [6]}}
+    cfg = so101()
+    assert not cfg.collect_if_missing.environment_state and cfg.collect_if_missing.camera
+    both = dagger_recipe(cfg, source("recorded", {**state, "observation.images.front": {"dtype": "video"},
+                                                  "observation.environment_state": {"dtype": "float32"}}))
+    assert both.environment_state and both.camera
+    with pytest.raises(ValidationError, match="camera: Roboloop-SO101-PickCube-v0's state"):
+        dagger_recipe(cfg, source("state-only", state))  # refused before anything is collected
+    reach = demo()
+    assert not reach.collect_if_missing.camera
+    images = dagger_recipe(reach, source("images", {**state, "observation.images.front": {"dtype": "image"}}))
+    assert images.camera and not images.environment_state
+    assert not dagger_recipe(reach, source("reach-state", state)).camera
+    missing = DatasetRef(path=str(tmp_path / "gone"), md5="0" * 32, format="v2.1", num_episodes=1, num_frames=1, fps=30)
+    assert dagger_recipe(cfg, missing) == dagger_recipe(cfg)  # no features at hand: what the loop records
