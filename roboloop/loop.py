@@ -32,6 +32,8 @@ class DaggerConfig(BaseModel):
     num_envs: int = Field(32, ge=1, description="vectorised envs while collecting them")
     steps: int = Field(400, ge=1, description="optimizer steps each round continues training for")
     lr: float = Field(5e-4, gt=0, description="peak learning rate of a round's continued training")
+    warmup_steps: int = Field(0, ge=0, description="steps a round's learning rate ramps up over (its optimizer "
+                              "starts afresh)")
 
 
 class LoopConfig(BaseModel):

@@ -121,7 +121,7 @@ def run_loop(cfg: LoopConfig, steps: Steps) -> LoopSummary:
         raw = steps.aggregate([raw, visited], r, cfg.track)
         data = steps.convert(raw, cfg.convert, cfg.track)
         recipe = cfg.train.model_copy(update={"init_from": model.path, "steps": cfg.dagger.steps,
-                                              "lr": cfg.dagger.lr, "warmup_steps": 0})
+                                              "lr": cfg.dagger.lr, "warmup_steps": cfg.dagger.warmup_steps})
         parent = decision
         model = steps.train(data, recipe, cfg.launch, cfg.track, execution)
         evaluation = steps.evaluate(model, cfg.eval, cfg.model_name, cfg.margin)

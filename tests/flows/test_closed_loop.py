@@ -111,7 +111,7 @@ def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(lo
     root = loop_env
     shutil.copytree(reach_demos, root / "data")
     cfg = _cfg(root).model_copy(update={"rounds": 2, "baseline": False,
-                                        "dagger": DaggerConfig(episodes=6, num_envs=6, steps=10)})
+                                        "dagger": DaggerConfig(episodes=6, num_envs=6, steps=10, warmup_steps=3)})
     s = closed_loop(cfg)
     assert [r.round for r in s.rounds] == [0, 1]
     r0, r1 = s.rounds
@@ -122,6 +122,7 @@ def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(lo
     lin = reg.lineage("reach-vla", 2)
     assert lin["parents"] == ["reach-vla@v1"] and lin["config"]["round"] == 1
     assert lin["config"]["train"]["init_from"] == r0.model  # continued from round 0's weights
+    assert (lin["config"]["train"]["steps"], lin["config"]["train"]["warmup_steps"]) == (10, 3)  # the round's
     agg = json.loads(next((root / "artifacts" / "datasets").glob("aggregate-*/.roboloop-output.json")).read_text())
     assert agg["merged_from"][0] == lin["raw"]["source"].split("+")[0]  # the version names its sources' md5s
     assert len(agg["merged_from"]) == 2 and lin["raw"]["md5"] != agg["merged_from"][0]

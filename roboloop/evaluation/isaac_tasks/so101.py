@@ -143,6 +143,12 @@ class SO101PickCubeEnvCfg(DirectRLEnvCfg):
     jaw_step = 8.0  # gripper units (0-100) per policy step
     max_joint_step = 0.06  # rad per policy step
     expert_ki = 0.1  # the integral gain of the expert's joint bias (leaky)
+    # DAgger: the expert labels states another actor drives. Its integral term would wind up on that actor's lag
+    # (measured: labels 15 degrees from the state on every joint at the 95th percentile, against 3.5-6.3 in its own
+    # runs), so the labeller estimates the servos' sag instead: the applied target minus the position, whenever
+    # the arm has settled (what its own integral converges to holding still); and it drops what only its own
+    # history says (the retry timer, a grasp goal frozen when its own descent began)
+    expert_labels_others = False
     grasp_tolerance = 0.007  # m: close the jaws when the grasp point is this near the cube's centre
     careful_step = 0.01  # m per step the expert moves near the cube (descending, closing, lifting)
     sim: SimulationCfg = SimulationCfg(
@@ -282,8 +288,10 @@ class SO101PickCubeEnv(DirectRLEnv):
             return self._expert_cache[1].clone()
         dev = self.device
         cube, tip, p = self.cube_pos(), self.grasp_point(), self.phase
-        # the grasp goal is fixed when the descent starts (chasing a cube the pads nudge would push it away)
-        self.grasp_goal = torch.where((p == 0)[:, None], cube, self.grasp_goal)
+        # the grasp goal is fixed when the descent starts (chasing a cube the pads nudge would push it away); a
+        # labeller of another actor's states takes the cube where it is until the jaws close (labels of the state)
+        others = self.cfg.expert_labels_others
+        self.grasp_goal = torch.where(((p <= 1) if others else (p == 0))[:, None], cube, self.grasp_goal)
         above = self.grasp_goal + torch.tensor([0.0, 0.0, 0.07], device=dev)
         lifted = self.grasp_goal.clone()
         lifted[:, 2] = CUBE / 2 + self.cfg.lift_height + 0.04
@@ -298,15 +306,23 @@ class SO101PickCubeEnv(DirectRLEnv):
         at_cube = (p == 1) & (torch.linalg.norm(self.grasp_goal - tip, dim=-1) < self.cfg.grasp_tolerance) & settled
         nxt = ((p == 0) & (err < 0.015)) | at_cube \
             | ((p == 2) & (self.jaw_cmd <= 0) & (self.phase_steps > 70 / self.cfg.jaw_step + 8))
-        retry = (p == 1) & (self.phase_steps > 60)  # stuck on the way down: back above the cube, try again
-        self.phase = torch.where(retry, torch.zeros_like(p), torch.where(nxt & (p < 3), p + 1, p))
-        self.phase_steps = torch.where(nxt | retry, torch.zeros_like(self.phase_steps), self.phase_steps)
+        # stuck on the way down: back above the cube, try again (its own runs; a timer is no label of a state)
+        retry = (p == 1) & (self.phase_steps > 60) & (not others)
+        # the other actor left the cube (or never had it) while the labels were closing or lifting: descend again
+        lost = (p >= 2) & (torch.linalg.norm(cube - tip, dim=-1) > self.cfg.held_radius) & others
+        self.phase = torch.where(retry, torch.zeros_like(p),
+                                 torch.where(lost, torch.ones_like(p), torch.where(nxt & (p < 3), p + 1, p)))
+        self.phase_steps = torch.where(nxt | retry | lost, torch.zeros_like(self.phase_steps), self.phase_steps)
         # PI on the joints: the step the IK asks for, plus a slowly integrated bias that takes up the soft servos'
         # sag under gravity (bounded)
         speed = torch.where(self.phase == 0, 0.03, self.cfg.careful_step).to(dev)[:, None]
         dq = self._ik_step(goal, self._grasp_frame(), speed)
-        self.arm_bias = (0.98 * self.arm_bias + self.cfg.expert_ki * dq).clamp(-0.2, 0.2)
         q = self.joint_pos()
+        if others:
+            sag = (self.q_target[:, :5] - q[:, :5]).clamp(-0.2, 0.2)
+            self.arm_bias = torch.where(settled[:, None], 0.8 * self.arm_bias + 0.2 * sag, self.arm_bias)
+        else:
+            self.arm_bias = (0.98 * self.arm_bias + self.cfg.expert_ki * dq).clamp(-0.2, 0.2)
         target = q.clone()
         target[:, :5] = q[:, :5] + dq + self.arm_bias
         out = to_lerobot(target)
