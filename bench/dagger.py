@@ -4,7 +4,7 @@ SO-101 model.
     python bench/dagger.py [--demos 16] [--rounds 3] [--episodes 96] [--round-episodes 64]
     python bench/dagger.py --preset so101 --source DEMOS --start MODEL [--train '{"val_fraction": 0.1}']
                            [--rounds 1] [--round-episodes 128] [--round-steps 500] [--round-lr 1e-4]
-                           [--round-warmup 100]
+                           [--round-warmup 100] [--control]
 
 Round 0 trains the preset's recipe on `--demos` scripted demonstrations (the demo preset: 16, deliberately
 few), or with `--start` takes that model folder as round 0's (it must have been trained on `--source` with
@@ -34,11 +34,18 @@ def steps_class():
     from roboloop.loop_run import LocalSteps
 
     class StartFrom(LocalSteps):
-        """The library's stages, except that round 0's training is `start`'s model when one is given."""
+        """The library's stages, except that round 0's training is `start`'s model when one is given, and that with
+        `control` a round records nothing and continues training on the data it has (the fine-tune alone)."""
 
-        def __init__(self, start: str | None, **kw):
+        def __init__(self, start: str | None, control: bool = False, **kw):
             super().__init__(**kw)
-            self.start = start
+            self.start, self.control = start, control
+
+        def dagger_collect(self, model, recipe, round_, track):
+            return None if self.control else super().dagger_collect(model, recipe, round_, track)
+
+        def aggregate(self, sources, round_, track):
+            return sources[0] if self.control else super().aggregate(sources, round_, track)
 
         def train(self, data, recipe, launch, track, execution):
             if self.start and recipe.init_from is None:
@@ -63,6 +70,8 @@ def main() -> None:
                     "so101: the preset's)")
     ap.add_argument("--round-lr", type=float, default=5e-4, help="peak learning rate of a round's training")
     ap.add_argument("--round-warmup", type=int, default=0, help="warm-up steps of a round's training")
+    ap.add_argument("--control", action="store_true", help="rounds record nothing and continue training on the "
+                    "demonstrations alone, with the same schedule (what the rounds' data adds is the difference)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--episodes", type=int, default=96, help="evaluation episodes per round")
     ap.add_argument("--round-episodes", type=int, default=64, help="policy rollouts labelled per round")
@@ -103,12 +112,13 @@ def main() -> None:
                                lr=args.round_lr, warmup_steps=args.round_warmup)}})
     t0 = time.time()
     StartFrom = steps_class()
-    s = run_loop(cfg, StartFrom(args.start, on_line=lambda line: None))
+    s = run_loop(cfg, StartFrom(args.start, args.control, on_line=lambda line: None))
     for r in s.rounds:
         print(json.dumps({"round": r.round, "episodes": r.episodes, "success": r.success_rate,
                           "ci": [round(r.ci_low, 3), round(r.ci_high, 3)]}), flush=True)
     success = [r.success_rate for r in s.rounds]
-    print(json.dumps({"bench": "dagger", "preset": args.preset, "start": args.start, "success_by_round": success,
+    print(json.dumps({"bench": "dagger", "preset": args.preset, "start": args.start, "control": args.control,
+                      "success_by_round": success,
                       "ci_by_round": [[round(r.ci_low, 3), round(r.ci_high, 3)] for r in s.rounds],
                       "episodes_by_round": [r.episodes for r in s.rounds], "gain": round(success[-1] - success[0], 3),
                       "eval_episodes": args.episodes, "minutes": round((time.time() - t0) / 60, 1),
