@@ -13,12 +13,13 @@ same, so a loop run by one is a verified cache hit for the other.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from roboloop.datasets import layout
 from roboloop.datasets.config import ConvertConfig
+from roboloop.datasets.meta import load_info
 from roboloop.evaluation.config import ROBOLOOP_TASKS, CollectConfig, EvalRecipe, OfflineRecipe
 from roboloop.lineage import Lineage
 from roboloop.loop import LoopConfig
@@ -154,23 +155,14 @@ def dagger_recipe(cfg: LoopConfig, raw: DatasetRef | None = None) -> CollectConf
     earlier need not have been recorded with the loop's settings."""
     base = cfg.collect_if_missing or CollectConfig()
     camera, env_state = base.camera, base.environment_state
-    features = _features(raw)
-    if features is not None:
-        camera = any(f.get("dtype") in ("video", "image") for f in features.values())
+    if raw is not None and (Path(raw.path) / layout.INFO_PATH).is_file():
+        features = load_info(Path(raw.path)).features
+        camera = any(f.is_visual for f in features.values())
         env_state = "observation.environment_state" in features
     return CollectConfig(task=cfg.eval.task, episodes=cfg.dagger.episodes, num_envs=cfg.dagger.num_envs,
                          device=cfg.eval.device, seed=base.seed, camera=camera,
                          environment_state=env_state and cfg.eval.task in ROBOLOOP_TASKS,
                          execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
-
-
-def _features(raw: DatasetRef | None) -> dict[str, dict] | None:
-    if raw is None:
-        return None
-    try:
-        return json.loads((Path(raw.path) / "meta" / "info.json").read_text())["features"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def lineage(cfg: LoopConfig, raw: DatasetRef, data: DatasetRef, model: ModelRef, ev: EvalSummary | None,

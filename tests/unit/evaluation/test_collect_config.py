@@ -47,21 +47,25 @@ def test_a_dagger_round_follows_the_features_of_the_data_it_joins(tmp_path):
 
     def source(name: str, features: dict) -> DatasetRef:
         (tmp_path / name / "meta").mkdir(parents=True)
-        (tmp_path / name / "meta" / "info.json").write_text(json.dumps({"features": features}))
+        (tmp_path / name / "meta" / "info.json").write_text(json.dumps({
+            "codebase_version": "v2.1", "fps": 30, "total_episodes": 1, "total_frames": 1, "total_tasks": 1,
+            "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet", "features": features}))
         return DatasetRef(path=str(tmp_path / name), md5="0" * 32, format="v2.1", num_episodes=1, num_frames=1,
                           fps=30)
 
     state = {"observation.state": {"dtype": "float32", "shape": [6]}, "action": {"dtype": "float32", "shape": [6]}}
+    frames = {"shape": [96, 128, 3]}
     cfg = so101()
     assert not cfg.collect_if_missing.environment_state and cfg.collect_if_missing.camera
-    both = dagger_recipe(cfg, source("recorded", {**state, "observation.images.front": {"dtype": "video"},
-                                                  "observation.environment_state": {"dtype": "float32"}}))
+    both = dagger_recipe(cfg, source("recorded", {**state, "observation.images.front": {"dtype": "video", **frames},
+                                                  "observation.environment_state": {"dtype": "float32",
+                                                                                    "shape": [7]}}))
     assert both.environment_state and both.camera
     with pytest.raises(ValidationError, match="camera: Roboloop-SO101-PickCube-v0's state"):
         dagger_recipe(cfg, source("state-only", state))  # refused before anything is collected
     reach = demo()
     assert not reach.collect_if_missing.camera
-    images = dagger_recipe(reach, source("images", {**state, "observation.images.front": {"dtype": "image"}}))
+    images = dagger_recipe(reach, source("images", {**state, "observation.images.front": {"dtype": "image", **frames}}))
     assert images.camera and not images.environment_state
     assert not dagger_recipe(reach, source("reach-state", state)).camera
     missing = DatasetRef(path=str(tmp_path / "gone"), md5="0" * 32, format="v2.1", num_episodes=1, num_frames=1, fps=30)
