@@ -120,12 +120,49 @@ def submit(d, ui: str, deployment: str) -> None:
         put(d, label, value)
     held = {label: field(d, label).get_attribute("value") for label in typed}  # none undone by a later re-render
     assert held == typed, held
-    d.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    # the run's creation is the test's to see (through the API); the UI goes to the new run's page once the
-    # server has answered, and the browser must not quit before that
-    with contextlib.suppress(AssertionError):
-        until(lambda: not d.current_url.rstrip("/").endswith("/run"), 30, "the form to be sent")
+    send(d)
 
+
+def error_toasts(d) -> list[str]:
+    """The text of every toast with an error icon (a success toast has its own icon)."""
+    from selenium.webdriver.common.by import By
+
+    cards = d.find_elements(By.XPATH, "//*[contains(@class, 'p-toast__card ') or @class='p-toast__card']"
+                                      "[.//*[contains(@class, 'p-toast__icon--error')]]")
+    return list(dict.fromkeys(c.text.strip().removesuffix("Close").strip() or "(an error toast without text)"
+                              for c in cards))
+
+
+def send(d, clicks: int = 3, wait_s: float = 60) -> None:
+    """Click the form's submit button until the UI shows it created the run. Prefect's run form, once the
+    server has created the run, shows a success toast and leaves for the deployment's page; when the request
+    fails (CI's loaded SQLite answers 503 now and then) it shows an error toast and stays, and nothing was
+    created, so clicking again cannot make a second run. Neither within `wait_s`: fail with what the page
+    shows (CI once waited 90 s after a click for a run that never came and could not say why)."""
+    from selenium.webdriver.common.by import By
+
+    seen: list[str] = []
+    for n in range(1, clicks + 1):
+        d.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        deadline = time.time() + wait_s
+        while time.time() < deadline:
+            if not d.current_url.rstrip("/").endswith("/run"):
+                return
+            errors = error_toasts(d)
+            if errors:
+                print(f"submit: click {n} answered {errors}; clicking again", file=sys.stderr)
+                seen += [e for e in errors if e not in seen]
+                for close in d.find_elements(By.CSS_SELECTOR, ".p-toast__close-btn"):
+                    with contextlib.suppress(Exception):
+                        close.click()
+                time.sleep(2)
+                break
+            time.sleep(0.5)
+        else:
+            page = d.find_element(By.TAG_NAME, "body").text[-1500:]
+            raise AssertionError(f"the form was not sent {wait_s:.0f} s after click {n} (toasts {seen}); "
+                                 f"the page reads:\n{page}")
+    raise AssertionError(f"the form was refused {clicks} times: {seen}")
 
 def check(d, ui: str, run: str) -> None:
     from selenium.webdriver.common.by import By
