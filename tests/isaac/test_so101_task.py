@@ -114,6 +114,28 @@ def test_dagger_labels_follow_the_state_another_actor_drives(tmp_path):
     assert len(frames) > 200 and (gap < 4.0).all(), gap  # an IK step (<= 3.4 degrees) and the sag
 
 
+
+def test_dagger_labels_close_the_jaws_where_another_actor_reaches_the_cube_its_own_way():
+    """An actor that goes straight for the cube (no waypoint above it, as a learned policy may) and closes its
+    jaws there must get the labels the expert's own recordings have at that state: close (1% of their frames
+    there open the jaws). The labeller used to wait for the actor to pass its approach point 7 cm above the
+    cube and labelled "open, go up" in 89% of those frames; DAgger data then taught the policy to hover."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    p = subprocess.run([sys.executable, "-m", "tests.isaac.so101_direct_actor", "150"],
+                       cwd=Path(__file__).resolve().parents[2],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    xy, dz, jaw, label = np.array(json.loads(p.stdout.strip().splitlines()[-1])["frames"]).T
+    at = (xy < 0.01) & (dz < 0.015)  # the grasp point within 1 cm of the cube's centre across, 1.5 cm above
+    assert at.sum() >= 40, at.sum()  # the actor got there (123 frames of 600 here)
+    opens = float(np.mean(label[at] > jaw[at] + 1))
+    assert opens <= 0.05, f"labels open the jaws in {opens:.0%} of the frames at the cube"
+
 @pytest.mark.slow
 def test_short_closed_loop_on_the_so101_registers_a_version(tmp_path):
     """`roboloop loop --preset so101_ci`: record, convert, validate, train on both cameras, evaluate beside random

@@ -303,15 +303,28 @@ class SO101PickCubeEnv(DirectRLEnv):
         err = torch.linalg.norm(goal - tip, dim=-1)
         self.phase_steps += 1
         settled = self.robot.data.joint_vel.torch[:, self.joint_ids[:5]].abs().max(dim=-1).values < 0.3
-        at_cube = (p == 1) & (torch.linalg.norm(self.grasp_goal - tip, dim=-1) < self.cfg.grasp_tolerance) & settled
+        # its own runs close once settled there; the jaws of an actor that keeps moving close on the cube too
+        at_cube = (p == 1) & (torch.linalg.norm(self.grasp_goal - tip, dim=-1) < self.cfg.grasp_tolerance) \
+            & (settled | others)
         nxt = ((p == 0) & (err < 0.015)) | at_cube \
             | ((p == 2) & (self.jaw_cmd <= 0) & (self.phase_steps > 70 / self.cfg.jaw_step + 8))
         # stuck on the way down: back above the cube, try again (its own runs; a timer is no label of a state)
         retry = (p == 1) & (self.phase_steps > 60) & (not others)
         # the other actor left the cube (or never had it) while the labels were closing or lifting: descend again
         lost = (p >= 2) & (torch.linalg.norm(cube - tip, dim=-1) > self.cfg.held_radius) & others
-        self.phase = torch.where(retry, torch.zeros_like(p),
-                                 torch.where(lost, torch.ones_like(p), torch.where(nxt & (p < 3), p + 1, p)))
+        phase = torch.where(retry, torch.zeros_like(p),
+                            torch.where(lost, torch.ones_like(p), torch.where(nxt & (p < 3), p + 1, p)))
+        if others:
+            # the phase the state is in, however the actor got there: over the cube below the approach height is
+            # the expert's own descent (its runs pass there only descending), so the labels descend and close
+            # instead of sending the arm back up with open jaws (measured: an actor closing on the cube got
+            # "open" labels in 89% of its frames there, the expert's own recordings in 1%); the cube held up off
+            # the table is the lift
+            over = (p == 0) & (xy_err < 0.015) & (tip[:, 2] < above[:, 2] + 0.015)
+            holding = (torch.linalg.norm(cube - tip, dim=-1) < self.cfg.held_radius) & (cube[:, 2] > CUBE / 2 + 0.01)
+            phase = torch.where(holding, torch.full_like(p, 3), torch.where(over, torch.ones_like(p), phase))
+            nxt = nxt | (phase != p)
+        self.phase = phase
         self.phase_steps = torch.where(nxt | retry | lost, torch.zeros_like(self.phase_steps), self.phase_steps)
         # PI on the joints: the step the IK asks for, plus a slowly integrated bias that takes up the soft servos'
         # sag under gravity (bounded)
@@ -328,8 +341,12 @@ class SO101PickCubeEnv(DirectRLEnv):
         out = to_lerobot(target)
         # the gripper opens to 70 and closes to 0 at most `jaw_step` a step (a person on a leader arm takes ~1/3 s)
         closing = self.phase >= 2
-        self.jaw_cmd = torch.where(closing, (self.jaw_cmd - self.cfg.jaw_step).clamp(min=0.0),
-                                   (self.jaw_cmd + self.cfg.jaw_step).clamp(max=70.0))
+        jaw = self.jaw_cmd
+        if others:  # a step on from where the actor's jaws are, not from the labeller's own last command
+            held = to_lerobot(q)[:, 5]
+            jaw = torch.where(closing, torch.minimum(jaw, held), torch.maximum(jaw, held))
+        self.jaw_cmd = torch.where(closing, (jaw - self.cfg.jaw_step).clamp(min=0.0),
+                                   (jaw + self.cfg.jaw_step).clamp(max=70.0))
         out[:, 5] = self.jaw_cmd
         self._expert_cache = (self.common_step_counter, out)
         return out.clone()
