@@ -119,7 +119,8 @@ def test_dagger_labels_close_the_jaws_where_another_actor_reaches_the_cube_its_o
     """An actor that goes straight for the cube (no waypoint above it, as a learned policy may) and closes its
     jaws there must get the labels the expert's own recordings have at that state: close (1% of their frames
     there open the jaws). The labeller used to wait for the actor to pass its approach point 7 cm above the
-    cube and labelled "open, go up" in 89% of those frames; DAgger data then taught the policy to hover."""
+    cube and labelled "open, go up" in 89% of those frames (a DAgger round from the 54.2% model: 16.7% before
+    this, 28.1% after)."""
     import subprocess
     import sys
     from pathlib import Path

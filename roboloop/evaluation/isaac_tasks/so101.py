@@ -146,8 +146,10 @@ class SO101PickCubeEnvCfg(DirectRLEnvCfg):
     # DAgger: the expert labels states another actor drives. Its integral term would wind up on that actor's lag
     # (measured: labels 15 degrees from the state on every joint at the 95th percentile, against 3.5-6.3 in its own
     # runs), so the labeller estimates the servos' sag instead: the applied target minus the position, whenever
-    # the arm has settled (what its own integral converges to holding still); and it drops what only its own
-    # history says (the retry timer, a grasp goal frozen when its own descent began)
+    # the arm has settled (what its own integral converges to holding still); it drops what only its own
+    # history says (the retry timer, a grasp goal frozen when its own descent began); and it takes its phase from
+    # the state (over the cube below its approach height: descend and close; the cube held up: lift) and its jaw
+    # label from the actor's jaws
     expert_labels_others = False
     grasp_tolerance = 0.007  # m: close the jaws when the grasp point is this near the cube's centre
     careful_step = 0.01  # m per step the expert moves near the cube (descending, closing, lifting)
