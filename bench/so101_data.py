@@ -67,16 +67,17 @@ def report(d: dict[str, np.ndarray], fit: np.ndarray | None) -> dict:
     dz = env[:, 6] - env[:, 2]
     at = (dxy < 0.01) & (dz >= 0) & (dz < 0.01)
     opens = d["action"][at, 5] > d["state"][at, 5] + 1
+    rep = {"episodes": int(len(ids)), "frames": int(len(ep)), "by_distance": by_r, "at_cube_frames": int(at.sum()),
+           "at_cube_labels_open": round(float(opens.mean()), 3) if at.any() else None,
+           "near_frames": None, "roll_offset_deg_p5_p50_p95": None, "roll_offset_over_20deg": None}
     near = (dxy < 0.03) & (dz < 0.08)
-    if fit is None:
-        near = np.zeros_like(near)
-    off = d["state"][near, 4] - (fit[0] * rule_roll(env[near]) + fit[1]) if fit is not None else np.zeros(0)
-    return {"episodes": int(len(ids)), "frames": int(len(ep)), "by_distance": by_r,
-            "at_cube_frames": int(at.sum()), "at_cube_labels_open": round(float(opens.mean()), 3) if at.any() else None,
-            "near_frames": int(near.sum()) if fit is not None else None,
-            "roll_offset_deg_p5_p50_p95": [round(float(x), 1) for x in np.percentile(off, [5, 50, 95])]
-            if near.any() else None,
-            "roll_offset_over_20deg": round(float(np.mean(np.abs(off) > 20)), 3) if near.any() else None}
+    if fit is not None:
+        rep["near_frames"] = int(near.sum())
+        if near.any():
+            off = d["state"][near, 4] - (fit[0] * rule_roll(env[near]) + fit[1])
+            rep["roll_offset_deg_p5_p50_p95"] = [round(float(x), 1) for x in np.percentile(off, [5, 50, 95])]
+            rep["roll_offset_over_20deg"] = round(float(np.mean(np.abs(off) > 20)), 3)
+    return rep
 
 
 def pct(v: float | None) -> str:

@@ -164,6 +164,7 @@ def send(d, clicks: int = 3, wait_s: float = 60) -> None:
                                  f"the page reads:\n{page}")
     raise AssertionError(f"the form was refused {clicks} times: {seen}")
 
+
 def check(d, ui: str, run: str) -> None:
     from selenium.webdriver.common.by import By
 
