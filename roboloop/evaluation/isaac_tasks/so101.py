@@ -74,8 +74,13 @@ def _servos() -> dict:
                                           stiffness=17.8, damping=0.6, armature=0.028, friction=0.052)}
 
 
-def _camera(name: str, prim: str, offset: CameraCfg.OffsetCfg, focal: float, h: int, w: int) -> CameraCfg:
+def _camera(name: str, prim: str, offset: CameraCfg.OffsetCfg, focal: float, h: int, w: int,
+            on_body: bool = False) -> CameraCfg:
+    """`on_body`: the camera rides a moving link. Isaac Lab's camera renders from the pose it had at start unless
+    `update_latest_camera_pose` is set (its default is off, for speed); without it the wrist camera rendered one
+    fixed picture of the table's edge in every frame of every episode (recordings before 2026-11-27)."""
     return CameraCfg(prim_path=prim, offset=offset, data_types=["rgb"], height=h, width=w,
+                     update_latest_camera_pose=on_body,
                      spawn=sim_utils.PinholeCameraCfg(focal_length=focal, focus_distance=0.5,
                                                       horizontal_aperture=20.955, clipping_range=(0.01, 3.0)),
                      renderer_cfg=NewtonWarpRendererCfg())
@@ -116,7 +121,7 @@ class SO101SceneCfg(InteractiveSceneCfg):
     wrist: CameraCfg | None = _camera("wrist", "{ENV_REGEX_NS}/Robot/gripper/gripper_cam",
                                       CameraCfg.OffsetCfg(pos=(-0.005, 0.06, -0.062),
                                                           rot=(-0.3826834, 0.0, 0.0, 0.9238795),
-                                                          convention="opengl"), 9.0, 96, 128)
+                                                          convention="opengl"), 9.0, 96, 128, on_body=True)
 
 
 @configclass
