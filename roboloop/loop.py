@@ -138,13 +138,15 @@ def nightly_gpu() -> LoopConfig:
 
 def so101() -> LoopConfig:
     """The SO-101 picks a cube (`Roboloop-SO101-PickCube-v0`, LeRobot's so101_follower schema): demonstrations by
-    the scripted expert with half a degree of DART noise, recorded in the `front` and `wrist` cameras at 96x128,
+    the scripted expert with half a degree of DART noise (a failed run's layout played up to twice more, so the kept
+    runs cover the layouts the noisy expert fails on more), recorded in the `front` and `wrist` cameras at 96x128,
     and roboloop's VLA with the keypoint image encoder on both cameras (resized to 64x96; the cube is only in the
     images: the state is the arm's six joints, as on the real robot), an 8-step chunk of absolute joint targets."""
     task = "Roboloop-SO101-PickCube-v0"
     return LoopConfig(source="data-so101", model_name="so101-pick",
-                      collect_if_missing=CollectConfig(task=task, episodes=256, num_envs=16, noise=0.5),
-                      train=TrainRecipe(steps=2500, max_tokens=8192, max_samples=128, with_video=True,  # ~28 min here
+                      collect_if_missing=CollectConfig(task=task, episodes=384, num_envs=16, noise=0.5,
+                                                       retry_failed=2),
+                      train=TrainRecipe(steps=2500, max_tokens=8192, max_samples=128, with_video=True,  # 28-33 min here
                                         checkpoint_every_steps=500,
                                         model_overrides={"horizon": 8, "image_encoder": "keypoints", "keypoints": 16,
                                                          "keypoints_to_state": 1, "image_size": [64, 96]}),

@@ -84,7 +84,7 @@ class CollectConfig(BaseModel):
     # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
     KEYED: ClassVar[frozenset[str]] = frozenset({
         "camera", "device", "environment_state", "episodes", "execute_steps", "instructions_per_layout", "noise",
-        "num_envs", "only_success", "seed", "task"})
+        "num_envs", "only_success", "retry_failed", "seed", "task"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({"dst", "policy"})
 
 
@@ -101,6 +101,10 @@ class CollectConfig(BaseModel):
         "colour), so the layout alone never predicts the target (Roboloop tasks; 1: a new layout every episode)")
     noise: float = Field(0.0, ge=0, description="DART: std of Gaussian noise added to the executed actions "
                          "(the recorded labels stay the expert's); 0 records the clean expert")
+    retry_failed: int = Field(
+        0, ge=0, description="SO-101: an env plays a failed episode's cube and start pose again, up to this many "
+        "more times with new noise, before drawing the next; the noisy expert fails more on some layouts (cubes near "
+        "the base), so without it the kept demonstrations thin them out (0: a new layout every episode)")
     policy: str = Field("expert", description="who acts: the scripted expert, or (DAgger) a model folder or registry "
                         "reference whose visited states the expert labels; its failures are kept too")
     execute_steps: int = Field(4, ge=1, description="a model policy's chunk actions executed before re-planning")
@@ -119,6 +123,10 @@ class CollectConfig(BaseModel):
                                                  or self.task == "Roboloop-Reach-Red-v0"):
             raise ValueError(f"instructions_per_layout: {self.task} has one instruction; only the reach tasks name "
                              "one of several targets")
+        if self.retry_failed and "-SO101-" not in self.task:
+            raise ValueError(f"retry_failed: {self.task} does not replay layouts; only the SO-101 tasks do")
+        if self.retry_failed and self.noise == 0 and self.policy == "expert":
+            raise ValueError("retry_failed: the clean expert (noise 0) would replay the same failed run; set noise")
         if self.environment_state and self.task not in ROBOLOOP_TASKS:
             raise ValueError(f"environment_state: {self.task} is not a roboloop task; only those expose their scene "
                              "state")

@@ -68,6 +68,8 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
             overrides["instructions_per_layout"] = cfg.instructions_per_layout
         if cfg.environment_state:
             overrides["privileged_obs"] = True
+        if cfg.retry_failed:
+            overrides["retry_failed"] = cfg.retry_failed
         if cfg.policy != "expert" and cfg.task.startswith("Roboloop-SO101-"):
             overrides["expert_labels_others"] = True  # DAgger: its labeller cannot integrate another actor's lag
     env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=cfg.camera, overrides=overrides)

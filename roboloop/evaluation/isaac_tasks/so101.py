@@ -142,6 +142,11 @@ class SO101PickCubeEnvCfg(DirectRLEnvCfg):
     reach_theta = (-0.6, 0.6)  # and bearing (rad) from the arm's forward direction
     cube_yaw = 0.5  # the cube turns +-this (rad) from facing the arm
     layout_split = "test"  # demonstrations record "train" layouts, evaluations play "test" ones
+    # Recording: an env plays a failed episode's layout (cube pose and start pose) again, up to this many more
+    # times, before it draws the next one. A noisy expert fails more on some layouts (cubes near the base), so
+    # keeping only its successes thins those out of the demonstrations; retrying keeps the kept layouts close to
+    # the task's own distribution. 0: every episode draws a new layout (evaluation always does).
+    retry_failed = 0
     # the expert
     ik_damping = 0.02
     grasp_tilt = 0.3  # rad: the jaws point this far out from straight down
@@ -190,6 +195,8 @@ class SO101PickCubeEnv(DirectRLEnv):
         self.grasp_goal = torch.zeros(n, 3, device=dev)
         self.grasp_local = torch.tensor(GRASP_POINT, device=dev).expand(n, 3)
         self.episodes_started = 0
+        self.start_q = torch.zeros(n, 6, device=dev)  # the arm's start of the episode (for retry_failed)
+        self.retries = torch.zeros(n, dtype=torch.long, device=dev)  # replays of the env's current layout
         self._expert_cache: tuple[int, torch.Tensor] | None = None
 
     def instructions(self) -> list[str]:
@@ -256,7 +263,14 @@ class SO101PickCubeEnv(DirectRLEnv):
         self.phase[ids] = 0
         self.phase_steps[ids] = 0
         self.jaw_cmd[ids] = 0.0
-        q = torch.stack([self._next_layout(int(e)) for e in ids.tolist()]).to(self.device)
+        first = self.episodes_started == 0  # a full reset (the wrapper restarts the numbering): fresh layouts
+        for e in ids.tolist():
+            if not first and not bool(self.success[e]) and int(self.retries[e]) < self.cfg.retry_failed:
+                self.retries[e] += 1  # cube_pose[e] and start_q[e] stay: the failed layout is played again
+            else:
+                self.retries[e] = 0
+                self.start_q[e] = self._next_layout(e).to(self.device)
+        q = self.start_q[ids].clone()
         self.arm_bias[ids] = 0.0
         self.robot.write_joint_position_to_sim_index(position=q, joint_ids=self.joint_ids, env_ids=ids)
         self.robot.write_joint_velocity_to_sim_index(velocity=torch.zeros_like(q), joint_ids=self.joint_ids,

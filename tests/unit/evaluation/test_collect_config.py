@@ -14,6 +14,15 @@ def test_environment_state_only_on_roboloops_own_tasks():
         CollectConfig(task="lerobot:pusht", environment_state=True)
 
 
+def test_retry_failed_only_where_a_layout_can_be_replayed_differently():
+    assert CollectConfig(task="Roboloop-SO101-PickCube-v0", noise=0.5, retry_failed=2).retry_failed == 2
+    with pytest.raises(ValidationError, match="retry_failed: Roboloop-Reach-Color-v0 does not replay layouts"):
+        CollectConfig(task="Roboloop-Reach-Color-v0", noise=0.5, retry_failed=1)
+    with pytest.raises(ValidationError, match="retry_failed: the clean expert"):
+        CollectConfig(task="Roboloop-SO101-PickCube-v0", retry_failed=1)  # noise 0: the same run again
+    assert CollectConfig(task="Roboloop-SO101-PickCube-v0", policy="random", retry_failed=1).retry_failed == 1
+
+
 def test_an_so101_recording_keeps_the_real_arms_features_unless_asked():
     assert CollectConfig(task="Roboloop-SO101-PickCube-v0").environment_state is False
     from roboloop.evaluation.run import SO101_ENV_STATE_NAMES, task_schema
