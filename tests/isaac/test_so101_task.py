@@ -123,7 +123,6 @@ def test_dagger_labels_follow_the_state_another_actor_drives(tmp_path):
     assert len(frames) > 200 and (gap < 4.0).all(), gap  # an IK step (<= 3.4 degrees) and the sag
 
 
-
 def test_a_failed_layout_is_played_again_when_asked(tmp_path):
     """`collect --retry-failed 1`: an env plays a failed episode's cube and start pose once more, then draws the
     next layout. (Without it the noisy expert's kept demonstrations thin out the layouts it fails on more: cubes
@@ -163,6 +162,7 @@ def test_dagger_labels_close_the_jaws_where_another_actor_reaches_the_cube_its_o
     assert at.sum() >= 40, at.sum()  # the actor got there (123 frames of 600 here)
     opens = float(np.mean(label[at] > jaw[at] + 1))
     assert opens <= 0.05, f"labels open the jaws in {opens:.0%} of the frames at the cube"
+
 
 @pytest.mark.slow
 def test_short_closed_loop_on_the_so101_registers_a_version(tmp_path):
