@@ -1,7 +1,7 @@
 """roboloop's v3 loader vs LeRobotDataset + DataLoader: samples/s, state/action only and with video.
 
     python bench/loader.py [--dataset V3_DIR] [--workers 2] [--batch 32] [--batches 40]
-                           [--episodes 40] [--frames 200] [--workdir bench/out]
+                           [--episodes 40] [--frames 200] [--cache-epochs 3] [--workdir bench/out]
 
 Same data, same number of workers, action chunk 16. Without --dataset it generates two v3
 datasets under --workdir once (with and without a 128x128 camera).
@@ -13,6 +13,11 @@ sequential decode serves many samples (`ratio_state`, `ratio_video`: what traini
 separate that from the decoder, roboloop is also measured on uniform random access (windows of
 one frame, no buffer: the same access pattern as LeRobot's): `ratio_uniform_state`,
 `ratio_uniform_video`.
+
+Training visits a small dataset for many epochs. `ratio_frame_cache` is roboloop's stream over
+--cache-epochs whole epochs of the video dataset with the training default `frame_cache_mb` (2048:
+a split whose decoded frames fit is decoded once) against the same stream with `frame_cache_mb` 0
+(every epoch decodes again, as before the cache); same samples either way.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ def ensure(path: Path, cameras: dict, episodes: int, frames: int) -> Path:
     return convert(src, path, ConvertConfig(progress=False))
 
 
-def ours(root: Path, workers: int, batch: int, batches: int, video: bool, uniform: bool = False) -> float:
+def ours(root: Path, workers: int, batch: int, batches: int, video: bool, uniform: bool = False,
+         cache_mb: float = 0) -> float:
     import torch
 
     from roboloop.training.data import SampleStream, V3Dataset
@@ -51,7 +57,7 @@ def ours(root: Path, workers: int, batch: int, batches: int, video: bool, unifor
     ds = V3Dataset(root, horizon=H)
     window, buffer = (1, 1) if uniform else (WINDOW, BUFFER)
     stream = SampleStream(ds, image_size=(128, 128), max_text_len=96, num_workers=workers, with_video=video,
-                          window=window, shuffle_buffer=buffer)
+                          window=window, shuffle_buffer=buffer, cache_mb=cache_mb)
     keys = [stream.next_key() for _ in range(batch)]
     collate(stream.materialize(keys), 64)  # warm-up
     t0 = time.perf_counter()
@@ -95,6 +101,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--episodes", type=int, default=40, help="episodes of the generated datasets")
     ap.add_argument("--frames", type=int, default=200, help="mean frames per generated episode")
+    ap.add_argument("--cache-epochs", type=int, default=3, help="epochs of the frame-cache comparison")
     ap.add_argument("--workdir", type=Path, default=HERE / "out", help="where generated datasets are kept")
     # torchcodec (LeRobot's default) returns the neighbouring frame for some timestamps of
     # multi-episode files and LeRobot raises FrameTimestampError, on LeRobot's own converted
@@ -115,14 +122,25 @@ def main() -> None:
         "ours_uniform_video_sps": ours(video_ds, args.workers, args.batch, vb, video=True, uniform=True),
         "lerobot_video_sps": lerobot(video_ds, args.workers, args.batch, vb, args.lerobot_backend),
     }
+    from roboloop.training.config import TrainRecipe
+    from roboloop.training.data import V3Dataset
+
+    epoch = args.cache_epochs * len(V3Dataset(video_ds)) // args.batch
+    r["ours_video_epochs_frame_cache_sps"] = ours(video_ds, args.workers, args.batch, epoch, video=True,
+                                                  cache_mb=TrainRecipe().frame_cache_mb)
+    r["ours_video_epochs_no_frame_cache_sps"] = ours(video_ds, args.workers, args.batch, epoch, video=True)
     r = {k: round(v, 1) for k, v in r.items()}
+    r["ratio_frame_cache"] = round(r["ours_video_epochs_frame_cache_sps"] / r["ours_video_epochs_no_frame_cache_sps"],
+                                   2)
     for kind in ("state", "video"):
         r[f"ratio_{kind}"] = round(r[f"ours_{kind}_sps"] / r[f"lerobot_{kind}_sps"], 2)
         r[f"ratio_uniform_{kind}"] = round(r[f"ours_uniform_{kind}_sps"] / r[f"lerobot_{kind}_sps"], 2)
     print(json.dumps({"workers": args.workers, "batch": args.batch, "chunk": H, "lerobot_backend": args.lerobot_backend,
                       "ours_sampling": f"shuffled windows of {WINDOW} frames through a {BUFFER}-frame shuffle buffer",
                       "ours_uniform_sampling": "uniform random frames (window 1, no buffer)",
-                      "lerobot_sampling": "uniform random frames (DataLoader shuffle=True)", **r}))
+                      "lerobot_sampling": "uniform random frames (DataLoader shuffle=True)",
+                      "frame_cache": f"{args.cache_epochs} epochs of the video dataset, frame_cache_mb "
+                                     f"{TrainRecipe().frame_cache_mb} vs 0", **r}))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from roboloop.lineage import Lineage
 from roboloop.loop import LoopConfig
 from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
 from roboloop.rl.config import RLRecipe
-from roboloop.summary import LoopSummary, RoundResult, run_line
+from roboloop.summary import LoopSummary, RoundResult, training_line
 from roboloop.training.config import LaunchConfig, TrainRecipe
 
 
@@ -203,5 +203,6 @@ def summary(data: DatasetRef, model: ModelRef, ev: EvalSummary | None, baseline:
                        eval_run=ev.run_dir if ev else offline.run_dir if offline else "",
                        random_success_rate=baseline.success_rate if baseline else None, decision=decision,
                        rounds=rounds or [], offline=offline,
-                       training=run_line(model.metrics["run"]) if model.metrics.get("run") else None)
+                       training=training_line(model.metrics))
+
 

@@ -54,6 +54,14 @@ def run_line(rec: dict) -> str:
     return f"precision {rec['precision']}{fp8} ({rec['precision_reason']}){att}; device {rec['device']}"
 
 
+def training_line(m: dict) -> str | None:
+    """The summary's word on training: steps and wall clock, precision, attention, device."""
+    if not m.get("run"):
+        return None
+    took = f"{m['steps']} steps in {m['train_s'] / 60:.1f} min; " if m.get("train_s") is not None else ""
+    return took + run_line(m["run"])
+
+
 class LoopSummary(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -70,7 +78,8 @@ class LoopSummary(BaseModel):
     decision: Decision
     offline: OfflineSummary | None = Field(None, description="offline evaluation on held-out episodes")
     rounds: list[RoundResult] = Field(default_factory=list, description="every round's result (DAgger)")
-    training: str | None = Field(None, description="what the training run used: precision, attention, device")
+    training: str | None = Field(None, description="the training run: steps and wall clock, precision, attention, "
+                                 "device")
 
     def markdown(self) -> str:
         d = self.decision

@@ -103,7 +103,7 @@ class TrainRecipe(BaseModel):
         "with_video", "lr_schedule", "ema_decay"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
-        "lookahead", "resume"})
+        "lookahead", "resume", "frame_cache_mb"})
 
 
     family: str = Field("vla", description="policy family (roboloop.policies): vla (roboloop's GR00T-style VLA), or "
@@ -143,6 +143,10 @@ class TrainRecipe(BaseModel):
     window: int = Field(32, gt=0, description="frames decoded per sequential video read")
     shuffle_buffer: int = Field(256, gt=0, description="frames mixed across windows and episodes")
     num_workers: int = Field(2, ge=1, description="video decode threads")
+    frame_cache_mb: int = Field(2048, ge=0, description="decoded frames (at the model's image size) kept in memory "
+                                "across epochs, per rank: a training split whose frames fit is decoded once instead "
+                                "of once per epoch (the run log says which); 0: only the windows in flight; same "
+                                "batches either way")
     with_video: bool = Field(True, description="feed camera frames (False: state + language only)")
     val_fraction: float = Field(0.0, ge=0, lt=1, description="episodes held out for offline validation (drawn by "
                                 "`seed`, recorded in the model's config.json; never trained on)")
@@ -189,7 +193,7 @@ class TrainRecipe(BaseModel):
     # Fields a resumed run may change (how long, how often to save or log); anything else is another run.
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
         "steps", "checkpoint_every_steps", "checkpoint_every_minutes", "keep_last", "log_every", "resume",
-        "num_workers", "prefetch", "lookahead", "output_dir", "dataset", "device"})
+        "num_workers", "prefetch", "lookahead", "output_dir", "dataset", "device", "frame_cache_mb"})
 
     def changed_fields(self, saved: dict) -> list[str]:
         """Fields whose value differs from `saved` (another run's config) and that resuming cannot change."""

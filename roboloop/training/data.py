@@ -262,7 +262,7 @@ class SampleStream:
                  normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256,
                  tokenizer: str | None = None, state_tokens: int = 1, episodes: list[int] | None = None,
                  depth_mm: dict[str, tuple[float, float]] | None = None, cameras: list[str] | None = None,
-                 history: int = 1, drop_last: int = 0):
+                 history: int = 1, drop_last: int = 0, cache_mb: float = 0):
         self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len  # image_size None: as stored
         # the cameras fed, in the dataset's order (None: all of them)
         self.cams = [k for k in ds.camera_keys if cameras is None or k in cameras]
@@ -293,7 +293,12 @@ class SampleStream:
         self.buffer: list[int] = []  # global frame indices
         self.rng = random.Random(seed * 7919)
         self._cache: OrderedDict[tuple[int, int], Future] = OrderedDict()
-        self._cache_windows = cache_windows
+        # decoded windows kept (least recently used dropped): at least `cache_windows` (those in flight), and as
+        # many as `cache_mb` holds, so a split whose frames fit is decoded once, not once per epoch
+        self.window_bytes = self.frame_bytes() * (window + history - 1)
+        self.num_windows = len(self._windows(0))
+        self._cache_windows = max(cache_windows, int(cache_mb * 2**20 // self.window_bytes) if self.window_bytes else 0)
+        self.cache_mb = cache_mb
         self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="roboloop-decode")
         if tokenizer:
             from roboloop.training.hf import text_tokens
@@ -301,6 +306,33 @@ class SampleStream:
             self._tokens = {i: text_tokens(tokenizer, t, max_text_len) for i, t in ds.meta.tasks.items()}
         else:
             self._tokens = {i: byte_tokens(t, max_text_len) for i, t in ds.meta.tasks.items()}
+
+    def frame_bytes(self) -> int:
+        """Bytes one decoded frame of every fed camera takes (colour uint8 RGB, depth float32); 0 without video."""
+        if not self.with_video:
+            return 0
+        total = 0
+        for cam in self.ds.cameras:
+            if cam.key in self.cams:
+                h, w = self.image_size if self.image_size is not None else (cam.height, cam.width)
+                total += h * w * (4 if cam.depth else 3)
+        return total
+
+    def cache_record(self) -> dict:
+        """What the run log and the run record say about the decoded-frame cache."""
+        need = self.window_bytes * self.num_windows
+        return {"frame_cache_mb": self.cache_mb, "decoded_mb": round(need / 2**20, 1),
+                "decoded_once": bool(self.with_video and self.num_windows <= self._cache_windows)}
+
+    def cache_line(self) -> str:
+        rec = self.cache_record()
+        if not self.with_video:
+            return "frame cache: no camera fed"
+        if rec["decoded_once"]:
+            return (f"frame cache: the {self.num_windows} windows of the training split take {rec['decoded_mb']} MB "
+                    f"decoded, within frame_cache_mb {self.cache_mb:g}: each frame is decoded once")
+        return (f"frame cache: the {self.num_windows} windows of the training split take {rec['decoded_mb']} MB "
+                f"decoded, more than frame_cache_mb {self.cache_mb:g}: frames are decoded again every epoch")
 
     def _windows(self, epoch: int) -> list[tuple[int, int, int]]:
         """(episode, first frame, count), shuffled per epoch."""

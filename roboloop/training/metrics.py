@@ -34,7 +34,12 @@ def summary(out: str | Path) -> dict[str, Any]:
         return x if not isinstance(x, float) or math.isfinite(x) else None
 
     ran = next((r["run"] for r in reversed(rows) if "run" in r), None)  # the last (re)start's record
-    return {"steps": last["step"], "first_loss": finite(rows[0]["loss"]), "final_loss": finite(last["loss"]),
+    # wall clock: each (re)start's last elapsed_s (its rows count from that process's start), summed
+    starts = [i for i, r in enumerate(rows) if "run" in r] or [0]
+    ends = [*starts[1:], len(rows)]
+    elapsed = [rows[e - 1].get("elapsed_s") for e in ends]
+    wall = {"train_s": round(sum(float(x) for x in elapsed if x is not None), 1)} if None not in elapsed else {}
+    return {"steps": last["step"], **wall, "first_loss": finite(rows[0]["loss"]), "final_loss": finite(last["loss"]),
             "samples_per_s": round(sum(r["samples_per_s"] for r in tail) / len(tail), 1),
             "data_wait_fraction": round(last.get("data_wait_fraction", 0.0), 3), "mfu": last.get("mfu"),
             **({"run": {k: v for k, v in ran.items() if k != "fp8_linear_names"}} if ran else {})}

@@ -100,6 +100,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, env: distributed.DistEnv):
         self.cfg, self.env = cfg, env
+        self.t0 = time.monotonic()  # this (re)start's clock: every metrics row's elapsed_s counts from here
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.device = env.device
@@ -149,7 +150,8 @@ class Trainer:
                                    state_tokens=needs.state_tokens, episodes=self.train_episodes,
                                    depth_mm=self.depth_mm,
                                    cameras=list(needs.camera_keys) if needs.camera_keys is not None else None,
-                                   history=needs.history, drop_last=needs.drop_last)
+                                   history=needs.history, drop_last=needs.drop_last, cache_mb=cfg.frame_cache_mb)
+        self.run_record["frame_cache"] = self.stream.cache_record()
         self.ckpt_dir = self.out / "checkpoints"
         if cfg.ema_decay and self.sharded:
             raise ValueError("ema_decay with strategy=fsdp on more than one rank is not supported yet (the average "
@@ -169,6 +171,7 @@ class Trainer:
         if env.is_main:  # in the run log beside the loss lines
             print(camera_line(ds, self.with_video, needs.camera_keys), flush=True)
             print(precision.record_line(self.run_record), flush=True)
+            print(self.stream.cache_line(), flush=True)
 
     def resume(self) -> int:
         """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""
@@ -270,6 +273,7 @@ class Trainer:
 
     def log(self, step: int, loss: float, row: dict, bar: tqdm) -> None:
         cfg = self.cfg
+        row["elapsed_s"] = round(time.monotonic() - self.t0, 2)  # since this process started building the run
         if self.env.is_main:
             with open(self.metrics_path, "a") as f:
                 f.write(json.dumps(row) + "\n")

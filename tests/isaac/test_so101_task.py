@@ -136,7 +136,7 @@ def test_a_failed_layout_is_played_again_when_asked(tmp_path):
     frames = pd.concat(pd.read_parquet(f) for f in sorted((tmp_path / "retry" / "data").rglob("*.parquet")))
     first = frames.groupby("episode_index").first()
     starts = [tuple(np.round(np.concatenate([np.asarray(s)[:4], np.asarray(q)]), 5))
-              for s, q in zip(first["observation.environment_state"], first["observation.state"])]
+              for s, q in zip(first["observation.environment_state"], first["observation.state"], strict=True)]
     # two layouts, each played twice (cube and arm start alike), then two new ones
     assert sorted(starts.count(s) for s in set(starts)) == [1, 1, 2, 2], starts
 

@@ -83,6 +83,31 @@ def test_stream_resumes_exactly(lerobot_v3):
     assert head + tail == full
 
 
+def test_a_split_whose_frames_fit_the_frame_cache_is_decoded_once(lerobot_v3, monkeypatch):
+    ds = V3Dataset(lerobot_v3, horizon=H)
+    calls = []
+    real = V3Dataset.decode_window
+    monkeypatch.setattr(V3Dataset, "decode_window", lambda self, *a, **k: calls.append(a[:2]) or real(self, *a, **k))
+
+    def three_epochs(cache_mb):
+        calls.clear()
+        s = SampleStream(ds, image_size=(16, 16), max_text_len=32, window=4, shuffle_buffer=8, seed=1,
+                         cache_windows=2, cache_mb=cache_mb)
+        seen = [(x.state.tolist(), x.images[0].sum().item(), x.images[1].sum().item())
+                for x in islice(iter(s), 3 * len(ds))]
+        return s, seen, len(calls)
+
+    cached, seen_cached, decodes_cached = three_epochs(cache_mb=1)
+    assert cached.cache_record() == {"frame_cache_mb": 1, "decoded_once": True,
+                                     "decoded_mb": round(cached.num_windows * 4 * 2 * 16 * 16 * 3 / 2**20, 1)}
+    assert "each frame is decoded once" in cached.cache_line()
+    assert decodes_cached == cached.num_windows * 2  # every window of both cameras, once in three epochs
+    plain, seen_plain, decodes_plain = three_epochs(cache_mb=0)
+    assert not plain.cache_record()["decoded_once"] and "decoded again every epoch" in plain.cache_line()
+    assert decodes_plain > 2 * plain.num_windows * 2
+    assert seen_cached == seen_plain  # the cache changes how often frames are decoded, never which samples come
+
+
 def test_byte_tokens():
     t = byte_tokens("pick", 10)
     assert t.tolist() == [256, *b"pick", 257]

@@ -8,7 +8,7 @@ import json
 
 from roboloop import stages
 from roboloop.datasets.convert import ConvertConfig, convert
-from roboloop.summary import run_line
+from roboloop.summary import run_line, training_line
 from roboloop.training.config import TrainConfig
 from roboloop.training.train import train
 
@@ -29,3 +29,23 @@ def test_the_run_record_reaches_metrics_the_model_folder_and_the_receipt(small_v
     assert ref.metrics["run"]["precision"] == "fp32"  # the lineage's metrics are the receipt's
     line = run_line(ref.metrics["run"])
     assert line.startswith("precision fp32 (auto: CPU -> fp32); attention sdpa") and line.endswith("device cpu")
+    # the frame cache's word: this split's frames fit the default budget, so each is decoded once
+    assert rec["frame_cache"]["decoded_once"] and rec["frame_cache"]["frame_cache_mb"] == 2048
+    # the wall clock: every row's seconds since the run started building, the summary's minutes
+    assert 0 < rows[0]["elapsed_s"] <= rows[1]["elapsed_s"]
+    assert ref.metrics["train_s"] == round(rows[1]["elapsed_s"], 1)
+    assert training_line(ref.metrics) == f"2 steps in {rows[1]['elapsed_s'] / 60:.1f} min; {line}"
+
+
+def test_a_resumed_runs_wall_clock_is_the_sum_of_its_starts(tmp_path):
+    from roboloop.training.metrics import summary
+
+    rows = [{"step": 1, "loss": 1.0, "samples_per_s": 1.0, "elapsed_s": 10.0, "run": {"precision": "fp32"}},
+            {"step": 2, "loss": 1.0, "samples_per_s": 1.0, "elapsed_s": 20.0},  # killed here, resumed from step 2
+            {"step": 3, "loss": 1.0, "samples_per_s": 1.0, "elapsed_s": 5.0, "run": {"precision": "fp32"}},
+            {"step": 4, "loss": 1.0, "samples_per_s": 1.0, "elapsed_s": 7.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert summary(tmp_path)["train_s"] == 27.5
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "elapsed_s"})
+                                                    + "\n" for r in rows))
+    assert "train_s" not in summary(tmp_path)  # a folder from before the clock was recorded: no number made up
