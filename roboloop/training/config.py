@@ -103,7 +103,7 @@ class TrainRecipe(BaseModel):
         "with_video", "lr_schedule", "ema_decay"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
-        "lookahead", "resume", "frame_cache_mb"})
+        "lookahead", "resume", "frame_cache_mb", "host_memory"})
 
 
     family: str = Field("vla", description="policy family (roboloop.policies): vla (roboloop's GR00T-style VLA), or "
@@ -147,6 +147,11 @@ class TrainRecipe(BaseModel):
                                 "across epochs, per rank: a training split whose frames fit is decoded once instead "
                                 "of once per epoch (the run log says which); 0: only the windows in flight; same "
                                 "batches either way")
+    host_memory: Literal["auto", "keep", "system"] = Field(
+        "auto", description="keep: glibc keeps freed blocks for the next step instead of unmapping them (a CPU "
+                            "step's large activations are not faulted in page by page again; RSS stays at its "
+                            "peak); system: glibc's defaults; auto: keep when training on the CPU. Same results "
+                            "either way; the run record says what applied")
     with_video: bool = Field(True, description="feed camera frames (False: state + language only)")
     val_fraction: float = Field(0.0, ge=0, lt=1, description="episodes held out for offline validation (drawn by "
                                 "`seed`, recorded in the model's config.json; never trained on)")
@@ -193,7 +198,8 @@ class TrainRecipe(BaseModel):
     # Fields a resumed run may change (how long, how often to save or log); anything else is another run.
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
         "steps", "checkpoint_every_steps", "checkpoint_every_minutes", "keep_last", "log_every", "resume",
-        "num_workers", "prefetch", "lookahead", "output_dir", "dataset", "device", "frame_cache_mb"})
+        "num_workers", "prefetch", "lookahead", "output_dir", "dataset", "device", "frame_cache_mb",
+        "host_memory"})
 
     def changed_fields(self, saved: dict) -> list[str]:
         """Fields whose value differs from `saved` (another run's config) and that resuming cannot change."""

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from roboloop import fsutil, policies
 from roboloop.errors import DiskFullError
-from roboloop.training import checkpoint, distributed, ema, metrics, outdir, precision
+from roboloop.training import checkpoint, distributed, ema, hostmem, metrics, outdir, precision
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import Normalizer, SampleStream, V3Dataset
 from roboloop.training.model import num_parameters
@@ -104,6 +104,7 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.device = env.device
+        host_memory = hostmem.apply(cfg.host_memory, self.device.type)  # before the dataset and the model
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
@@ -152,6 +153,7 @@ class Trainer:
                                    cameras=list(needs.camera_keys) if needs.camera_keys is not None else None,
                                    history=needs.history, drop_last=needs.drop_last, cache_mb=cfg.frame_cache_mb)
         self.run_record["frame_cache"] = self.stream.cache_record()
+        self.run_record["host_memory"] = host_memory
         self.ckpt_dir = self.out / "checkpoints"
         if cfg.ema_decay and self.sharded:
             raise ValueError("ema_decay with strategy=fsdp on more than one rank is not supported yet (the average "
@@ -172,6 +174,7 @@ class Trainer:
             print(camera_line(ds, self.with_video, needs.camera_keys), flush=True)
             print(precision.record_line(self.run_record), flush=True)
             print(self.stream.cache_line(), flush=True)
+            print(f"host memory: {self.run_record['host_memory']}", flush=True)
 
     def resume(self) -> int:
         """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""
