@@ -146,7 +146,7 @@ def so101() -> LoopConfig:
     return LoopConfig(source="data-so101", model_name="so101-pick",
                       collect_if_missing=CollectConfig(task=task, episodes=384, num_envs=16, noise=0.5,
                                                        retry_failed=2),
-                      train=TrainRecipe(steps=2500, max_tokens=8192, max_samples=128, with_video=True,  # 28.8 min here
+                      train=TrainRecipe(steps=2500, max_tokens=8192, max_samples=128, with_video=True,  # 20 min here
                                         checkpoint_every_steps=500,
                                         model_overrides={"horizon": 8, "image_encoder": "keypoints", "keypoints": 16,
                                                          "keypoints_to_state": 1, "image_size": [64, 96]}),
