@@ -328,11 +328,10 @@ class SampleStream:
         rec = self.cache_record()
         if not self.with_video:
             return "frame cache: no camera fed"
-        if rec["decoded_once"]:
-            return (f"frame cache: the {self.num_windows} windows of the training split take {rec['decoded_mb']} MB "
-                    f"decoded, within frame_cache_mb {self.cache_mb:g}: each frame is decoded once")
+        fit = "within frame_cache_mb {:g}: each frame is decoded once" if rec["decoded_once"] else \
+            "more than frame_cache_mb {:g}: frames are decoded again every epoch"
         return (f"frame cache: the {self.num_windows} windows of the training split take {rec['decoded_mb']} MB "
-                f"decoded, more than frame_cache_mb {self.cache_mb:g}: frames are decoded again every epoch")
+                f"decoded, " + fit.format(self.cache_mb))
 
     def _windows(self, epoch: int) -> list[tuple[int, int, int]]:
         """(episode, first frame, count), shuffled per epoch."""
