@@ -46,9 +46,15 @@ def artifacts_root() -> Path:
     return Path(settings().artifacts)
 
 
-def slug(text: str, limit: int = 48) -> str:
-    """Lowercase letters, digits and dashes: safe for folder names and Prefect artifact keys."""
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", text.lower())).strip("-")[:limit] or "x"
+def slug(text: str, limit: int = 48, keep_end: bool = False) -> str:
+    """Lowercase letters, digits and dashes: safe for folder names and Prefect artifact keys. Too long, it is cut
+    at the end, or with `keep_end` in the middle, so that a name's ending survives (a checkpoint's
+    `...-step00002000` must not read as `...-step000020`)."""
+    s = re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", text.lower())).strip("-")
+    if keep_end and len(s) > limit:
+        head = limit // 2
+        s = f"{s[:head].rstrip('-')}-{s[len(s) - (limit - head - 1):].lstrip('-')}"
+    return s[:limit] or "x"
 
 
 # ---------------------------------------------------------------- data
@@ -304,7 +310,7 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
         return hit
     stamp = time.strftime("%Y%m%dT%H%M%S")
     run_dir = Path(output_dir).absolute() if output_dir else Path(runs_root or artifacts_root() / "evals") / \
-        f"{slug(label, 32)}-{slug(recipe.task, 32)}-{stamp}-{secrets.token_hex(2)}"
+        f"{slug(label, 32, keep_end=True)}-{slug(recipe.task, 32)}-{stamp}-{secrets.token_hex(2)}"
     cfg = EvalConfig.of(recipe, policy=model.path if model else str(policy), output_dir=str(run_dir),
                         save_rollouts=save_rollouts, stop_against=reference, stop_margin=margin)
     report = evaluate_in_subprocess(cfg, on_line=on_line)
@@ -332,7 +338,7 @@ def evaluate_offline(model: ModelRef, data: DatasetRef, recipe: OfflineRecipe, e
     key = cache_key("evaluate-offline", model.weights_sha256, data.md5, keyed(recipe), episodes)
     if cache and (hit := cache.get(key, OfflineSummary)):
         return hit
-    label = slug(model.name or Path(model.path).name, 32)
+    label = slug(model.name or Path(model.path).name, 32, keep_end=True)
     run_dir = Path(runs_root or artifacts_root() / "evals") / \
         f"{label}-offline-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -387,8 +393,8 @@ def rl_finetune(parent: ModelRef, recipe: RLRecipe, cache: ReceiptCache | None =
     key = cache_key("rl", parent.weights_sha256, keyed(recipe))
     if cache and (hit := cache.get(key, ModelRef)):
         return hit
-    out = Path(output_dir) if output_dir else artifacts_root() / "rl" / f"{slug(Path(parent.path).name, 32)}-" \
-        f"{recipe.mode}-{key.split('-')[-1][:12]}"
+    name = f"{slug(Path(parent.path).name, 32, keep_end=True)}-{recipe.mode}-{key.split('-')[-1][:12]}"
+    out = Path(output_dir) if output_dir else artifacts_root() / "rl" / name
     result = rl_in_subprocess(RLConfig(**recipe.model_dump(), policy=parent.path, output_dir=str(out)), on_line,
                               timeout_s)
     execution = ExecutionSettings(execute_steps=recipe.execute_steps, inference_steps=parent.execution.inference_steps)

@@ -72,3 +72,14 @@ def test_track_puts_the_output_under_dvc(small_v21, tmp_path):
     dvc.init_repo(tmp_path, remote=str(tmp_path / ".remote"))
     ref = _cli(tmp_path, "convert", small_v21, tmp_path / "v3", "--workers", "1", "--track")
     assert ref["tracked"] and (tmp_path / "v3.dvc").is_file()
+
+
+def test_a_long_model_name_keeps_its_step_in_the_evaluation_folder_name():
+    from roboloop.stages import slug
+
+    name = "tiny-c4ea821ac2e91701-step00002000"  # a swept checkpoint's model folder
+    cut = slug(name, 32, keep_end=True)
+    assert len(cut) <= 32 and cut.endswith("step00002000") and cut.startswith("tiny-c4ea821ac2e")
+    assert slug(name, 32) == "tiny-c4ea821ac2e91701-step000020"  # the plain cut: reads as step 20
+    assert slug("tiny-c4ea821ac2e91701", 32, keep_end=True) == "tiny-c4ea821ac2e91701"  # short names unchanged
+    assert slug("A//b", 32, keep_end=True) == "a-b" and slug("///", 8, keep_end=True) == "x"
