@@ -47,13 +47,10 @@ def artifacts_root() -> Path:
 
 
 def slug(text: str, limit: int = 48, keep_end: bool = False) -> str:
-    """Lowercase letters, digits and dashes: safe for folder names and Prefect artifact keys. Too long, it is cut
-    at the end, or with `keep_end` in the middle, so that a name's ending survives (a checkpoint's
-    `...-step00002000` must not read as `...-step000020`)."""
+    """Lowercase letters, digits and dashes, cut at `limit` (with `keep_end`, in the middle: a `...-step00002000`)."""
     s = re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", text.lower())).strip("-")
     if keep_end and len(s) > limit:
-        head = limit // 2
-        s = f"{s[:head].rstrip('-')}-{s[len(s) - (limit - head - 1):].lstrip('-')}"
+        s = f"{s[:limit // 2].rstrip('-')}-{s[len(s) - (limit - limit // 2 - 1):].lstrip('-')}"
     return s[:limit] or "x"
 
 
@@ -266,9 +263,8 @@ def resolve_policy(policy: str | ModelRef) -> ModelRef | None:
 def _outcomes(report: dict) -> str | None:
     """'1'/'0' per episode in start order (None when the report does not number all its episodes)."""
     by_index = outcomes_by_episode(report.get("per_episode") or [])
-    if not by_index or sorted(by_index) != list(range(len(by_index))):
-        return None
-    return "".join("1" if by_index[i] else "0" for i in range(len(by_index)))
+    ok = by_index and sorted(by_index) == list(range(len(by_index)))
+    return "".join("1" if by_index[i] else "0" for i in range(len(by_index))) if ok else None
 
 
 def champion_outcomes(name: str, recipe: EvalRecipe, registry: str | None = None) -> str | None:
@@ -358,10 +354,8 @@ def evaluate_offline(model: ModelRef, data: DatasetRef, recipe: OfflineRecipe, e
 
 
 def sweep_candidates(run: str | Path, include_final: bool = True) -> list[tuple[int, ModelRef]]:
-    """(step, model) for every kept checkpoint of a training run (exported beside it as model folders under
-    artifacts/models/<run>-step<N>), and the run's final model."""
+    """(step, model) per kept checkpoint (exported as artifacts/models/<run>-step<N>), and the final model."""
     from roboloop.evaluation.sweep import export_checkpoint, kept_checkpoints
-
     run = Path(run).absolute()
     cfg = json.loads((run / "config.json").read_text()) if (run / "config.json").is_file() else None
     if cfg is None:
