@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from roboloop import fsutil
 from roboloop.hashing import MODEL_IGNORE, dir_md5, file_sha256
-from roboloop.receipts import DatasetRef, EvalSummary, ModelRef, OfflineSummary, Receipt
+from roboloop.receipts import Checkpoints, DatasetRef, EvalSummary, ModelRef, OfflineSummary, Receipt
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Receipt)
@@ -61,6 +61,8 @@ def verify(receipt: Receipt) -> bool:
             return file_sha256(Path(receipt.run_dir) / "report.json") == receipt.report_sha256
         if isinstance(receipt, OfflineSummary):
             return file_sha256(Path(receipt.run_dir) / "offline.json") == receipt.report_sha256
+        if isinstance(receipt, Checkpoints):
+            return all(verify(m) for m in receipt.models)
     except OSError:
         return False
     return True
@@ -68,6 +70,8 @@ def verify(receipt: Receipt) -> bool:
 
 def restore(receipt: Receipt) -> bool:
     """Bring a dataset or model folder back from the DVC cache/remote by its md5 (when it was tracked)."""
+    if isinstance(receipt, Checkpoints):
+        return all(verify(m) or restore(m) for m in receipt.models)
     if not isinstance(receipt, DatasetRef | ModelRef):
         return False
     from roboloop import dvc

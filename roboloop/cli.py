@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
 from roboloop import __version__
-from roboloop.cli_stages import add_stage_flags, cmd_convert, cmd_evaluate, cmd_ingest, cmd_train
+from roboloop.cli_stages import add_stage_flags, cmd_convert, cmd_evaluate, cmd_ingest, cmd_pick, cmd_train
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -273,6 +273,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     cp.add_argument("champion", help="evaluation run folder (report.json)")
     cp.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin on the success rate")
     cp.set_defaults(fn=cmd_compare)
+    pk = sub.add_parser("pick", help="play a training run's kept checkpoints and final model on the same episodes "
+                        "(a --seed other than the one results are reported on; 1 unless given) and name the best "
+                        "(what the loop's `select` does); one JSON line per model, then the pick")
+    pk.add_argument("run", help="a training run's folder (artifacts/models/...): its checkpoints/ and final model")
+    options(pk, "pick", "roboloop.evaluation.config:EvalRecipe")
+    add_stage_flags(pk, track=False)
+    pk.set_defaults(fn=cmd_pick, seed=1, videos=0)
     rl = sub.add_parser("rl", help="RL fine-tuning (flow-noise PPO) of a model in Isaac Lab on Ray workers, sync or "
                         "async; writes OUTPUT_DIR/model")
     rl.add_argument("--config", help="an RLConfig JSON file")

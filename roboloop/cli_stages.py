@@ -162,6 +162,26 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pick(args: argparse.Namespace) -> int:
+    from roboloop import stages
+    from roboloop.cli import _model_from_args, jsonline
+    from roboloop.evaluation.config import EvalRecipe
+    from roboloop.evaluation.sweep import Scored, best
+
+    recipe: EvalRecipe = _model_from_args(EvalRecipe, args)  # type: ignore[assignment]
+    scored = []
+    for step, model in stages.sweep_candidates(args.run):
+        e = stages.evaluate(model, recipe, cache=_cache(args), on_line=ChildLines(args.verbose))
+        scored.append(Scored(step, model.path, e.success_rate, e.ci_low, e.ci_high, e.successes, e.episodes, {}))
+        print(jsonline({"step": step, "model": model.path, "successes": e.successes, "episodes": e.episodes,
+                        "success_rate": e.success_rate, "ci_low": e.ci_low, "ci_high": e.ci_high,
+                        "seed": e.seed, "run_dir": e.run_dir}), flush=True)
+    top = best(scored)
+    print(jsonline({"picked_step": top.step, "picked_model": top.model, "success_rate": top.success_rate,
+                    "final_step": max(s.step for s in scored), "seed": recipe.seed, "episodes": recipe.episodes}))
+    return 0
+
+
 def _evaluate_offline(args: argparse.Namespace) -> int:
     from roboloop.evaluation.offline import compare, evaluate_offline
 

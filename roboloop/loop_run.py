@@ -1,6 +1,7 @@
 """The closed loop, written once: `run_loop(cfg, steps) -> LoopSummary`.
 
-    ingest -> convert -> train -> evaluate (simulator, with the random baseline; or offline) -> register
+    ingest -> convert -> train [-> pick a checkpoint on validation episodes] -> evaluate (simulator, with the
+    random baseline; or offline) -> register
     then, with `rounds` > 1, DAgger rounds: the policy acts, the expert labels what it visited, the labels join
     the data as a new version, training continues from the previous weights, evaluate, register;
     then, with `rl`, an RL round: the last model fine-tuned in the simulator, evaluated, registered as a child.
@@ -25,7 +26,7 @@ from roboloop.lineage import Lineage
 from roboloop.loop import LoopConfig
 from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
 from roboloop.rl.config import RLRecipe
-from roboloop.summary import LoopSummary, RoundResult, training_line
+from roboloop.summary import Candidate, LoopSummary, RoundResult, Selection, training_line
 from roboloop.training.config import LaunchConfig, TrainRecipe
 
 
@@ -43,6 +44,7 @@ class Steps(Protocol):
     def dagger_collect(self, model: ModelRef, recipe: CollectConfig, round_: int, track: bool) -> DatasetRef: ...
     def aggregate(self, sources: list[DatasetRef], round_: int, track: bool) -> DatasetRef: ...
     def rl(self, parent: ModelRef, recipe: RLRecipe, track: bool) -> ModelRef: ...
+    def candidates(self, model: ModelRef, track: bool) -> list[tuple[int, ModelRef]]: ...
 
 
 class LocalSteps:
@@ -100,22 +102,50 @@ class LocalSteps:
 
         return stages.rl_finetune(parent, recipe, cache=self.cache, on_line=self.on_line, track=track)
 
+    def candidates(self, model, track):
+        return candidates(model, track, self.cache)
+
+
+def candidates(model: ModelRef, track: bool, cache=None) -> list[tuple[int, ModelRef]]:
+    """(step, model) for `model`'s kept checkpoints (exported as model folders, DVC-tracked with `track`: the loop
+    may carry one on and register it), then `model` itself. Cached on the run's weights: a run restored from DVC
+    has no checkpoints/, and its exports come back from DVC instead (checked, as every cache hit is)."""
+    from roboloop import stages
+    from roboloop.cache import cache_key
+    from roboloop.evaluation.sweep import kept_checkpoints
+    from roboloop.receipts import Checkpoints
+
+    key = cache_key("checkpoints", model.weights_sha256, track)
+    kept = kept_checkpoints(model.path)
+    hit = cache.get(key, Checkpoints) if cache is not None and not kept else None
+    if hit is None:
+        found = [(step, stages.model_ref(m.path, model.dataset_md5, model.execution, track=track))
+                 for step, m in (stages.sweep_candidates(model.path, include_final=False) if kept else [])]
+        hit = Checkpoints(run_weights_sha256=model.weights_sha256, steps=[s for s, _ in found],
+                          models=[m for _, m in found])
+        if cache is not None:
+            cache.put(key, hit)
+    final = int(model.config.get("steps") or model.metrics.get("steps") or 0)
+    return [*zip(hit.steps, hit.models, strict=True), (final, model)]
+
 
 def run_loop(cfg: LoopConfig, steps: Steps) -> LoopSummary:
     """One pass of the closed loop (and its DAgger and RL rounds); returns what it produced."""
     execution = ExecutionSettings(execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
     raw = steps.ingest(cfg.source, cfg.collect_if_missing, cfg.track)
     data = steps.convert(raw, cfg.convert, cfg.track)
-    model = steps.train(data, cfg.train, cfg.launch, cfg.track, execution)
+    model = trained = steps.train(data, cfg.train, cfg.launch, cfg.track, execution)
+    model, pick = select(cfg, model, steps, 0)
+    picks = [pick] if pick else []
     if cfg.evaluation == "offline":
         offline = steps.evaluate_offline(model, data, cfg.offline)
         decision = steps.register(model, lineage(cfg, raw, data, model, None, None, offline=offline),
                                   cfg.model_name, cfg.margin)
-        return summary(data, model, None, None, decision, offline=offline)
+        return summary(data, model, None, None, decision, offline=offline, trained=trained)
     evaluation = steps.evaluate(model, cfg.eval, cfg.model_name, cfg.margin)
     baseline = steps.evaluate("random", baseline_recipe(cfg)) if cfg.baseline else None
-    decision = steps.register(model, lineage(cfg, raw, data, model, evaluation, baseline), cfg.model_name,
-                              cfg.margin)
+    decision = steps.register(model, lineage(cfg, raw, data, model, evaluation, baseline, pick=pick),
+                              cfg.model_name, cfg.margin)
     rounds = [round_result(0, data, model, evaluation, decision)]
     for r in range(1, cfg.rounds):
         visited = steps.dagger_collect(model, dagger_recipe(cfg, raw), r, cfg.track)
@@ -124,21 +154,49 @@ def run_loop(cfg: LoopConfig, steps: Steps) -> LoopSummary:
         recipe = cfg.train.model_copy(update={"init_from": model.path, "steps": cfg.dagger.steps,
                                               "lr": cfg.dagger.lr, "warmup_steps": cfg.dagger.warmup_steps})
         parent = decision
-        model = steps.train(data, recipe, cfg.launch, cfg.track, execution)
+        model = trained = steps.train(data, recipe, cfg.launch, cfg.track, execution)
+        model, pick = select(cfg, model, steps, r)
+        picks += [pick] if pick else []
         evaluation = steps.evaluate(model, cfg.eval, cfg.model_name, cfg.margin)
-        decision = steps.register(model, lineage(cfg, raw, data, model, evaluation, baseline, r, parent),
+        decision = steps.register(model, lineage(cfg, raw, data, model, evaluation, baseline, r, parent, pick=pick),
                                   cfg.model_name, cfg.margin)
         rounds.append(round_result(r, data, model, evaluation, decision, "dagger"))
     if cfg.rl is not None:
         parent_model = model.model_copy(update={"registry": decision.registry, "name": decision.name,
                                                 "version": decision.version})
-        model = steps.rl(parent_model, cfg.rl, cfg.track)
+        model = trained = steps.rl(parent_model, cfg.rl, cfg.track)
         evaluation = steps.evaluate(model, cfg.eval.model_copy(update={"execute_steps": cfg.rl.execute_steps}),
                                     cfg.model_name, cfg.margin)
         decision = steps.register(model, rl_lineage(model, parent_model, evaluation, cfg.rl), cfg.model_name,
                                   cfg.margin)
         rounds.append(round_result(len(rounds), data, model, evaluation, decision, "rl"))
-    return summary(data, model, evaluation, baseline, decision, rounds)
+    return summary(data, model, evaluation, baseline, decision, rounds, picks=picks, trained=trained)
+
+
+def select(cfg: LoopConfig, model: ModelRef, steps: Steps, round_: int) -> tuple[ModelRef, Selection | None]:
+    """`cfg.select`: the training run's kept checkpoints and final model, each on the same validation episodes
+    (`select.seed`: not the episodes the loop then reports), and the best of them (ties: the later step)."""
+    if cfg.select is None:
+        return model, None
+    from roboloop.evaluation.sweep import Scored, best
+
+    found = steps.candidates(model, cfg.track)
+    final = max(step for step, _ in found)
+    if len(found) < 2:
+        return model, Selection(round=round_, seed=cfg.select.seed, episodes=cfg.select.episodes, final_step=final,
+                                picked_step=final, picked_model=model.path)
+    recipe = cfg.eval.model_copy(update={"seed": cfg.select.seed, "episodes": cfg.select.episodes, "videos": 0,
+                                         "early_stop": False})
+    scored = []
+    for step, m in found:
+        e = steps.evaluate(m, recipe)
+        scored.append((Scored(step, m.path, e.success_rate, e.ci_low, e.ci_high, e.successes, e.episodes, {}),
+                       Candidate(step=step, model=m.path, successes=e.successes, episodes=e.episodes,
+                                 success_rate=e.success_rate, ci_low=e.ci_low, ci_high=e.ci_high, eval_run=e.run_dir)))
+    top = best([s for s, _ in scored])
+    picked = model if top.step == final else dict(found)[top.step]
+    return picked, Selection(round=round_, seed=cfg.select.seed, episodes=cfg.select.episodes, final_step=final,
+                             picked_step=top.step, picked_model=picked.path, candidates=[c for _, c in scored])
 
 
 def baseline_recipe(cfg: LoopConfig) -> EvalRecipe:
@@ -167,9 +225,11 @@ def dagger_recipe(cfg: LoopConfig, raw: DatasetRef | None = None) -> CollectConf
 
 def lineage(cfg: LoopConfig, raw: DatasetRef, data: DatasetRef, model: ModelRef, ev: EvalSummary | None,
             baseline: EvalSummary | None, round_: int = 0, parent: Decision | None = None,
-            offline: OfflineSummary | None = None) -> Lineage:
+            offline: OfflineSummary | None = None, pick: Selection | None = None) -> Lineage:
     configs = {"source": cfg.source, "convert": cfg.convert.model_dump(mode="json"), "round": round_,
                "evaluation": cfg.evaluation}
+    if pick is not None:
+        configs["select"] = pick.model_dump(mode="json")
     configs["eval" if ev else "offline"] = (cfg.eval if ev else cfg.offline).model_dump(mode="json")
     if round_:
         configs["dagger"] = cfg.dagger.model_dump(mode="json")
@@ -196,13 +256,17 @@ def round_result(r: int, data: DatasetRef, model: ModelRef, ev: EvalSummary, d: 
 
 def summary(data: DatasetRef, model: ModelRef, ev: EvalSummary | None, baseline: EvalSummary | None,
             decision: Decision, rounds: list[RoundResult] | None = None,
-            offline: OfflineSummary | None = None) -> LoopSummary:
+            offline: OfflineSummary | None = None, picks: list[Selection] | None = None,
+            trained: ModelRef | None = None) -> LoopSummary:
+    """`model` is what the loop carried on; `trained` the last training run (its loss and wall clock), which is
+    `model` unless a checkpoint of it was picked."""
+    run = trained or model
     return LoopSummary(dataset_v3=data.path, dataset_md5=data.md5, model=model.path, model_md5=model.md5,
-                       weights_sha256=model.weights_sha256, final_loss=model.metrics.get("final_loss"),
+                       weights_sha256=model.weights_sha256, final_loss=run.metrics.get("final_loss"),
                        success_rate=ev.success_rate if ev else None, ci=(ev.ci_low, ev.ci_high) if ev else None,
                        eval_run=ev.run_dir if ev else offline.run_dir if offline else "",
                        random_success_rate=baseline.success_rate if baseline else None, decision=decision,
                        rounds=rounds or [], offline=offline,
-                       training=training_line(model.metrics))
+                       training=training_line(run.metrics), selections=picks or [])
 
 

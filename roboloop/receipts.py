@@ -66,6 +66,18 @@ class ModelRef(Receipt):
         return self.weights_sha256
 
 
+class Checkpoints(Receipt):
+    """A training run's kept checkpoints, exported as model folders (what the loop's `select` chooses among):
+    cached, because a run restored from DVC comes back without its checkpoints/."""
+
+    run_weights_sha256: str = Field(description="the run's final weights: the run's identity")
+    steps: list[int] = Field(description="the step of each export")
+    models: list[ModelRef] = Field(description="the exports, oldest first")
+
+    def identity(self) -> str:
+        return self.run_weights_sha256
+
+
 class EvalSummary(Receipt):
     """One evaluation run: its own folder, the counts the promotion gate uses, the settings it ran with."""
 

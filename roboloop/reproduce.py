@@ -3,8 +3,9 @@
 The lineage holds the receipts of every stage (raw dataset, v3 dataset, model, evaluation) and
 their configs. Reproducing is the same stages again, into `artifacts/reproduce/NAME-vN/`, from
 the raw dataset here (which must have the recorded md5), and a stage-by-stage comparison: v3
-dataset md5, weights sha256, final loss, success rate. The model folder's md5 is reported, not
-compared: it also covers timings (metrics.jsonl).
+dataset md5, weights sha256, final loss, success rate (a version the loop picked among a run's
+checkpoints, `LoopConfig.select`, with the rerun's checkpoint of that step). The model folder's md5 is
+reported, not compared: it also covers timings (metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -51,7 +52,19 @@ def reproduce(ref: str, registry: str | None = None, out_root: str | Path | None
     recipe = TrainRecipe(**{k: val for k, val in lin.model.config.items() if k in TrainRecipe.model_fields})
     model = stages.train(data, recipe, LaunchConfig(), output_dir=out / "model", execution=lin.model.execution,
                          on_line=on_line)
-    checks["final_loss"] = {"recorded": lin.model.metrics.get("final_loss"), "now": model.metrics.get("final_loss")}
+    picked = (lin.config.get("select") or {}).get("picked_step")
+    if picked is not None and picked != recipe.steps:  # the loop carried a kept checkpoint on (LoopConfig.select)
+        from roboloop.evaluation.sweep import export_checkpoint, kept_checkpoints
+
+        ckpt = dict(kept_checkpoints(model.path)).get(picked)
+        if ckpt is None:
+            raise ValueError(f"{name} v{v} is step {picked}'s checkpoint and the rerun kept no checkpoint of that step")
+        model = stages.model_ref(export_checkpoint(model.path, ckpt, picked, out / f"model-step{picked:08d}"),
+                                 data.md5, lin.model.execution)
+        checks["picked_step"] = {"recorded": picked, "now": picked}
+    else:
+        checks["final_loss"] = {"recorded": lin.model.metrics.get("final_loss"),
+                                "now": model.metrics.get("final_loss")}
     checks["weights_sha256"] = {"recorded": lin.model.weights_sha256, "now": model.weights_sha256}
     if lin.evaluation is not None:
         ev = stages.evaluate(model, EvalRecipe(**{**lin.config["eval"], "videos": 0}), runs_root=out / "evals",

@@ -32,6 +32,43 @@ class RoundResult(BaseModel):
     promoted: bool | None = None
 
 
+class Candidate(BaseModel):
+    """One model a training run left (a kept checkpoint or its final model), played on the validation episodes."""
+
+    step: int
+    model: str
+    successes: int
+    episodes: int
+    success_rate: float
+    ci_low: float
+    ci_high: float
+    eval_run: str
+
+
+class Selection(BaseModel):
+    """Which of a training run's models the loop carried on (`LoopConfig.select`), and what each scored on the
+    validation episodes (`seed`, never the reported ones)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    round: int
+    seed: int
+    episodes: int
+    final_step: int
+    picked_step: int
+    picked_model: str
+    candidates: list[Candidate] = Field(default_factory=list, description="empty: only the final model was there")
+
+    def line(self) -> str:
+        if not self.candidates:
+            return (f"step {self.final_step} (the final model): no checkpoint was kept before it, nothing to pick "
+                    "(train.checkpoint_every_steps, keep_last)")
+        scores = ", ".join(f"{c.step}{' (final)' if c.step == self.final_step else ''}: {c.successes}/{c.episodes}"
+                           for c in self.candidates)
+        return (f"step {self.picked_step} of {self.final_step}, on {self.episodes} validation episodes (seed "
+                f"{self.seed}): {scores}")
+
+
 def plot_rounds(rounds: list[RoundResult], png: Path) -> Path:
     """Success (Wilson 95% CI) per round."""
     from roboloop import plots
@@ -80,6 +117,8 @@ class LoopSummary(BaseModel):
     rounds: list[RoundResult] = Field(default_factory=list, description="every round's result (DAgger)")
     training: str | None = Field(None, description="the training run: steps and wall clock, precision, attention, "
                                  "device")
+    selections: list[Selection] = Field(default_factory=list, description="the checkpoint each training's pick "
+                                        "carried on (LoopConfig.select)")
 
     def markdown(self) -> str:
         d = self.decision
@@ -89,6 +128,8 @@ class LoopSummary(BaseModel):
                  f"| model | `{self.model}` (final loss {loss}) |"]
         if self.training:
             lines.append(f"| training | {self.training} |")
+        lines += [f"| checkpoint picked{f' (round {p.round})' if p.round else ''} | {p.line()} |"
+                  for p in self.selections]
         if self.success_rate is not None and self.ci is not None:
             lines.append(f"| policy success | **{self.success_rate:.1%}** (95% CI {self.ci[0]:.1%}-{self.ci[1]:.1%}) |")
         if self.offline is not None:
@@ -115,6 +156,8 @@ class LoopSummary(BaseModel):
         out = [f"  dataset (v3, DVC md5 {self.dataset_md5}): {self.dataset_v3}",
                f"  model (weights sha256 {self.weights_sha256[:16]}): {self.model}",
                *([f"  training:            {self.training}"] if self.training else []),
+               *[f"  checkpoint picked:   {p.line()}" + (f" (round {p.round})" if p.round else "")
+                 for p in self.selections],
                f"  evaluation run:      {self.eval_run}" + (
                    "  (offline.json, open_loop.png)" if self.offline else "  (report.json, eval.png, videos/)"),
                f"  registry entry:      {r.name} v{r.version} in {r.registry} "

@@ -20,6 +20,14 @@ def candidates_task(run: str) -> list[tuple[int, ModelRef]]:
     return stages.sweep_candidates(run)
 
 
+@task(name="checkpoint-candidates", cache_policy=NO_CACHE)
+def loop_candidates_task(model: ModelRef, track: bool) -> list[tuple[int, ModelRef]]:
+    """The closed loop's pick (`LoopConfig.select`): the run's kept checkpoints as model folders, and the run."""
+    from roboloop.loop_run import candidates
+
+    return candidates(model, track, receipts())
+
+
 @task(name="sweep-offline-scores", cache_policy=NO_CACHE)
 def offline_scores_task(run: str, step: int, model: ModelRef) -> dict[str, float]:
     return offline_scores(run, step, model, cache=receipts())

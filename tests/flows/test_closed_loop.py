@@ -13,7 +13,7 @@ from prefect.artifacts import Artifact
 
 from flows.closed_loop import closed_loop
 from roboloop.evaluation.config import CollectConfig, EvalRecipe
-from roboloop.loop import DaggerConfig, LoopConfig
+from roboloop.loop import DaggerConfig, LoopConfig, SelectRecipe
 from roboloop.registry import Registry
 from roboloop.training.config import TrainRecipe
 
@@ -48,9 +48,14 @@ def _cfg(root) -> LoopConfig:
 
 
 def test_closed_loop_end_to_end_cached_restored_and_reproduced(loop_env, reach_demos):
-    root, cfg = loop_env, _cfg(loop_env)
+    root = loop_env
+    cfg = _cfg(root).model_copy(update={"select": SelectRecipe(episodes=4, seed=1)})
     shutil.copytree(reach_demos, root / "data")
     first = closed_loop(cfg)
+    # the pick: the step-15 checkpoint and the final model on 4 validation episodes (seed 1), the better carried on
+    (pick,) = first.selections
+    assert [(c.step, c.episodes) for c in pick.candidates] == [(15, 4), (30, 4)] and pick.picked_step in (15, 30)
+    assert first.model == pick.picked_model
     # a first model must beat the random policy on the same episodes to become champion
     assert first.decision.version == 1 and first.decision.reason.startswith("first version "), first.decision.reason
     assert first.random_success_rate is not None and "random baseline" in first.decision.reason
@@ -63,20 +68,23 @@ def test_closed_loop_end_to_end_cached_restored_and_reproduced(loop_env, reach_d
     assert lineage["eval"]["episodes"] == 6 and lineage["git_commit"] and lineage["raw"]["format"] == "v2.1"
     assert list((root / "artifacts" / "datasets").glob("v3-*.dvc")) and (root / "data.dvc").exists()
     report = Artifact.get("closed-loop-report")
-    assert report is not None and "policy success" in str(report.data)
+    assert report is not None and "policy success" in str(report.data) and "checkpoint picked" in str(report.data)
+    assert lineage["config"]["select"]["picked_step"] == pick.picked_step
 
     t0 = time.perf_counter()
     second = closed_loop(cfg)  # every stage: a verified cache hit
     rerun_s = time.perf_counter() - t0
     assert second.weights_sha256 == first.weights_sha256 and second.success_rate == first.success_rate
     assert second.eval_run == first.eval_run  # the same evaluation, not a new one
-    assert second.decision.reused and reg.versions("reach-vla") == [1]
+    assert second.decision.reused and reg.versions("reach-vla") == [1] and second.selections == first.selections
     assert rerun_s < 60, f"cached rerun took {rerun_s:.1f} s"
 
     shutil.rmtree(root / "artifacts")  # a cache hit must not point at outputs that no longer exist
     third = closed_loop(cfg)
     assert (third.dataset_md5, third.weights_sha256) == (first.dataset_md5, first.weights_sha256)  # from DVC
     assert third.success_rate == first.success_rate and third.decision.reused
+    # the run came back from DVC without its checkpoints/; the exports the pick chose among came back too
+    assert [c.model for c in third.selections[0].candidates] == [c.model for c in pick.candidates]
     assert json.loads((root / "artifacts" / "models").joinpath(first.model.split("/")[-1], "config.json")
                       .read_text())["train"]["steps"] == 30
 

@@ -166,8 +166,9 @@ def test_dagger_labels_close_the_jaws_where_another_actor_reaches_the_cube_its_o
 
 @pytest.mark.slow
 def test_short_closed_loop_on_the_so101_registers_a_version(tmp_path):
-    """`roboloop loop --preset so101_ci`: record, convert, validate, train on both cameras, evaluate beside random
-    on the same cube positions, register (the gate decides; at this budget nothing picks)."""
+    """`roboloop loop --preset so101_ci`: record, convert, validate, train on both cameras, play the kept checkpoint
+    and the final model on validation cubes and carry the better on, evaluate it beside random on the same cube
+    positions, register (the gate decides; at this budget nothing picks)."""
     import os
     import subprocess
     import sys
@@ -184,5 +185,12 @@ def test_short_closed_loop_on_the_so101_registers_a_version(tmp_path):
 
     lineage = Registry(tmp_path / ".roboloop" / "registry").lineage("so101-ci", 1)
     assert lineage["eval"]["task"] == TASK and lineage["baseline_eval"]["policy"] == "random"
+    # the pick: the step-10 checkpoint (exported as a model folder) and the final model on the same validation cubes
+    pick = summary["selections"][0]
+    assert [c["step"] for c in pick["candidates"]] == [10, 20] and pick["seed"] == 1 and pick["episodes"] == 2
+    assert {c["episodes"] for c in pick["candidates"]} == {2} and pick["picked_step"] in (10, 20)
+    assert summary["model"] == pick["picked_model"] and lineage["config"]["select"] == pick
+    assert lineage["eval"]["seed"] == 0  # reported on the cubes the pick never played
+    assert "checkpoint picked:   step" in p.stdout + p.stderr
     meta = json.loads((tmp_path / summary["model"] / "policy.json").read_text())
     assert [c["key"] for c in meta["cameras"]] == ["observation.images.front", "observation.images.wrist"]
