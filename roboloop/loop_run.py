@@ -194,7 +194,7 @@ def select(cfg: LoopConfig, model: ModelRef, steps: Steps, round_: int) -> tuple
                        Candidate(step=step, model=m.path, successes=e.successes, episodes=e.episodes,
                                  success_rate=e.success_rate, ci_low=e.ci_low, ci_high=e.ci_high, eval_run=e.run_dir)))
     top = best([s for s, _ in scored])
-    picked = model if top.step == final else dict(found)[top.step]
+    picked = dict(found)[top.step]  # the final step's entry is `model` itself
     return picked, Selection(round=round_, seed=cfg.select.seed, episodes=cfg.select.episodes, final_step=final,
                              picked_step=top.step, picked_model=picked.path, candidates=[c for _, c in scored])
 
