@@ -7,7 +7,7 @@ stats.json (mean/std of state and action), policy.json (roboloop's family-indepe
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from roboloop.errors import CorruptFileError, ModelMismatchError
 from roboloop.evaluation.protocol import Obs
 from roboloop.policies import DataNeeds, Features, ModelInfo
+from roboloop.training.augment import shift_images, shifts
 from roboloop.training.config import ModelConfig
 from roboloop.training.model import VLAPolicy, train_flops
 from roboloop.training.packing import PackedBatch
@@ -38,9 +39,14 @@ class VLATrainable:
     needs: DataNeeds
     config: ModelConfig
     seed: int
+    image_shift: int = 0  # TrainRecipe.image_shift: training images moved by up to this many pixels
 
     def loss_inputs(self, batch: PackedBatch, keys: list[int], step: int, denominator: float) -> tuple:
         noise, u = flow_noise(keys, step, self.seed, self.config.horizon, self.config.action_dim)
+        if self.image_shift and batch.images.shape[0]:
+            offsets = shifts(keys, step, self.seed, self.image_shift, self.config.max_cameras)
+            offsets = offsets.to(batch.images.device)[batch.image_sample, batch.image_camera]
+            batch = replace(batch, images=shift_images(batch.images, offsets, batch.image_hw))
         return batch, noise, u, denominator
 
     def flops(self, batch: PackedBatch) -> float | None:
@@ -68,7 +74,7 @@ class VLAFamily:
         needs = DataNeeds(horizon=mcfg.horizon, cameras=cfg.with_video, image_size=tuple(mcfg.image_size),
                           tokens_per_image=mcfg.tokens_per_image, state_tokens=mcfg.num_state_tokens,
                           max_text_len=mcfg.max_text_len, tokenizer=mcfg.tokenizer)
-        return VLATrainable(model, needs, mcfg, cfg.seed)
+        return VLATrainable(model, needs, mcfg, cfg.seed, cfg.image_shift)
 
     def load_init(self, trainable: VLATrainable, init: Path, keys: list[str]) -> dict:
         """Load `init`'s weights (same architecture required); return its normalisation stats, which the

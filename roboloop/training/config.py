@@ -100,7 +100,7 @@ class TrainRecipe(BaseModel):
         "aux_target", "aux_weight", "deterministic", "device", "family", "fp8_backend", "grad_clip", "init_from",
         "lr", "max_samples", "max_tokens", "model_overrides", "policy_config", "policy_type", "precision", "preset",
         "seed", "shuffle_buffer", "steps", "strategy", "val_fraction", "warmup_steps", "weight_decay", "window",
-        "with_video", "lr_schedule", "ema_decay"})
+        "with_video", "lr_schedule", "ema_decay", "image_shift"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
         "lookahead", "resume", "frame_cache_mb", "host_memory"})
@@ -134,6 +134,9 @@ class TrainRecipe(BaseModel):
     ema_decay: float = Field(0.0, ge=0, lt=1, description="exponential moving average of the weights (e.g. 0.999, "
                              "about the last 1000 steps): the final model and every checkpoint's export hold the "
                              "average, training steps the raw weights; 0: off")
+    image_shift: int = Field(0, ge=0, description="random-shift augmentation (DrQ): each training image moved by up "
+                             "to this many pixels per axis at the model's image size, edges repeated; drawn per "
+                             "sample from seed and step (exact resume); family vla; 0: off")
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
     precision: Literal["auto", "fp8", "bf16", "fp32"] = Field(
         "auto", description="auto: fp32 on CPU; on a GPU fp8 only where bench/precision.py --grid measured FP8 "
@@ -182,6 +185,11 @@ class TrainRecipe(BaseModel):
             self.family = "lerobot"
         if self.family == "lerobot" and not self.policy_type:
             raise ValueError("family lerobot needs policy_type (e.g. act)")
+        if self.image_shift and (self.family != "vla" or not self.with_video):
+            raise ValueError(f"image_shift {self.image_shift} shifts the vla family's training images; "
+                             + ("this recipe has no images (with_video false)" if self.family == "vla" else
+                                f"family {self.family} does not read it (LeRobot's diffusion has crop_shape in "
+                                "policy_config)"))
         return self
 
     def model_config_resolved(self, state_dim: int, action_dim: int, aux_dim: int = 0) -> ModelConfig:
