@@ -4,7 +4,7 @@ SO-101 model.
     python bench/dagger.py [--demos 16] [--rounds 3] [--episodes 96] [--round-episodes 64]
     python bench/dagger.py --preset so101 --source DEMOS --start MODEL [--train '{"val_fraction": 0.1}']
                            [--rounds 1] [--round-episodes 128] [--round-steps 500] [--round-lr 1e-4]
-                           [--round-warmup 100] [--control]
+                           [--round-warmup 100] [--control] [--no-select]
 
 Round 0 trains the preset's recipe on `--demos` scripted demonstrations (the demo preset: 16, deliberately
 few), or with `--start` takes that model folder as round 0's (it must have been trained on `--source` with
@@ -78,6 +78,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, help="round-0 training steps (default: 600; so101: the preset's)")
     ap.add_argument("--round-steps", type=int, default=400, help="continued-training steps per round")
     ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
+    ap.add_argument("--no-select", action="store_true", help="skip the preset's checkpoint pick (so101: when "
+                    "--start is the model its loop already picked)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-dagger-")).absolute()
     os.environ["ROBOLOOP_ARTIFACTS"] = str(work / "artifacts")
@@ -107,6 +109,7 @@ def main() -> None:
     cfg = LoopConfig.model_validate({**base.model_dump(), **{
         "source": str(Path(args.source).absolute() if args.source else work / "demos"),
         "model_name": "dagger-bench", "track": False, "baseline": False, "rounds": args.rounds + 1,
+        **({"select": None} if args.no_select else {}),
         "collect_if_missing": collect, "train": train, "eval": ev,
         "dagger": DaggerConfig(episodes=args.round_episodes, num_envs=round_envs, steps=args.round_steps,
                                lr=args.round_lr, warmup_steps=args.round_warmup)}})

@@ -1,10 +1,11 @@
 """The SO-101 pick-cube task on this machine: simulator speed, and who picks the cube on the same unseen cubes.
 
     python bench/so101.py [--episodes 96] [--num-envs 16] [--policy MODEL_DIR|registry:NAME@champion] [--device cpu]
+                          [--speed-envs 16 256 1024]
 
 Rows (each in its own process: Isaac Lab keeps one simulation per process):
 - env-steps/s of `Roboloop-SO101-PickCube-v0` with random actions, with the two 96x128 cameras rendered and
-  without them (the baseline: the same scene, physics only);
+  without them (the baseline: the same scene, physics only), at `--num-envs` and at each of `--speed-envs`;
 - success of the scripted expert and of random actions on the same `--episodes` test-split cube positions
   (Wilson 95% interval), and of `--policy` when given (a model trained by `roboloop loop --preset so101`;
   its training minutes are read from its metrics.jsonl).
@@ -64,6 +65,8 @@ def main() -> None:
     ap.add_argument("--speed-steps", type=int, default=100)
     ap.add_argument("--policy", help="a model folder or registry reference to evaluate beside expert and random")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--speed-envs", type=int, nargs="*", default=[],
+                    help="also time the simulator at these numbers of envs (e.g. 256 1024 on a GPU)")
     args = ap.parse_args()
 
     from roboloop.evaluation.config import EvalConfig, EvalRecipe
@@ -73,6 +76,11 @@ def main() -> None:
     for cam in (False, True):
         out[f"env_steps_per_s_{'cameras' if cam else 'no_cameras'}"] = round(
             speed(args.num_envs, cam, args.speed_steps, args.device), 1)
+    out["speed"] = []
+    for n in args.speed_envs:
+        out["speed"].append({"num_envs": n, **{k: round(speed(n, cam, args.speed_steps, args.device), 1)
+                                               for k, cam in (("no_cameras", False), ("cameras", True))}})
+        print(f"[progress] {json.dumps(out['speed'][-1])}", file=sys.stderr, flush=True)
     recipe = EvalRecipe(task=TASK, episodes=args.episodes, num_envs=args.num_envs, videos=0, device=args.device)
     who = ["expert", "random"] + ([args.policy] if args.policy else [])
     with tempfile.TemporaryDirectory(prefix="roboloop-so101-") as tmp:
@@ -82,10 +90,14 @@ def main() -> None:
             name = policy if policy in ("expert", "random") else "policy"
             out[name] = {"success": r["success_rate"], "ci": [round(r["ci_low"], 3), round(r["ci_high"], 3)],
                          "episodes": r["episodes"], "wall_s": round(time.perf_counter() - t, 1)}
+            print(f"[progress] {name}: {json.dumps(out[name])}", file=sys.stderr, flush=True)
     if args.policy and not args.policy.startswith("registry:"):
         out["policy"]["train_minutes"] = train_minutes(args.policy)
     for k in ("env_steps_per_s_no_cameras", "env_steps_per_s_cameras"):
         print(f"{k:32s} {out[k]:10.1f}")
+    for row in out["speed"]:
+        print(f"{row['num_envs']:6d} envs: {row['no_cameras']:10.1f} env-steps/s without cameras, "
+              f"{row['cameras']:10.1f} with")
     for name in who:
         row = out["policy" if name not in ("expert", "random") else name]
         print(f"{name[:32]:32s} {row['success']:10.3f}  CI {row['ci'][0]:.3f}-{row['ci'][1]:.3f}")

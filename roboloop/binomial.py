@@ -73,6 +73,35 @@ def paired_difference(challenger: dict[int, bool], champion: dict[int, bool], ma
             "discordant": sum(x != 0 for x in d), "episodes_needed": needed}
 
 
+def pooled_paired_difference(pairs: list[tuple[dict[int, bool], dict[int, bool], object]], margin: float = 0.05,
+                             z: float = 1.959963984540054) -> dict:
+    """Several paired comparisons pooled: the mean challenger-minus-champion difference over every pair's common
+    episodes, with a 95% interval clustered by (group, episode number). Pairs in the same `group` (the third item:
+    e.g. the task and evaluation seed) share their episodes' initial states, so their outcomes on one episode are
+    not independent (three training seeds on the same 96 cubes are 96 clusters, not 288 draws); pairs in
+    different groups are separate clusters. Variance: the cluster-robust sandwich with the G/(G-1) correction,
+    floored, as `paired_difference`'s, at one discordant pair's worth; with one pair it equals
+    `paired_difference`'s interval."""
+    diffs: list[tuple[object, int, int]] = []
+    for i, (challenger, champion, group) in enumerate(pairs):
+        common = sorted(set(challenger) & set(champion))
+        if not common:
+            raise ValueError(f"no episode in common in pair {i + 1}: evaluate both on the same task and seed")
+        diffs += [(group, k, int(challenger[k]) - int(champion[k])) for k in common]
+    n = len(diffs)
+    mean = sum(d for _, _, d in diffs) / n
+    clusters: dict[tuple[object, int], float] = {}
+    for group, k, d in diffs:
+        clusters[(group, k)] = clusters.get((group, k), 0.0) + d - mean
+    g = len(clusters)
+    var_mean = max(g / max(g - 1, 1) * sum(v * v for v in clusters.values()) / n ** 2, 1.0 / n ** 2)
+    half = z * math.sqrt(var_mean)
+    lo, hi = mean - half, mean + half
+    decision = "not_worse" if lo > -margin else "worse" if hi < -margin else "undecided"
+    return {"pairs": len(pairs), "episodes": n, "clusters": g, "diff": mean, "ci_low": lo, "ci_high": hi,
+            "margin": margin, "decision": decision, "discordant": sum(d != 0 for _, _, d in diffs)}
+
+
 def paired_gate(new: str, old: str, margin: float = 0.05, alpha: float = 0.05) -> tuple[bool, str]:
     """The promotion gate on paired outcomes ('1'/'0' per episode in start order, same initial states).
 

@@ -105,17 +105,24 @@ def _parse_cam(text: str) -> tuple[str, int, int]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from roboloop.binomial import outcomes_by_episode, paired_difference
+    from roboloop.binomial import outcomes_by_episode, paired_difference, pooled_paired_difference
 
-    runs = []
-    for d in (args.challenger, args.champion):
-        rep = json.loads((Path(d) / "report.json").read_text())
-        runs.append((rep, outcomes_by_episode(rep.get("per_episode") or [])))
-    (a, ea), (b, eb) = runs
-    if (a["task"], a.get("seed")) != (b["task"], b.get("seed")):
-        raise SystemExit(f"not paired: {a['task']} seed {a.get('seed')} vs {b['task']} seed {b.get('seed')}; "
-                         "evaluate both on the same task and seed")
-    print(jsonline({"challenger": a["policy"], "champion": b["policy"], **paired_difference(ea, eb, args.margin)}))
+    if len(args.runs) % 2:
+        raise SystemExit(f"compare takes runs in pairs (CHALLENGER CHAMPION ...), got {len(args.runs)}")
+    pairs = []
+    for ch, cp in zip(args.runs[::2], args.runs[1::2], strict=True):
+        runs = []
+        for d in (ch, cp):
+            rep = json.loads((Path(d) / "report.json").read_text())
+            runs.append((rep, outcomes_by_episode(rep.get("per_episode") or [])))
+        (a, ea), (b, eb) = runs
+        if (a["task"], a.get("seed")) != (b["task"], b.get("seed")):
+            raise SystemExit(f"not paired: {a['task']} seed {a.get('seed')} vs {b['task']} seed {b.get('seed')}; "
+                             "evaluate both on the same task and seed")
+        print(jsonline({"challenger": a["policy"], "champion": b["policy"], **paired_difference(ea, eb, args.margin)}))
+        pairs.append((ea, eb, (a["task"], a.get("seed"))))
+    if len(pairs) > 1:  # pooled, clustered by episode where pairs share their task and seed
+        print(jsonline({"pooled": True, **pooled_paired_difference(pairs, args.margin)}))
     return 0
 
 
@@ -269,8 +276,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_evaluate)
     cp = sub.add_parser("compare", help="paired comparison of two evaluation runs on the same episodes (task, "
                         "seed): difference, 95%% interval, decision or episodes still needed; one JSON line")
-    cp.add_argument("challenger", help="evaluation run folder (report.json)")
-    cp.add_argument("champion", help="evaluation run folder (report.json)")
+    cp.add_argument("runs", nargs="+", metavar="RUN", help="CHALLENGER CHAMPION evaluation run folders "
+                    "(report.json); more pairs (e.g. one per training seed) add a pooled line last, its interval "
+                    "clustered by episode across pairs on the same task and seed")
     cp.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin on the success rate")
     cp.set_defaults(fn=cmd_compare)
     pk = sub.add_parser("pick", help="play a training run's kept checkpoints and final model on the same episodes "

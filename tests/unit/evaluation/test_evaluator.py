@@ -107,6 +107,28 @@ def test_paired_difference_by_hand():
         paired_difference({1: True}, {2: True})
 
 
+def test_pooled_paired_difference_clusters_pairs_that_share_episodes():
+    from roboloop.binomial import paired_difference, pooled_paired_difference
+
+    ch = {k: k % 3 != 0 for k in range(30)}
+    cp = {k: k % 5 != 0 for k in range(30)}
+    one = paired_difference(ch, cp)
+    pooled = pooled_paired_difference([(ch, cp, "a")])
+    assert pooled["diff"] == pytest.approx(one["diff"]) and pooled["clusters"] == 30
+    assert (pooled["ci_low"], pooled["ci_high"]) == pytest.approx((one["ci_low"], one["ci_high"]))
+    # the same outcomes twice on the same episodes (two seeds that agree) are no new evidence...
+    twice = pooled_paired_difference([(ch, cp, "a"), (ch, cp, "a")])
+    assert twice["episodes"] == 60 and twice["clusters"] == 30
+    assert (twice["ci_low"], twice["ci_high"]) == pytest.approx((one["ci_low"], one["ci_high"]))
+    # ... while the same outcomes on other episodes (another task or seed) are: the interval narrows by ~sqrt 2
+    apart = pooled_paired_difference([(ch, cp, "a"), (ch, cp, "b")])
+    assert apart["clusters"] == 60
+    ratio = (apart["ci_high"] - apart["ci_low"]) / (one["ci_high"] - one["ci_low"])
+    assert ratio == pytest.approx((29 / 30 * 60 / 59 / 2) ** 0.5, rel=1e-6)  # G/(G-1): 30/29, then 60/59
+    with pytest.raises(ValueError, match="pair 2"):
+        pooled_paired_difference([(ch, cp, "a"), ({1: True}, {2: True}, "a")])
+
+
 def test_cli_compare_pairs_two_runs_by_episode_number(tmp_path, capsys):
     from roboloop.cli import main
 
@@ -116,6 +138,13 @@ def test_cli_compare_pairs_two_runs_by_episode_number(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--margin", "0.05"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["episodes"] == 20 and out["diff"] == pytest.approx(0.5) and out["decision"] == "not_worse"
+    # two pairs: each pair's line, then the pooled one (here the same runs twice: same episodes, one cluster each)
+    assert main(["compare", *(str(tmp_path / n) for n in "abab")]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    assert len(lines) == 3 and lines[2]["pooled"] and lines[2]["pairs"] == 2 and lines[2]["clusters"] == 20
+    assert lines[2]["diff"] == pytest.approx(0.5) and lines[2]["ci_low"] == pytest.approx(out["ci_low"])
+    with pytest.raises(SystemExit, match="in pairs"):
+        main(["compare", *(str(tmp_path / n) for n in "aba")])
 
 
 def test_early_decision_spends_alpha_over_the_looks():
