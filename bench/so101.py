@@ -73,13 +73,14 @@ def main() -> None:
     from roboloop.evaluation.run import evaluate_in_subprocess
 
     out: dict = {"task": TASK, "device": args.device, "num_envs": args.num_envs}
-    for cam in (False, True):
-        out[f"env_steps_per_s_{'cameras' if cam else 'no_cameras'}"] = round(
-            speed(args.num_envs, cam, args.speed_steps, args.device), 1)
+    def row(n: int) -> dict:
+        return {k: round(speed(n, cam, args.speed_steps, args.device), 1)
+                for k, cam in (("no_cameras", False), ("cameras", True))}
+
+    out.update({f"env_steps_per_s_{k}": v for k, v in row(args.num_envs).items()})
     out["speed"] = []
     for n in args.speed_envs:
-        out["speed"].append({"num_envs": n, **{k: round(speed(n, cam, args.speed_steps, args.device), 1)
-                                               for k, cam in (("no_cameras", False), ("cameras", True))}})
+        out["speed"].append({"num_envs": n, **row(n)})
         print(f"[progress] {json.dumps(out['speed'][-1])}", file=sys.stderr, flush=True)
     recipe = EvalRecipe(task=TASK, episodes=args.episodes, num_envs=args.num_envs, videos=0, device=args.device)
     who = ["expert", "random"] + ([args.policy] if args.policy else [])

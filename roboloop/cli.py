@@ -275,7 +275,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     add_stage_flags(e, track=False)
     e.set_defaults(fn=cmd_evaluate)
     cp = sub.add_parser("compare", help="paired comparison of two evaluation runs on the same episodes (task, "
-                        "seed): difference, 95%% interval, decision or episodes still needed; one JSON line")
+                        "seed): difference, 95%% interval, decision or episodes still needed; one JSON line per pair, "
+                        "then a pooled one when several pairs are given")
     cp.add_argument("runs", nargs="+", metavar="RUN", help="CHALLENGER CHAMPION evaluation run folders "
                     "(report.json); more pairs (e.g. one per training seed) add a pooled line last, its interval "
                     "clustered by episode across pairs on the same task and seed")
