@@ -82,3 +82,18 @@ def dir_md5(root: str | Path, ignore: tuple[str, ...] = ()) -> str:
     """The md5 DVC records for this folder (`dvc add`), e.g. `81a93d8d....dir`."""
     entries = dir_entries(Path(root), ignore)
     return hashlib.md5(json.dumps(entries, sort_keys=True).encode(), usedforsecurity=False).hexdigest() + ".dir"
+
+
+# A model folder's files that record how it was trained or that it is alive, not how its weights act
+NOT_ACTING = (*MODEL_IGNORE, "model.safetensors", "metrics.jsonl", "loss.png")
+
+
+def acting_digest(folder: str | Path) -> str:
+    """sha256 over a model folder's top-level files that decide how its weights act besides the weights themselves
+    (config.json's inference settings, stats.json's normalisation, LeRobot's processors): an evaluation keyed on the
+    weights alone would return a result cached before someone edited `inference_steps` in config.json."""
+    h = hashlib.sha256()
+    for p in sorted(Path(folder).iterdir()):
+        if p.is_file() and p.name not in NOT_ACTING:
+            h.update(f"{p.name}\0{file_sha256(p)}\0".encode())
+    return h.hexdigest()

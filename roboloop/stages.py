@@ -30,7 +30,7 @@ from roboloop.binomial import outcomes_by_episode
 from roboloop.cache import ReceiptCache, cache_key, convert_key
 from roboloop.datasets.config import ConvertConfig
 from roboloop.evaluation.config import CollectConfig, EvalConfig, EvalRecipe, OfflineRecipe
-from roboloop.hashing import MODEL_IGNORE, dir_md5, file_sha256, remembering
+from roboloop.hashing import MODEL_IGNORE, acting_digest, dir_md5, file_sha256, remembering
 from roboloop.keys import keyed
 from roboloop.lineage import Lineage
 from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
@@ -158,7 +158,7 @@ def dagger_collect(model: ModelRef, recipe: CollectConfig, round_: int, cache: R
     and every state it visits is recorded with the scripted expert's action there (failures kept)."""
     from roboloop.evaluation.run import collect_in_subprocess
 
-    key = cache_key("dagger", model.weights_sha256, keyed(recipe), round_)
+    key = cache_key("dagger", model.weights_sha256, acting_digest(model.path), keyed(recipe), round_)
     if cache and (hit := cache.get(key, DatasetRef)):
         return hit
     out = artifacts_root() / "datasets" / f"dagger-r{round_}-{key.split('-')[-1][:16]}"
@@ -299,7 +299,8 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
         save_rollouts is None else None
     label = policy if isinstance(policy, str) else f"{model.name or Path(model.path).name}"  # type: ignore[union-attr]
     policy_id = model.weights_sha256 if model else str(policy)
-    key = cache_key("evaluate", policy_id, keyed(recipe), save_rollouts is not None, reference, margin)
+    acts = acting_digest(model.path) if model else None  # config.json, stats.json: how the weights act
+    key = cache_key("evaluate", policy_id, acts, keyed(recipe), save_rollouts is not None, reference, margin)
     cache = None if str(policy).startswith("serve://") else cache  # a server's model can change: never cached
     if cache and save_rollouts is None and (hit := cache.get(key, EvalSummary)) and \
             (output_dir is None or Path(hit.run_dir) == Path(output_dir).absolute()):
@@ -328,10 +329,11 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
 def evaluate_offline(model: ModelRef, data: DatasetRef, recipe: OfflineRecipe, episodes: list[int] | None = None,
                      cache: ReceiptCache | None = None, runs_root: str | Path | None = None) -> OfflineSummary:
     """The model's action-chunk error on `data`'s episodes it held out (or the given `episodes`), in a run
-    folder of its own; for data with no simulator twin. Keyed on weights + dataset md5 + recipe + episodes."""
+    folder of its own; for data with no simulator twin. Keyed on weights, config, dataset md5, recipe, episodes."""
     from roboloop.evaluation.offline import evaluate_offline as score
 
-    key = cache_key("evaluate-offline", model.weights_sha256, data.md5, keyed(recipe), episodes)
+    acts = acting_digest(model.path)
+    key = cache_key("evaluate-offline", model.weights_sha256, acts, data.md5, keyed(recipe), episodes)
     if cache and (hit := cache.get(key, OfflineSummary)):
         return hit
     label = slug(model.name or Path(model.path).name, 32, keep_end=True)

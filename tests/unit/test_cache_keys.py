@@ -70,3 +70,22 @@ def test_every_field_of_a_keyed_config_is_declared_keyed_or_not():
         new_knob: int = 0
 
     assert undeclared(Grown) == ["new_knob"]
+
+
+def test_a_model_folder_acts_the_same_until_a_file_that_decides_how_it_acts_changes(tmp_path):
+    from roboloop.hashing import acting_digest
+
+    for name, text in (("model.safetensors", "w"), ("config.json", '{"model": {"inference_steps": 4}}'),
+                       ("stats.json", "{}"), ("metrics.jsonl", "")):
+        (tmp_path / name).write_text(text)
+    (tmp_path / "checkpoints").mkdir()
+    before = acting_digest(tmp_path)
+    for name, text in (("heartbeat.json", "{}"), ("metrics.jsonl", "{}\n"), ("loss.png", "png"),
+                       ("checkpoints/step1.pt", "x"), ("model.safetensors", "w2")):  # the weights: keyed apart
+        (tmp_path / name).write_text(text)
+    assert acting_digest(tmp_path) == before
+    for name, text in (("config.json", '{"model": {"inference_steps": 8}}'), ("stats.json", '{"a": 1}'),
+                       ("policy_preprocessor.json", "{}")):
+        (tmp_path / name).write_text(text)
+        assert acting_digest(tmp_path) != before, name
+        before = acting_digest(tmp_path)
