@@ -52,6 +52,9 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
     "so101": (["--episodes", "2", "--num-envs", "2", "--speed-steps", "3", "--speed-envs", "1"],
               {"env_steps_per_s_cameras", "env_steps_per_s_no_cameras", "speed", "expert", "random"},
               [pytest.mark.isaac]),
+    "inference": (["--preset", "demo", "--demos", "4", "--steps", "3", "--episodes", "2", "--num-envs", "2",
+                   "--variants", "base", "zero", "k2", "e2", "--work", "{tmp}"], {"variants", "baseline"},
+                  [pytest.mark.isaac]),
     "so101_data": (["--record", "{tmp}/demos", "--episodes", "4", "--noise", "0"],
                    {"reference_roll_fit", "datasets"}, [pytest.mark.isaac]),
     "serve": (["--requests", "5", "--seconds", "0.5", "--clients", "1", "2", "--families", "vla", "--ray-replicas"],
@@ -76,7 +79,8 @@ def test_the_readme_lists_exactly_these_benches():
 # lerobot_train 77, sweep 64, eval 60, loader 58, the rest under 40 each); the Ray benches (rl, serve) one after
 # the other
 LANES = [["so101", "dagger", "policy", "eval", "sweep", "precision"],
-         ["rl", "lerobot_train", "loader", "serve", "convert", "overhead", "packing", "startup", "so101_data"]]
+         ["rl", "lerobot_train", "loader", "serve", "convert", "overhead", "packing", "startup", "so101_data",
+          "inference"]]
 
 
 def test_lanes_hold_every_bench_once():
