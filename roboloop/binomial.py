@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 
 def wilson(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -73,7 +74,7 @@ def paired_difference(challenger: dict[int, bool], champion: dict[int, bool], ma
             "discordant": sum(x != 0 for x in d), "episodes_needed": needed}
 
 
-def pooled_paired_difference(pairs: list[tuple[dict[int, bool], dict[int, bool], object]], margin: float = 0.05,
+def pooled_paired_difference(pairs: Sequence[tuple[dict[int, bool], dict[int, bool], object]], margin: float = 0.05,
                              z: float = 1.959963984540054) -> dict:
     """Several paired comparisons pooled: the mean challenger-minus-champion difference over every pair's common
     episodes, with a 95% interval clustered by (group, episode number). Pairs in the same `group` (the third item:
