@@ -168,7 +168,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
         dst = args.dst or f"{args.name}-{args.ref or 'champion'}"
         print(reg.download(args.name, args.ref or "champion", dst, overwrite=args.overwrite))
     elif args.action == "add":
-        from roboloop.stages import register_folder
+        from roboloop.registry_add import register_folder
 
         if not args.name or not args.ref:
             raise ValueError("registry add NAME MODEL_DIR: a model name and a model folder")
