@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from roboloop.evaluation.config import OfflineRecipe
-from roboloop.lineage import Lineage
+from roboloop.lineage import Lineage, eval_record
 from roboloop.receipts import Decision, EvalSummary
 from roboloop.stages import dataset_ref, evaluate_offline, model_ref, register
 
@@ -44,8 +44,6 @@ def register_folder(path: str | Path, name: str, registry: str | None = None, ev
 
         eps = None if score_offline == "validation" else [e.episode_index for e in load_meta(data.path).episodes]
         offline = evaluate_offline(model, data, OfflineRecipe(), episodes=eps)
-    from roboloop.lineage import eval_record
-
     lin = Lineage(dataset=data, model=model, evaluation=ev, dataset_md5=data.md5 if data else "unknown",
                   family=model.family,
                   config={"registered_from": str(Path(path).absolute()), "train": model.config,
