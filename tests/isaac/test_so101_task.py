@@ -52,7 +52,7 @@ def test_expert_picks_and_random_does_not_on_unseen_cubes(tmp_path):
     assert rand["episodes"] == 16 and rand["successes"] == 0, rand
 
 
-def test_recording_has_lerobots_so101_follower_features(tmp_path):
+def test_recording_has_lerobots_so101_follower_features(tmp_path, random_recording):
     """What `collect` records is what `lerobot-record` writes for an SO-101 follower with `front` and `wrist`
     cameras: LeRobot's own robot class and feature helper are the reference; LeRobotDataset reads it."""
     pytest.importorskip("scservo_sdk", reason="LeRobot's SO-101 class needs lerobot[feetech]")
@@ -98,42 +98,48 @@ def test_recording_has_lerobots_so101_follower_features(tmp_path):
     assert change["wrist"] > max(0.01, change["front"] / 2), change
 
     # asked for, the recording also keeps the cube's pose and the grasp point (a training target), and only that
-    roboloop("collect", str(tmp_path / "priv"), "--task", TASK, "--episodes", "2", "--num-envs", "2",
-             "--environment-state")
-    priv = json.loads((tmp_path / "priv" / "meta" / "info.json").read_text())["features"]
+    # (the random actor's recording below asked for it)
+    priv = json.loads((random_recording["dir"] / "meta" / "info.json").read_text())["features"]
     extra = priv.pop("observation.environment_state")
     assert extra["names"] == ["cube_x", "cube_y", "cube_z", "cube_yaw", "grasp_x", "grasp_y", "grasp_z"]
     plain = json.loads((tmp_path / "raw" / "meta" / "info.json").read_text())["features"]
     assert {k: v["shape"] for k, v in priv.items()} == {k: v["shape"] for k, v in plain.items()}
 
 
-def test_dagger_labels_follow_the_state_another_actor_drives(tmp_path):
+@pytest.fixture(scope="module")
+def random_recording(tmp_path_factory) -> dict:
+    """`collect --policy random --retry-failed 1 --environment-state`: 6 episodes on 2 envs, recorded once for the
+    tests that read what a random actor's recording holds (DAgger labels, replayed layouts, the extra state)."""
+    import pandas as pd
+
+    dst = tmp_path_factory.mktemp("so101-random") / "retry"
+    r = roboloop("collect", str(dst), "--task", TASK, "--episodes", "6", "--num-envs", "2", "--policy", "random",
+                 "--retry-failed", "1", "--environment-state", "--seed", "3")
+    frames = pd.concat(pd.read_parquet(f) for f in sorted((dst / "data").rglob("*.parquet")))
+    return {"dir": dst, "summary": r, "frames": frames}
+
+
+def test_dagger_labels_follow_the_state_another_actor_drives(random_recording):
     """`collect --policy` (DAgger): the expert labels the states another actor visits. Its integral term, fed by
     that actor's lag, used to wind up to its bound (labels 15 degrees from the state on every joint at the 95th
     percentile, against 3.5-6.3 in its own runs); the labeller estimates the servos' sag instead."""
     import numpy as np
-    import pandas as pd
 
-    r = roboloop("collect", str(tmp_path / "dagger"), "--task", TASK, "--episodes", "2", "--num-envs", "2",
-                 "--policy", "random", "--seed", "1")
-    assert r["episodes"] == 2 and r["actor"] == "random"
-    frames = pd.concat(pd.read_parquet(f) for f in sorted((tmp_path / "dagger" / "data").rglob("*.parquet")))
+    r, frames = random_recording["summary"], random_recording["frames"]
+    assert r["episodes"] == 6 and r["actor"] == "random"
     state, action = np.stack(frames["observation.state"].to_numpy()), np.stack(frames["action"].to_numpy())
     gap = np.median(np.abs(action - state)[:, :5], axis=0)  # degrees, the five arm joints
     assert len(frames) > 200 and (gap < 4.0).all(), gap  # an IK step (<= 3.4 degrees) and the sag
 
 
-def test_a_failed_layout_is_played_again_when_asked(tmp_path):
+def test_a_failed_layout_is_played_again_when_asked(random_recording):
     """`collect --retry-failed 1`: an env plays a failed episode's cube and start pose once more, then draws the
     next layout. (Without it the noisy expert's kept demonstrations thin out the layouts it fails on more: cubes
     near the base, 27 of 167 kept episodes against 64 at mid range.) A random actor fails every episode."""
     import numpy as np
-    import pandas as pd
 
-    r = roboloop("collect", str(tmp_path / "retry"), "--task", TASK, "--episodes", "6", "--num-envs", "2",
-                 "--policy", "random", "--retry-failed", "1", "--environment-state", "--seed", "3")
+    r, frames = random_recording["summary"], random_recording["frames"]
     assert r["episodes"] == 6 and r["expert_success_rate"] == 0.0, r
-    frames = pd.concat(pd.read_parquet(f) for f in sorted((tmp_path / "retry" / "data").rglob("*.parquet")))
     first = frames.groupby("episode_index").first()
     starts = [tuple(np.round(np.concatenate([np.asarray(s)[:4], np.asarray(q)]), 5))
               for s, q in zip(first["observation.environment_state"], first["observation.state"], strict=True)]

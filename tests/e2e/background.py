@@ -1,0 +1,210 @@
+"""The suite's longest end-to-end runs (the fresh-clone `make demo` and the benches' smoke runs), started when the
+session starts and run beside the other tests.
+
+These runs are subprocesses that share nothing with the tests, and most of the suite leaves a core idle (the
+simulator steps on one: 46% idle through the SO-101 tests here). So they start with the session's first test, one
+at a time, at `nice 5` (the suite's own tests keep the cores first; a run still gets about a quarter of one while
+they use both), and their tests come last and wait for them. When the first of those starts waiting, a second
+lane opens. The Ray benches (rl, serve) wait for that lane: the suite's own tests start local Ray clusters too, and
+two clusters on a 2-core machine are what a test should not depend on. Every run gets its own PREFECT_HOME and a
+copy of the environment as it was when the session started (no test's monkeypatched variable leaks into a run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+from tests.processes import kill_leftovers
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST = "test_bench_runs_to_its_json_line"
+FRESH_CLONE = "fresh-clone"
+FRESH_CLONE_TEST = "test_make_demo_on_a_fresh_clone_trains_a_policy_that_succeeds"
+FRESH_CLONE_TIMEOUT_S = 2400  # 7.5 min alone here; niced beside the suite, up to 3x that
+
+# bench -> (smallest arguments, keys its last JSON line must carry, extra markers)
+BENCHES: dict[str, tuple[list[str], set[str], list]] = {
+    "convert": (["--episodes", "2", "--frames", "8", "--workdir", "{tmp}"], {"ratio", "rss_ratio"}, []),
+    "loader": (["--episodes", "3", "--frames", "40", "--batch", "4", "--batches", "4", "--workers", "1",
+                "--workdir", "{tmp}"], {"ratio_state", "ratio_video", "ratio_uniform_state", "ratio_uniform_video",
+                                        "ours_sampling", "lerobot_sampling"}, []),
+    "packing": (["--samples", "12", "--steps", "1", "--preset", "tiny"],
+                {"speedup", "speedup_vs_fixed", "nonpad_fraction", "padded_batch_nonpad_fraction",
+                 "padded_fixed_nonpad_fraction"}, []),
+    "eval": (["--envs", "1"], {"results", "task"}, [pytest.mark.isaac]),
+    "overhead": (["--tasks", "3", "--flows", "1"], {"task_overhead_ms", "flow_overhead_s"}, []),
+    "startup": ([], {"help_s", "validate_s"}, []),
+    "dagger": (["--demos", "4", "--rounds", "1", "--episodes", "2", "--round-episodes", "2", "--steps", "3",
+                "--round-steps", "2", "--work", "{tmp}"], {"success_by_round", "gain"}, [pytest.mark.isaac]),
+    "policy": (["--demos", "4", "--steps", "3", "--episodes", "2", "--skip-vision", "--work", "{tmp}"],
+               {"state_success", "expert_success", "random_success"}, [pytest.mark.isaac]),
+    "rl": (["--demos", "4", "--bc-steps", "3", "--episodes", "2", "--env-steps", "256", "--modes", "sync",
+            "--rl", json.dumps({"env_workers": 1, "envs_per_worker": 4, "segment_decisions": 4,
+                                "segments_per_update": 2, "epochs": 1, "minibatch": 16, "critic_warmup_updates": 0}),
+            "--work", "{tmp}"], {"success_before", "success_after", "gain", "sync_env_steps_per_s"},
+           [pytest.mark.isaac]),
+    "sweep": (["--demos", "6", "--steps", "4", "--every", "2", "--episodes", "2", "--work", "{tmp}"],
+              {"scores", "best_step", "checkpoints"}, [pytest.mark.isaac]),
+    "so101": (["--episodes", "2", "--num-envs", "2", "--speed-steps", "3", "--speed-envs", "1"],
+              {"env_steps_per_s_cameras", "env_steps_per_s_no_cameras", "speed", "expert", "random"},
+              [pytest.mark.isaac]),
+    "inference": (["--preset", "demo", "--demos", "4", "--steps", "3", "--episodes", "2", "--num-envs", "2",
+                   "--variants", "base", "zero", "k2", "e2", "--work", "{tmp}"], {"variants", "baseline"},
+                  [pytest.mark.isaac]),
+    "so101_data": (["--record", "{tmp}/demos", "--episodes", "4", "--noise", "0"],
+                   {"reference_roll_fit", "datasets"}, [pytest.mark.isaac]),
+    "serve": (["--requests", "5", "--seconds", "0.5", "--clients", "1", "2", "--families", "vla", "--ray-replicas"],
+              {"rows", "baseline"},
+              [pytest.mark.isaac]),
+    "precision": (["--presets", "small", "--steps", "2"], {"device", "fp8_backend", "small"}, [pytest.mark.gpu]),
+    "lerobot_train": (["--height", "32", "--width", "48", "--episodes", "2", "--frames", "24", "--steps", "3",
+                       "--batch", "2", "--workers", "1", "--workdir", "{tmp}"],
+                      {"ratio_samples_per_s", "final_loss_ratio", "rss_ratio"}, []),
+}
+
+# longest first (the fresh-clone demo 7.5 min here; the benches' seconds measured one at a time on a faster
+# machine: so101 117, dagger 104, rl 90, policy 81, lerobot_train 77, sweep 64, eval 60, loader 58, the rest under
+# 40 each), so what is left when the suite's own tests end is short
+ORDER = [FRESH_CLONE, "so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "inference",
+         "so101_data", "precision", "convert", "packing", "overhead", "startup"]
+RAY = ["rl", "serve"]  # one after the other, in the lane that opens when the suite's own tests are done
+NICE = 5
+RUN_TIMEOUT_S = 1800  # one run; a niced run beside busy tests takes up to ~3x its time alone
+
+
+def is_bench_item(item) -> bool:
+    return getattr(item, "originalname", "") == TEST and hasattr(item, "callspec")
+
+
+def is_background_item(item) -> bool:
+    return is_bench_item(item) or getattr(item, "originalname", "") == FRESH_CLONE_TEST
+
+
+def is_git_checkout() -> bool:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode == 0
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+class BackgroundRuns:
+    """Each selected run, as a Future of its CompletedProcess."""
+
+    def __init__(self, names: set[str], tmp_path_factory) -> None:
+        self.futures: dict[str, Future] = {n: Future() for n in names}
+        self._queue = deque(n for n in ORDER if n in names)
+        self._ray = deque(n for n in RAY if n in names)
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen] = set()
+        self._tmp = tmp_path_factory
+        self._threads: list[threading.Thread] = []
+        self._closing = False
+        # a niced Prefect server start beside busy tests takes longer than the 90 s the Makefile allows
+        self._env = {**os.environ, "HF_HUB_OFFLINE": "1", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
+        self._foreground_done = False
+        if set(ORDER) | set(RAY) != {*BENCHES, FRESH_CLONE}:
+            raise AssertionError("every run is in ORDER or RAY")
+
+    def start(self) -> None:
+        self._lane(nice=NICE, ray_first=False)
+
+    def foreground_done(self) -> None:
+        """The suite's own tests are over: a second lane, which takes the Ray benches first."""
+        with self._lock:
+            if self._foreground_done:
+                return
+            self._foreground_done = True
+        self._lane(nice=0, ray_first=True)
+
+    def result(self, name: str, timeout: float) -> subprocess.CompletedProcess:
+        self.foreground_done()
+        return self.futures[name].result(timeout=timeout)
+
+    def close(self) -> None:
+        """The session ends: stop what still runs (an interrupted session leaves no bench behind)."""
+        self._closing = True
+        with self._lock:
+            self._queue.clear()
+            self._ray.clear()
+            procs = list(self._procs)
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+        for t in self._threads:
+            t.join(timeout=30)
+
+    def _lane(self, nice: int, ray_first: bool) -> None:
+        t = threading.Thread(target=self._work, args=(nice, ray_first), daemon=True, name=f"bench-lane-{nice}")
+        self._threads.append(t)
+        t.start()
+
+    def _next(self, ray_first: bool) -> str | None:
+        with self._lock:
+            if ray_first and self._ray:
+                return self._ray.popleft()
+            return self._queue.popleft() if self._queue else None
+
+    def _work(self, nice: int, ray_first: bool) -> None:
+        while not self._closing and (name := self._next(ray_first)) is not None:
+            try:
+                self.futures[name].set_result(self._run(name, nice))
+            except Exception as e:  # the test that waits for it reports it
+                self.futures[name].set_exception(e)
+
+    def _run(self, name: str, nice: int) -> subprocess.CompletedProcess:
+        tmp = self._tmp.mktemp(name)
+        if name == FRESH_CLONE:  # `.ci/fresh-clone-demo` with the demo preset, as test_fresh_clone says
+            cmd = [str(ROOT / ".ci/fresh-clone-demo")]
+            env = {**self._env, "TMPDIR": str(tmp), "ROBOLOOP_DEMO_PRESET": "demo",
+                   "ROBOLOOP_FRESH_CLONE_REPRODUCE": "0", "COMPILE_BYTECODE": ""}
+            timeout, stderr = FRESH_CLONE_TIMEOUT_S, subprocess.STDOUT
+        else:  # one thread each; TMPDIR as is: Ray's socket paths must stay short
+            args = [a.replace("{tmp}", str(tmp)) for a in BENCHES[name][0]]
+            cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *args]
+            env = {**self._env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                   "PREFECT_HOME": str(self._tmp.mktemp(f"{name}-prefect-home"))}
+            timeout, stderr = RUN_TIMEOUT_S, subprocess.PIPE
+        if nice:
+            cmd = ["nice", "-n", str(nice), *cmd]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+                                start_new_session=True)  # its own group: close() stops its children too
+        with self._lock:
+            self._procs.add(proc)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            out += f"\n[killed after {timeout} s]"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # what it left in its group (a demo's server and workers)
+            kill_leftovers(str(tmp))  # and what left the group, by the folder it ran in
+            with self._lock:
+                self._procs.discard(proc)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err or "")
+
+
+def selected_runs(items) -> set[str]:
+    """The runs whose test is selected and not skipped."""
+    names = set()
+    for item in items:
+        if item.get_closest_marker("skip"):
+            continue
+        if is_bench_item(item):
+            names.add(item.callspec.params["name"])
+        elif getattr(item, "originalname", "") == FRESH_CLONE_TEST and is_git_checkout():
+            names.add(FRESH_CLONE)
+    return names
