@@ -96,9 +96,9 @@ def _cuda_devices() -> int:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each hardware marker is paired with a runtime skip, so a plain `pytest` is green anywhere. The fresh-clone
-    demo's test and the benches' go last: their runs start with the session (`background_runs`) and they wait."""
-    from tests.e2e.background import is_background_item
+    """Each hardware marker is paired with a runtime skip, so a plain `pytest` is green anywhere. The benches'
+    smoke tests go last: their runs start with the session (`bench_runs`) and they wait for them."""
+    from tests.e2e.background import is_bench_item
 
     needs = {"gpu": 1, "multigpu": 2}
     have = None
@@ -108,16 +108,15 @@ def pytest_collection_modifyitems(config, items):
                 have = _cuda_devices() if have is None else have
                 if have < count:
                     item.add_marker(pytest.mark.skip(reason=f"needs {count} CUDA GPU(s), found {have}"))
-    items[:] = [i for i in items if not is_background_item(i)] + [i for i in items if is_background_item(i)]
+    items[:] = [i for i in items if not is_bench_item(i)] + [i for i in items if is_bench_item(i)]
 
 
 @pytest.fixture(scope="session", autouse=True)
-def background_runs(request, tmp_path_factory):
-    """The fresh-clone demo and the benches' smoke runs, started with the session's first test
-    (tests/e2e/background.py)."""
-    from tests.e2e.background import BackgroundRuns, selected_runs
+def bench_runs(request, tmp_path_factory):
+    """The selected benches' smoke runs, started with the session's first test (tests/e2e/background.py)."""
+    from tests.e2e.background import BenchRuns, selected_benches
 
-    runs = BackgroundRuns(selected_runs(request.session.items), tmp_path_factory)
+    runs = BenchRuns(selected_benches(request.session.items), tmp_path_factory)
     runs.start()
     yield runs
     runs.close()

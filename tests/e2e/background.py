@@ -1,13 +1,16 @@
-"""The suite's longest end-to-end runs (the fresh-clone `make demo` and the benches' smoke runs), started when the
-session starts and run beside the other tests.
+"""The benches' smoke runs, started when the session starts and run beside the other tests.
 
-These runs are subprocesses that share nothing with the tests, and most of the suite leaves a core idle (the
-simulator steps on one: 46% idle through the SO-101 tests here). So they start with the session's first test, one
-at a time, at `nice 5` (the suite's own tests keep the cores first; a run still gets about a quarter of one while
-they use both), and their tests come last and wait for them. When the first of those starts waiting, a second
-lane opens. The Ray benches (rl, serve) wait for that lane: the suite's own tests start local Ray clusters too, and
-two clusters on a 2-core machine are what a test should not depend on. Every run gets its own PREFECT_HOME and a
-copy of the environment as it was when the session started (no test's monkeypatched variable leaks into a run).
+At their smallest settings a bench is mostly interpreter and simulator start-up on one core, and much of the suite
+leaves a core idle (the simulator steps on one: 46% idle through the SO-101 tests here). So the runs start with
+the session's first test, one at a time, one thread each, at `nice 5` (the suite's own tests keep the cores
+first; a run still gets about a quarter of one while they use both), and their tests come last and wait for
+them. When the first of those starts waiting, a second lane opens. The Ray benches (rl, serve) wait for that
+lane: the suite's own tests start local Ray clusters too, and two clusters on a 2-core machine are what a test
+should not depend on. Every run gets its own PREFECT_HOME and a copy of the environment as it was when the
+session started (no test's monkeypatched variable leaks into a run).
+
+The fresh-clone demo stays in the foreground: its training uses both cores, and niced beside a test that trains
+too it ran 14x slower (42 samples/s; its threads wait for each other while one is descheduled).
 """
 
 from __future__ import annotations
@@ -29,9 +32,6 @@ from tests.processes import kill_leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST = "test_bench_runs_to_its_json_line"
-FRESH_CLONE = "fresh-clone"
-FRESH_CLONE_TEST = "test_make_demo_on_a_fresh_clone_trains_a_policy_that_succeeds"
-FRESH_CLONE_TIMEOUT_S = 2400  # 7.5 min alone here; niced beside the suite, up to 3x that
 
 # bench -> (smallest arguments, keys its last JSON line must carry, extra markers)
 BENCHES: dict[str, tuple[list[str], set[str], list]] = {
@@ -73,10 +73,10 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
                       {"ratio_samples_per_s", "final_loss_ratio", "rss_ratio"}, []),
 }
 
-# longest first (the fresh-clone demo 7.5 min here; the benches' seconds measured one at a time on a faster
-# machine: so101 117, dagger 104, rl 90, policy 81, lerobot_train 77, sweep 64, eval 60, loader 58, the rest under
-# 40 each), so what is left when the suite's own tests end is short
-ORDER = [FRESH_CLONE, "so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "inference",
+# longest first (seconds measured one at a time on a faster machine: so101 117, dagger 104, rl 90, policy 81,
+# lerobot_train 77, sweep 64, eval 60, loader 58, the rest under 40 each), so what is left when the suite's own
+# tests end is short
+ORDER = ["so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "inference",
          "so101_data", "precision", "convert", "packing", "overhead", "startup"]
 RAY = ["rl", "serve"]  # one after the other, in the lane that opens when the suite's own tests are done
 NICE = 5
@@ -87,20 +87,12 @@ def is_bench_item(item) -> bool:
     return getattr(item, "originalname", "") == TEST and hasattr(item, "callspec")
 
 
-def is_background_item(item) -> bool:
-    return is_bench_item(item) or getattr(item, "originalname", "") == FRESH_CLONE_TEST
-
-
-def is_git_checkout() -> bool:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode == 0
-
-
 def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-class BackgroundRuns:
-    """Each selected run, as a Future of its CompletedProcess."""
+class BenchRuns:
+    """Each selected bench's run, as a Future of its CompletedProcess."""
 
     def __init__(self, names: set[str], tmp_path_factory) -> None:
         self.futures: dict[str, Future] = {n: Future() for n in names}
@@ -111,11 +103,13 @@ class BackgroundRuns:
         self._tmp = tmp_path_factory
         self._threads: list[threading.Thread] = []
         self._closing = False
-        # a niced Prefect server start beside busy tests takes longer than the 90 s the Makefile allows
-        self._env = {**os.environ, "HF_HUB_OFFLINE": "1", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
+        # one thread each; TMPDIR as is (Ray's socket paths must stay short); a niced Prefect server start beside
+        # busy tests may take longer than the 90 s the Makefile allows
+        self._env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                     "OPENBLAS_NUM_THREADS": "1", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
         self._foreground_done = False
-        if set(ORDER) | set(RAY) != {*BENCHES, FRESH_CLONE}:
-            raise AssertionError("every run is in ORDER or RAY")
+        if set(ORDER) | set(RAY) != set(BENCHES):
+            raise AssertionError("every bench is in ORDER or RAY")
 
     def start(self) -> None:
         self._lane(nice=NICE, ray_first=False)
@@ -165,46 +159,31 @@ class BackgroundRuns:
 
     def _run(self, name: str, nice: int) -> subprocess.CompletedProcess:
         tmp = self._tmp.mktemp(name)
-        if name == FRESH_CLONE:  # `.ci/fresh-clone-demo` with the demo preset, as test_fresh_clone says
-            cmd = [str(ROOT / ".ci/fresh-clone-demo")]
-            env = {**self._env, "TMPDIR": str(tmp), "ROBOLOOP_DEMO_PRESET": "demo",
-                   "ROBOLOOP_FRESH_CLONE_REPRODUCE": "0", "COMPILE_BYTECODE": ""}
-            timeout, stderr = FRESH_CLONE_TIMEOUT_S, subprocess.STDOUT
-        else:  # one thread each; TMPDIR as is: Ray's socket paths must stay short
-            args = [a.replace("{tmp}", str(tmp)) for a in BENCHES[name][0]]
-            cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *args]
-            env = {**self._env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                   "PREFECT_HOME": str(self._tmp.mktemp(f"{name}-prefect-home"))}
-            timeout, stderr = RUN_TIMEOUT_S, subprocess.PIPE
+        args = [a.replace("{tmp}", str(tmp)) for a in BENCHES[name][0]]
+        cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *args]
+        env = {**self._env, "PREFECT_HOME": str(self._tmp.mktemp(f"{name}-prefect-home"))}
         if nice:
             cmd = ["nice", "-n", str(nice), *cmd]
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                 start_new_session=True)  # its own group: close() stops its children too
         with self._lock:
             self._procs.add(proc)
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
-            out += f"\n[killed after {timeout} s]"
+            err += f"\n[killed after {RUN_TIMEOUT_S} s]"
         finally:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # what it left in its group (a demo's server and workers)
+                os.killpg(proc.pid, signal.SIGKILL)  # what it left in its group (a Prefect server, Ray)
             kill_leftovers(str(tmp))  # and what left the group, by the folder it ran in
             with self._lock:
                 self._procs.discard(proc)
-        return subprocess.CompletedProcess(cmd, proc.returncode, out, err or "")
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def selected_runs(items) -> set[str]:
-    """The runs whose test is selected and not skipped."""
-    names = set()
-    for item in items:
-        if item.get_closest_marker("skip"):
-            continue
-        if is_bench_item(item):
-            names.add(item.callspec.params["name"])
-        elif getattr(item, "originalname", "") == FRESH_CLONE_TEST and is_git_checkout():
-            names.add(FRESH_CLONE)
-    return names
+def selected_benches(items) -> set[str]:
+    """The benches whose smoke test is selected and not skipped."""
+    return {item.callspec.params["name"] for item in items
+            if is_bench_item(item) and not item.get_closest_marker("skip")}

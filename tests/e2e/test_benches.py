@@ -6,9 +6,8 @@ check that each bench still works end to end and prints the numbers the README q
 what the numbers are: at these sizes they mean nothing. The README's list and this one must agree.
 
 The runs start with the session and go on beside the other tests (`tests/e2e/background.py`: one after
-another at `nice 5`, after the fresh-clone demo; a second lane for the Ray benches when the other tests are
-done); these tests come last and wait for them. One after another in the foreground they cost CI 11 minutes;
-in two foreground lanes, 10.
+another at `nice 5`; a second lane for the Ray benches when the other tests are done); these tests come last and
+wait for them. One after another in the foreground they cost CI 11 minutes; in two foreground lanes, 10.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import re
 
 import pytest
 
-from tests.e2e.background import BENCHES, FRESH_CLONE, ORDER, RAY, ROOT, last_json
+from tests.e2e.background import BENCHES, ORDER, RAY, ROOT, last_json
 
 pytestmark = [pytest.mark.slow]
 
@@ -31,14 +30,14 @@ def test_the_readme_lists_exactly_these_benches():
 
 
 def test_the_runs_hold_every_bench_once():
-    assert sorted(ORDER + RAY) == sorted([*BENCHES, FRESH_CLONE])
+    assert sorted(ORDER + RAY) == sorted(BENCHES)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=m) for n, (_, _, m) in BENCHES.items()])
 @pytest.mark.timeout(2700)
-def test_bench_runs_to_its_json_line(name, background_runs):
+def test_bench_runs_to_its_json_line(name, bench_runs):
     _, keys, _ = BENCHES[name]
-    proc = background_runs.result(name, timeout=2600)
+    proc = bench_runs.result(name, timeout=2600)
     assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stderr[-4000:]}"
     last = last_json(proc.stdout)
     assert keys <= set(last), f"{name}: its JSON line lacks {sorted(keys - set(last))}: {last}"
