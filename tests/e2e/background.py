@@ -161,7 +161,8 @@ class BenchRuns:
         tmp = self._tmp.mktemp(name)
         args = [a.replace("{tmp}", str(tmp)) for a in BENCHES[name][0]]
         cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *args]
-        env = {**self._env, "PREFECT_HOME": str(self._tmp.mktemp(f"{name}-prefect-home"))}
+        home = self._tmp.mktemp(f"{name}-prefect-home")
+        env = {**self._env, "PREFECT_HOME": str(home)}
         if nice:
             cmd = ["nice", "-n", str(nice), *cmd]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -177,7 +178,8 @@ class BenchRuns:
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # what it left in its group (a Prefect server, Ray)
-            kill_leftovers(str(tmp))  # and what left the group, by the folder it ran in
+            for marker in (tmp, home):  # and what left the group, by its folder or its Prefect server's home
+                kill_leftovers(str(marker))
             with self._lock:
                 self._procs.discard(proc)
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
