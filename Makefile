@@ -38,8 +38,16 @@ $(STAMP): pyproject.toml constraints/py312.txt
 demo: install  ## the whole closed loop on embedded defaults (ephemeral Prefect, local DVC remote and registry)
 	$(PY) -m flows.demo
 
+# `make test` runs in TEST_WORKERS pytest-xdist workers (one per core, at most 4), which share the cores
+# (OMP_NUM_THREADS: one thread each on 2 cores); the longest work units go first (tests/schedule.py).
+# TEST_WORKERS=0: one process, the benches' smoke runs beside it (tests/e2e/background.py)
+NPROC        := $(shell nproc 2>/dev/null || echo 1)
+TEST_WORKERS ?= $(shell echo $$(( $(NPROC) < 4 ? $(NPROC) : 4 )))
 test: install  ## run the whole test suite (every marker this machine can run; one line per test, as it ends)
-	PYTHONUNBUFFERED=1 $(PY) -m pytest -v -p no:cacheprovider --durations=30
+	@if [ "$(TEST_WORKERS)" -gt 0 ]; then t=$$(( $(NPROC) / $(TEST_WORKERS) )); t=$$(( t > 0 ? t : 1 )); \
+	  export OMP_NUM_THREADS=$$t MKL_NUM_THREADS=$$t OPENBLAS_NUM_THREADS=$$t; \
+	  dist="-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder"; echo "$(TEST_WORKERS) workers, $$t thread(s) each"; fi; \
+	  set -x; PYTHONUNBUFFERED=1 $(PY) -m pytest -v -p no:cacheprovider --durations=30 $$dist
 
 test-fast: install  ## unit tests only
 	$(PY) -m pytest -q tests/unit -m "not slow"

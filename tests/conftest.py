@@ -86,6 +86,25 @@ def s3_env(moto_server, monkeypatch):
     return moto_server
 
 
+def pytest_configure(config):
+    """A pytest-xdist worker gets a Prefect home of its own: two workers' ephemeral Prefect servers never share one
+    SQLite database (each test that runs a flow in its own process starts one)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        import tempfile
+
+        config.stash[_HOME] = tempfile.mkdtemp(prefix=f"roboloop-tests-prefect-{worker}-")
+        os.environ["PREFECT_HOME"] = config.stash[_HOME]
+
+
+def pytest_unconfigure(config):
+    if home := config.stash.get(_HOME, None):
+        shutil.rmtree(home, ignore_errors=True)
+
+
+_HOME = pytest.StashKey[str]()
+
+
 def _cuda_devices() -> int:
     try:
         import torch
@@ -95,10 +114,13 @@ def _cuda_devices() -> int:
         return 0
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the `xdist_group` marks
 def pytest_collection_modifyitems(config, items):
-    """Each hardware marker is paired with a runtime skip, so a plain `pytest` is green anywhere. The benches'
-    smoke tests go last: their runs start with the session (`bench_runs`) and they wait for them."""
+    """Each hardware marker is paired with a runtime skip, so a plain `pytest` is green anywhere. In a pytest-xdist
+    worker (`make test`) the longest work units go first (tests/schedule.py); in one process the benches' smoke
+    tests go last: their runs start with the session (`bench_runs`) and they wait for them."""
     from tests.e2e.background import is_bench_item
+    from tests.schedule import arrange, distributed
 
     needs = {"gpu": 1, "multigpu": 2}
     have = None
@@ -108,15 +130,20 @@ def pytest_collection_modifyitems(config, items):
                 have = _cuda_devices() if have is None else have
                 if have < count:
                     item.add_marker(pytest.mark.skip(reason=f"needs {count} CUDA GPU(s), found {have}"))
+    if distributed():
+        arrange(items)
+        return
     items[:] = [i for i in items if not is_bench_item(i)] + [i for i in items if is_bench_item(i)]
 
 
 @pytest.fixture(scope="session", autouse=True)
 def bench_runs(request, tmp_path_factory):
-    """The selected benches' smoke runs, started with the session's first test (tests/e2e/background.py)."""
+    """The selected benches' smoke runs, started with the session's first test (tests/e2e/background.py); in a
+    pytest-xdist worker each runs when its test does (the workers keep the cores busy)."""
     from tests.e2e.background import BenchRuns, selected_benches
+    from tests.schedule import distributed
 
-    runs = BenchRuns(selected_benches(request.session.items), tmp_path_factory)
+    runs = BenchRuns(selected_benches(request.session.items), tmp_path_factory, background=not distributed())
     runs.start()
     yield runs
     runs.close()

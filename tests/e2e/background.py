@@ -1,4 +1,6 @@
-"""The benches' smoke runs, started when the session starts and run beside the other tests.
+"""The benches' smoke runs, started when the session starts and run beside the other tests: in one pytest process
+(`make test TEST_WORKERS=0`). In pytest-xdist workers (`make test`) each runs in its own test, as a work unit of
+its own (tests/schedule.py): the workers keep the cores busy.
 
 At their smallest settings a bench is mostly interpreter and simulator start-up on one core, and much of the suite
 leaves a core idle (the simulator steps on one: 46% idle through the SO-101 tests here). So the runs start with
@@ -94,7 +96,8 @@ def last_json(stdout: str) -> dict:
 class BenchRuns:
     """Each selected bench's run, as a Future of its CompletedProcess."""
 
-    def __init__(self, names: set[str], tmp_path_factory) -> None:
+    def __init__(self, names: set[str], tmp_path_factory, background: bool = True) -> None:
+        self.background = background
         self.futures: dict[str, Future] = {n: Future() for n in names}
         self._queue = deque(n for n in ORDER if n in names)
         self._ray = deque(n for n in RAY if n in names)
@@ -112,7 +115,8 @@ class BenchRuns:
             raise AssertionError("every bench is in ORDER or RAY")
 
     def start(self) -> None:
-        self._lane(nice=NICE, ray_first=False)
+        if self.background:
+            self._lane(nice=NICE, ray_first=False)
 
     def foreground_done(self) -> None:
         """The suite's own tests are over: a second lane, which takes the Ray benches first."""
@@ -123,6 +127,8 @@ class BenchRuns:
         self._lane(nice=0, ray_first=True)
 
     def result(self, name: str, timeout: float) -> subprocess.CompletedProcess:
+        if not self.background:  # run now, in the test (a pytest-xdist worker: tests/schedule.py)
+            return self._run(name, nice=0)
         self.foreground_done()
         return self.futures[name].result(timeout=timeout)
 

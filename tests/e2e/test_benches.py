@@ -5,9 +5,10 @@ bench` stopped before `bench/overhead.py`; nobody noticed because no test ran a 
 check that each bench still works end to end and prints the numbers the README quotes (its keys), not
 what the numbers are: at these sizes they mean nothing. The README's list and this one must agree.
 
-The runs start with the session and go on beside the other tests (`tests/e2e/background.py`: one after
-another at `nice 5`; a second lane for the Ray benches when the other tests are done); these tests come last and
-wait for them. One after another in the foreground they cost CI 11 minutes; in two foreground lanes, 10.
+In `make test` each run is a work unit of its own for a pytest-xdist worker (tests/schedule.py). In one process
+the runs start with the session and go on beside the other tests (`tests/e2e/background.py`: one after another
+at `nice 5`; a second lane for the Ray benches when the other tests are done); these tests come last and wait for
+them. One after another in the foreground they cost CI 11 minutes; in two foreground lanes, 10.
 """
 
 from __future__ import annotations

@@ -1,0 +1,78 @@
+"""How `make test` spreads the suite over the machine's cores: pytest-xdist workers, one thread each on a 2-core
+machine (`--dist loadgroup`, `Makefile`).
+
+The suite alone on the 2-core CI machine left 30% of it idle (session 24's `vmstat`): the simulator steps on one
+core, and most Isaac Lab tests are subprocesses that do little else. Two workers at one thread each keep both
+cores busy without oversubscribing them (a niced 2-thread training beside another training ran 14x slower: its
+threads wait for each other at every barrier while one of them waits for a core).
+
+A work unit is what one worker runs from start to end, in order:
+- a test file (its module-scoped fixtures, such as the SO-101 tests' shared recording, are made once);
+- `tests/deploy` (its Prefect server and worker stack is package-scoped);
+- each bench's smoke run (`tests/e2e/test_benches.py`), on its own;
+- `ray-serve`: the tests that start a Ray Serve application (one at a time on the machine).
+The units that took longest go first, so that what is left at the end is short and both workers end together.
+"""
+
+from __future__ import annotations
+
+import os
+
+# seconds each unit took in session 24's `make test` on the 2-core CI-like machine (bench runs: alone); the rest
+# are shorter and keep their collection order after these
+UNIT_SECONDS = {
+    "tests/isaac/test_so101_task.py": 612,
+    "tests/flows/test_closed_loop.py": 522,
+    "tests/e2e/test_fresh_clone.py": 480,
+    "tests/deploy": 300,
+    "tests/isaac/test_act_loop.py": 198,
+    "bench:so101": 175,
+    "tests/isaac/test_reach_variants.py": 174,
+    "bench:dagger": 155,
+    "tests/unit/evaluation/test_lerobot_envs.py": 138,
+    "ray-serve": 135,
+    "bench:rl": 130,
+    "bench:policy": 120,
+    "bench:lerobot_train": 115,
+    "tests/unit/policies/test_lerobot_train_parity.py": 102,
+    "bench:sweep": 95,
+    "tests/isaac/test_reach_task.py": 90,
+    "bench:eval": 90,
+    "bench:loader": 85,
+    "tests/isaac/test_eval_cache.py": 84,
+    "tests/flows/test_loop_cli.py": 84,
+    "tests/isaac/test_rl.py": 84,
+    "tests/isaac/test_policy_family.py": 78,
+    "tests/faults/test_errors.py": 72,
+    "tests/unit/training/test_distributed.py": 72,
+}
+RAY_SERVE = {"tests/unit/serving/test_ray_engine.py", "bench:serve"}
+
+
+def distributed() -> bool:
+    """True in a pytest-xdist worker."""
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+def unit_of(item) -> str:
+    from tests.e2e.background import is_bench_item
+
+    path = item.nodeid.split("::")[0]
+    if is_bench_item(item):
+        path = f"bench:{item.callspec.params['name']}"
+    elif path.startswith("tests/deploy/"):
+        path = "tests/deploy"
+    return "ray-serve" if path in RAY_SERVE else path
+
+
+def arrange(items: list) -> None:
+    """Mark each item with its unit (`xdist_group`) and put the longest units first, each unit's items together in
+    their collection order."""
+    import pytest
+
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        unit = unit_of(item)
+        first.setdefault(unit, i)
+        item.add_marker(pytest.mark.xdist_group(unit))
+    items.sort(key=lambda it: (-UNIT_SECONDS.get(unit_of(it), 0), first[unit_of(it)]))
