@@ -23,7 +23,11 @@ def _untrained_model(path):
     return untrained_model(path, state_dim=18, action_dim=2, horizon=8, state_std=0.3, action_std=0.5)
 
 
-def _ray_processes(since: float) -> list[str]:
+MARK = "ROBOLOOP_TEST_RAY_RUN"  # in this test's runs' environment, which their Ray processes inherit
+
+
+def _ray_processes(since: float, marker: str) -> list[str]:
+    """This test's Ray processes (another test worker may run a Ray cluster of its own meanwhile)."""
     import psutil
 
     found = []
@@ -31,16 +35,17 @@ def _ray_processes(since: float) -> list[str]:
         try:
             cmd = " ".join(p.info["cmdline"] or [])
             if p.info["create_time"] >= since - 1 and ("ray::" in cmd or "raylet" in cmd or "gcs_server" in cmd
-                                                       or "ray/dashboard" in cmd or "ray/_private" in cmd):
+                                                       or "ray/dashboard" in cmd or "ray/_private" in cmd) \
+                    and p.environ().get(MARK) == marker:
                 found.append(f"{p.pid} {cmd[:80]}")
         except psutil.Error:
             continue
     return found
 
 
-def _none_left(since: float, wait_s: float = 30.0) -> list[str]:
+def _none_left(since: float, marker: str, wait_s: float = 30.0) -> list[str]:
     deadline = time.time() + wait_s
-    while (left := _ray_processes(since)) and time.time() < deadline:
+    while (left := _ray_processes(since, marker)) and time.time() < deadline:
         time.sleep(1)
     return left
 
@@ -53,10 +58,11 @@ def _cfg(model, out, env_steps):
                     epochs=1, minibatch=32, critic_warmup_updates=1, checkpoint_every=1, x0="zero")
 
 
-def test_async_run_stays_within_staleness_resumes_and_shuts_down(tmp_path):
+def test_async_run_stays_within_staleness_resumes_and_shuts_down(tmp_path, monkeypatch):
     from roboloop.policies.vla import ModelPolicy
     from roboloop.rl.run import read_metrics, rl_in_subprocess
 
+    monkeypatch.setenv(MARK, str(tmp_path))
     model = _untrained_model(tmp_path / "bc")
     out = tmp_path / "rl"
     t0 = time.time()
@@ -75,7 +81,7 @@ def test_async_run_stays_within_staleness_resumes_and_shuts_down(tmp_path):
     assert (out / "model" / "model.safetensors").read_bytes() != (model / "model.safetensors").read_bytes()
     assert published.cfg.state_dim == 18
     assert published.cfg.initial_noise == "zero"  # it acts from the x_0 it was fine-tuned with
-    assert _none_left(t0) == [], "Ray processes outlived the run"
+    assert _none_left(t0, str(tmp_path)) == [], "Ray processes outlived the run"
 
     # a second run with a larger budget resumes at the last checkpoint; SIGTERM to its group (a cancelled
     # flow run) after its first new update ends it with nothing left behind
@@ -91,6 +97,7 @@ def test_async_run_stays_within_staleness_resumes_and_shuts_down(tmp_path):
                 if line.startswith("[progress] rl:"):
                     seen.append(line.strip())
                 if any("update" in s for s in seen):
+                    assert _ray_processes(t1, str(tmp_path)), "this run's Ray processes are not found"
                     break
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -99,5 +106,5 @@ def test_async_run_stays_within_staleness_resumes_and_shuts_down(tmp_path):
     assert code != 0
     assert seen and seen[0].startswith(f"[progress] rl: resumed at version {len(rows)}"), seen
     assert f"update {len(rows) + 1}" in seen[1], seen
-    assert _none_left(t1) == [], "Ray processes outlived the cancelled run"
+    assert _none_left(t1, str(tmp_path)) == [], "Ray processes outlived the cancelled run"
 

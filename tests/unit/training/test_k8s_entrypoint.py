@@ -25,8 +25,12 @@ pytestmark = pytest.mark.slow
 
 
 def _count(marker: str) -> tuple[int, int]:
-    torchruns = ranks = 0
-    for p in psutil.process_iter(["cmdline"]):
+    """(torchruns, ranks) now running for `marker`. A process's child between its fork and its exec still shows its
+    parent's command line (a busy machine stretches that moment: a second "torchrun" was caught once with two test
+    workers), so a process counts only if its parent is not of its kind; a torchrun started by a rank (the old bug)
+    still counts."""
+    kinds: dict[int, tuple[str, int]] = {}
+    for p in psutil.process_iter(["cmdline", "ppid"]):
         try:
             cmd = " ".join(p.info["cmdline"] or [])
         except psutil.Error:
@@ -35,10 +39,11 @@ def _count(marker: str) -> tuple[int, int]:
             continue
         head = cmd.split()[:2]
         if "torch.distributed.run" in cmd or any(part.endswith("torchrun") for part in head):
-            torchruns += 1
+            kinds[p.pid] = ("torchrun", p.info["ppid"])
         elif "roboloop.entry train" in cmd:
-            ranks += 1
-    return torchruns, ranks
+            kinds[p.pid] = ("rank", p.info["ppid"])
+    own = [kind for kind, parent in kinds.values() if kinds.get(parent, ("", 0))[0] != kind]
+    return own.count("torchrun"), own.count("rank")
 
 
 def test_entrypoint_with_the_pod_environment_starts_one_torchrun(tmp_path):
