@@ -86,6 +86,9 @@ def s3_env(moto_server, monkeypatch):
     return moto_server
 
 
+_HOME = pytest.StashKey[str]()
+
+
 def pytest_configure(config):
     """A pytest-xdist worker gets a Prefect home of its own: two workers' ephemeral Prefect servers never share one
     SQLite database (each test that runs a flow in its own process starts one)."""
@@ -100,9 +103,6 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if home := config.stash.get(_HOME, None):
         shutil.rmtree(home, ignore_errors=True)
-
-
-_HOME = pytest.StashKey[str]()
 
 
 def _cuda_devices() -> int:

@@ -70,9 +70,9 @@ def arrange(items: list) -> None:
     their collection order."""
     import pytest
 
+    units = {id(item): unit_of(item) for item in items}
     first: dict[str, int] = {}
     for i, item in enumerate(items):
-        unit = unit_of(item)
-        first.setdefault(unit, i)
-        item.add_marker(pytest.mark.xdist_group(unit))
-    items.sort(key=lambda it: (-UNIT_SECONDS.get(unit_of(it), 0), first[unit_of(it)]))
+        first.setdefault(units[id(item)], i)
+        item.add_marker(pytest.mark.xdist_group(units[id(item)]))
+    items.sort(key=lambda it: (-UNIT_SECONDS.get(units[id(it)], 0), first[units[id(it)]]))
