@@ -29,6 +29,7 @@ outside the family's module changes. `tests/unit/test_policy_family.py` is a com
         def flops(self, batch) -> float | None        # training FLOPs of one batch (MFU), None if unknown
         def extra_metrics(self) -> dict               # more metrics.jsonl fields (e.g. an auxiliary loss)
         def kernels(self, device_type, dtype) -> dict # optional: kernels chosen and why (recorded with the run)
+        one_rank_only: str | None                     # optional: why it cannot train on several ranks
 
     class MyPolicy:                                   # implements Policy (what `load` returns)
         name, state_dim, action_dim, horizon, state_key, action_key, camera_keys, image_size, stats

@@ -1,5 +1,5 @@
-"""LeRobot's own policies (ACT, Diffusion) as a roboloop policy family: LeRobot builds, normalises and saves them,
-roboloop's loader feeds them and roboloop's trainer trains them.
+"""LeRobot's own policies (ACT, Diffusion, VQ-BeT) as a roboloop policy family: LeRobot builds, normalises and saves
+them, roboloop's loader feeds them and roboloop's trainer trains them.
 
 Built with LeRobot's config classes (`make_policy_config(type, **policy_config)`: every option LeRobot's
 config has, named as LeRobot names it) and its pre/post-processors (normalisation with the dataset's
@@ -33,9 +33,9 @@ from roboloop.policies.lerobot_types import REFUSED, SUPPORTED
 from roboloop.training.packing import PackedBatch
 
 NO_DOWNLOAD = {"pretrained_backbone_weights": None}  # LeRobot's defaults that would reach for the network
-# a backbone trained from scratch: Diffusion's GroupNorm (LeRobot's own choice without pretrained weights; its
-# BatchNorm cannot even be built on small images)
-FROM_SCRATCH = {"diffusion": {"use_group_norm": True}}
+# a backbone trained from scratch: GroupNorm (LeRobot's own choice without pretrained weights, as in its PushT
+# configs; Diffusion's BatchNorm cannot even be built on small images)
+FROM_SCRATCH = {"diffusion": {"use_group_norm": True}, "vqbet": {"use_group_norm": True}}
 
 
 class LeRobotPolicyError(RoboloopError):
@@ -60,9 +60,13 @@ def policy_config(policy_type: str, overrides: dict, horizon: int | None, device
     chunk = {"chunk_size": horizon, "n_action_steps": horizon} if horizon and policy_type == "act" else {}
     kw = {**NO_DOWNLOAD, **FROM_SCRATCH.get(policy_type, {}), **chunk, **overrides}
     try:
-        return make_policy_config(policy_type, device=device, **kw)
+        pcfg = make_policy_config(policy_type, device=device, **kw)
     except TypeError as e:  # an option LeRobot's config does not have
         raise LeRobotPolicyError(f"policy_config for {policy_type}: {e}") from e
+    for name, value in kw.items():  # JSON has lists where LeRobot's config declares tuples (crop_shape, down_dims):
+        if isinstance(value, list) and isinstance(getattr(type(pcfg), name, None), tuple):  # its saver needs them
+            setattr(pcfg, name, tuple(value))
+    return pcfg
 
 
 def _lerobot_stats(stats: dict, keys: list[str]) -> dict:
@@ -91,6 +95,44 @@ class LossModule(nn.Module):
         return sorted(units, key=lambda m: -order[id(m)])
 
 
+class VQBeTLossModule(LossModule):
+    """VQ-BeT trains in two phases inside its own `forward`: its residual VQ-VAE on action chunks for
+    `n_vqvae_training_steps` steps, then (the VQ-VAE frozen) the GPT and its bin and offset heads. LeRobot counts
+    the first phase in a plain attribute (`optimized_steps`) that no state dict holds; here it travels in the
+    checkpoints, and weights saved after the switch (a checkpoint, or a model continued by `init_from`) freeze the
+    VQ-VAE again as LeRobot's switch did, so a resumed run goes on exactly where it stopped."""
+
+    def __init__(self, policy: nn.Module):
+        super().__init__(policy)
+        policy.register_load_state_dict_post_hook(_refreeze_vqvae)  # fires for the policy's own loads too
+        self.last: dict = {}  # the last step's phase and LeRobot's numbers for it (metrics.jsonl)
+
+    @property
+    def _vqvae(self) -> nn.Module:
+        return self.policy.vqbet.action_head.vqvae_model
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        phase = "gpt" if bool(self._vqvae.discretized) else "vqvae"
+        loss, info = self.policy.forward(batch)
+        self.last = {"vqbet_phase": phase, **{f"vqbet_{k}": v for k, v in info.items() if isinstance(v, int | float)}}
+        return loss
+
+    def get_extra_state(self) -> dict:
+        return {"vqvae_optimized_steps": int(self._vqvae.optimized_steps)}
+
+    def set_extra_state(self, state: dict) -> None:
+        self._vqvae.optimized_steps = int(state["vqvae_optimized_steps"])
+
+
+def _refreeze_vqvae(policy: nn.Module, _keys) -> None:
+    vq = policy.vqbet.action_head.vqvae_model
+    if bool(vq.discretized):  # what LeRobot's `discretize` does on the step that ends the first phase
+        vq.vq_layer.freeze_codebook.fill_(True)
+        vq.eval()
+        for param in vq.vq_layer.parameters():
+            param.requires_grad = False
+
+
 @dataclass
 class LeRobotTrainable:
     module: LossModule
@@ -100,6 +142,7 @@ class LeRobotTrainable:
     postprocessor: Any
     state_key: str
     cameras: list[str]
+    one_rank_only: str | None = None  # why this policy cannot train on several ranks
 
     def batch(self, b: PackedBatch) -> dict:
         """roboloop's packed batch as the dict LeRobot's preprocessor takes (raw units; images in [0, 1]; with
@@ -123,7 +166,7 @@ class LeRobotTrainable:
         return None
 
     def extra_metrics(self) -> dict:
-        return {}
+        return dict(getattr(self.module, "last", {}))
 
 
 class LeRobotFamily:
@@ -153,13 +196,21 @@ class LeRobotFamily:
         policy = get_policy_class(cfg.policy_type)(config=pcfg)
         stats = _lerobot_stats(features.stats, [features.state_key, features.action_key, *[c["key"] for c in colour]])
         pre, post = make_pre_post_processors(pcfg, dataset_stats=stats)
-        chunk = int(getattr(pcfg, "chunk_size", None) or getattr(pcfg, "horizon", None) or 1)
-        needs = DataNeeds(horizon=chunk, cameras=bool(colour), image_size=None, tokens_per_image=0,
+        # the loader's action window is LeRobot's `action_delta_indices`: from the oldest observed frame on (ACT: t
+        # to t+chunk_size-1; Diffusion: t-1 on, `horizon` steps; VQ-BeT: t-n_obs_steps+1 to its last predicted chunk)
+        history = int(getattr(pcfg, "n_obs_steps", 1) or 1)
+        window = list(pcfg.action_delta_indices)
+        if window != list(range(1 - history, 1 - history + len(window))):
+            raise LeRobotPolicyError(f"{cfg.policy_type}: action_delta_indices {window} are not consecutive steps "
+                                     f"from the oldest of its {history} observed frames, the window roboloop loads")
+        needs = DataNeeds(horizon=len(window), cameras=bool(colour), image_size=None, tokens_per_image=0,
                           max_text_len=1, normalized=False, camera_keys=tuple(c["key"] for c in colour),
-                          history=int(getattr(pcfg, "n_obs_steps", 1) or 1),
-                          drop_last=int(getattr(pcfg, "drop_n_last_frames", 0) or 0))
-        return LeRobotTrainable(LossModule(policy), needs, pcfg, pre, post, features.state_key,
-                                [c["key"] for c in colour])
+                          history=history, drop_last=int(getattr(pcfg, "drop_n_last_frames", 0) or 0))
+        vqbet = cfg.policy_type == "vqbet"
+        return LeRobotTrainable((VQBeTLossModule if vqbet else LossModule)(policy), needs, pcfg, pre, post,
+                                features.state_key, [c["key"] for c in colour],
+                                one_rank_only="vqbet switches from training its VQ-VAE to training its GPT in the "
+                                "middle of a run, changing which parameters train (one rank only)" if vqbet else None)
 
     def load_init(self, trainable: LeRobotTrainable, init: Path, keys: list[str]) -> dict:
         from safetensors.torch import load_file
@@ -186,8 +237,8 @@ class LeRobotFamily:
         trainable.postprocessor.save_pretrained(out)
 
     def weights(self, state: dict) -> dict:
-        """The trained module's weights as LeRobot's policy names them."""
-        return {k.removeprefix("policy."): v for k, v in state.items()}
+        """The trained module's weights as LeRobot's policy names them (the trainer's own state left out)."""
+        return {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
 
     def load(self, folder: Path, device: str = "cpu", seed: int = 0,
              inference_steps: int | None = None) -> LeRobotPolicy:
@@ -214,8 +265,10 @@ class LeRobotPolicy:
         self.name = f"{cfg.type}:{folder.name}"
         self.state_key, self.action_key = info.state_key, info.action_key
         self.state_dim, self.action_dim = info.state_dim, info.action_dim
-        # the chunk `act` returns: Diffusion gives its n_action_steps from the current frame, ACT its chunk_size
-        self.horizon = int(cfg.n_action_steps) if cfg.type == "diffusion" else info.horizon
+        # the chunk `act` returns, from the current frame on: Diffusion's n_action_steps, VQ-BeT's
+        # action_chunk_size, ACT's chunk_size
+        self.horizon = {"diffusion": lambda: int(cfg.n_action_steps),
+                        "vqbet": lambda: int(cfg.action_chunk_size)}.get(cfg.type, lambda: info.horizon)()
         self.camera_keys = [k for k, f in cfg.input_features.items() if f.type.name == "VISUAL"]
         shape = cfg.input_features[self.camera_keys[0]].shape if self.camera_keys else (3, 0, 0)
         self.image_size = (int(shape[1]), int(shape[2]))
@@ -255,6 +308,11 @@ class LeRobotPolicy:
 
     def chunk(self, inputs: dict) -> torch.Tensor:
         """The normalised chunk for preprocessed inputs (the network's part of `act`)."""
+        if self.cfg.type == "vqbet":  # its predict_action_chunk reads only select_action's queues: the same call
+            from lerobot.utils.constants import OBS_IMAGES
+
+            batch = {**inputs, OBS_IMAGES: torch.stack([inputs[k] for k in self.cfg.image_features], dim=-4)}
+            return self.network.vqbet(batch, rollout=True)[:, :self.cfg.action_chunk_size]
         return self.network.predict_action_chunk(inputs)
 
     @property

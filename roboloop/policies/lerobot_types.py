@@ -4,15 +4,26 @@ the configs validate with it)."""
 from __future__ import annotations
 
 # types LeRobot's factory has that train here, and why the others are refused
-SUPPORTED = ("act", "diffusion")
+SUPPORTED = ("act", "diffusion", "vqbet")
 REFUSED = {
-    "vqbet": "trains in two phases (a VQ-VAE first, then the policy) that roboloop's trainer does not run yet",
     "tdmpc": "is trained online with rewards (a model-based RL agent), not from demonstrations",
     "smolvla": "needs the SmolVLM2 weights from the Hugging Face Hub: not supported yet (no local-folder path)",
     "pi0": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
     "pi05": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
     "pi0_fast": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
     "groot": "needs the GR00T N1.5 weights from the Hugging Face Hub: use roboloop's own VLA (family vla)",
+    "gaussian_actor": "is the actor of LeRobot's online RL (SAC, HIL-SERL), trained with rewards, not from "
+                      "demonstrations",
+    "multi_task_dit": "needs the CLIP vision and text encoders (openai/clip-vit-base-patch16) from the Hugging Face "
+                      "Hub: not supported yet",
+    "xvla": "needs the BART tokenizer (facebook/bart-large) from the Hugging Face Hub: not supported yet",
+    "eo1": "needs the Qwen2.5-VL-3B weights from the Hugging Face Hub: not supported yet",
+    "evo1": "needs the InternVL3-1B weights from the Hugging Face Hub: not supported yet",
+    "wall_x": "needs the WALL-OSS (Qwen2.5-VL) weights from the Hugging Face Hub: not supported yet",
+    "vla_jepa": "needs the Qwen3-VL-2B and V-JEPA 2 weights from the Hugging Face Hub: not supported yet",
+    "molmoact2": "needs the MolmoAct2 weights from the Hugging Face Hub: not supported yet",
+    "fastwam": "needs the Wan2.2 video model weights from the Hugging Face Hub: not supported yet",
+    "lingbot_va": "needs the Wan2.2-based LingBot-VA weights from the Hugging Face Hub: not supported yet",
 }
 
 

@@ -9,6 +9,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from roboloop.policies.lerobot_types import SUPPORTED as LEROBOT_TYPES
+
 BYTE_VOCAB = 259  # 256 bytes + pad, bos, eos
 
 
@@ -109,9 +111,9 @@ class TrainRecipe(BaseModel):
     family: str = Field("vla", description="policy family (roboloop.policies): vla (roboloop's GR00T-style VLA), or "
                         "package.module:Class of your own PolicyFamily")
     policy_type: str | None = Field(
-        None, description="one of LeRobot's policies, trained on roboloop's engine (family lerobot): act, "
-        "diffusion; the other types in LeRobot's factory are refused with the reason",
-        json_schema_extra={"enum": ["act", "diffusion", None]})
+        None, description="one of LeRobot's policies, trained on roboloop's engine (family lerobot): "
+        f"{', '.join(LEROBOT_TYPES)}; the other types in LeRobot's factory are refused with the reason",
+        json_schema_extra={"enum": [*LEROBOT_TYPES, None]})
     policy_config: dict[str, Any] = Field(
         default_factory=dict, description="options of LeRobot's config for policy_type, named as LeRobot names "
         "them (e.g. {\"dim_model\": 256, \"chunk_size\": 50}); pretrained backbones only from local folders")

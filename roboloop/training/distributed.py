@@ -67,9 +67,10 @@ def wrap(model: nn.Module, env: DistEnv, strategy: str = "ddp") -> nn.Module:
 
 
 def full_state_dict(model: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
-    """The whole model's weights on CPU (a collective under FSDP: every rank must call it)."""
+    """The whole model's weights on CPU (a collective under FSDP: every rank must call it); a module's extra
+    state (a training counter, not a weight) is left out."""
     if not sharded:
-        return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

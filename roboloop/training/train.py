@@ -112,6 +112,9 @@ class Trainer:
         self.family = policies.family(cfg.family)
         self.policy = pol = self.family.build(cfg, features_of(ds, cfg.with_video))
         needs = pol.needs
+        one_rank_only = getattr(pol, "one_rank_only", None)  # why this policy cannot train on several ranks
+        if env.world_size > 1 and one_rank_only:
+            raise ValueError(f"{env.world_size} ranks: {one_rank_only}")
         self.model = pol.module
         ds.horizon = needs.horizon
         self.with_video = cfg.with_video and needs.cameras

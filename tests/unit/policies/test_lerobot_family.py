@@ -145,8 +145,8 @@ def test_act_resumes_exactly_after_kill_9(recorded, tmp_path):
 def test_types_roboloop_does_not_train_are_refused_with_the_reason(recorded, tmp_path):
     from roboloop.policies.lerobot import LeRobotPolicyError, policy_config
 
-    with pytest.raises(LeRobotPolicyError, match="two phases"):
-        policy_config("vqbet", {}, None, "cpu")
+    with pytest.raises(LeRobotPolicyError, match="online RL"):
+        policy_config("gaussian_actor", {}, None, "cpu")
     with pytest.raises(LeRobotPolicyError, match="Hugging Face Hub"):
         policy_config("smolvla", {}, None, "cpu")
     with pytest.raises(LeRobotPolicyError, match="no_such_option"):
@@ -157,3 +157,14 @@ def test_types_roboloop_does_not_train_are_refused_with_the_reason(recorded, tmp
     with pytest.raises(LeRobotPolicyError, match="scheduler_warmup_steps would do nothing"):
         policy_config("diffusion", {"scheduler_warmup_steps": 10}, None, "cpu")
     assert policy_config("act", {}, None, "cpu").pretrained_backbone_weights is None  # never a download
+
+
+def test_every_type_lerobot_registers_trains_or_has_its_reason():
+    import lerobot.policies  # noqa: F401  (registers LeRobot's policy configs)
+    from lerobot.configs.policies import PreTrainedConfig
+
+    from roboloop.policies.lerobot_types import REFUSED, SUPPORTED
+
+    known = set(PreTrainedConfig.get_known_choices())
+    assert {"act", "diffusion", "vqbet", "smolvla", "pi0"} <= known
+    assert known - set(SUPPORTED) - set(REFUSED) == set(), "a LeRobot type with neither support nor a reason"
