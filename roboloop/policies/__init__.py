@@ -89,6 +89,7 @@ class DataNeeds:
     history: int = 1  # observation frames per sample (> 1: states (N, n, S), images (3n, H, W), chunk from t-n+1)
     drop_last: int = 0  # frames at each episode's end never drawn as samples (LeRobot's drop_n_last_frames)
     tokens_per_image: int = 0  # the packer's token budget per image
+    token_budget: bool = True  # False: the model packs no backbone tokens; a batch is max_samples (max_tokens unused)
     state_tokens: int = 1
     max_text_len: int = 96
     tokenizer: str | None = None  # local Hugging Face tokenizer folder; None: byte tokens

@@ -204,7 +204,8 @@ class LeRobotFamily:
             raise LeRobotPolicyError(f"{cfg.policy_type}: action_delta_indices {window} are not consecutive steps "
                                      f"from the oldest of its {history} observed frames, the window roboloop loads")
         needs = DataNeeds(horizon=len(window), cameras=bool(colour), image_size=None, tokens_per_image=0,
-                          max_text_len=1, normalized=False, camera_keys=tuple(c["key"] for c in colour),
+                          token_budget=False, max_text_len=2, normalized=False,
+                          camera_keys=tuple(c["key"] for c in colour),
                           history=history, drop_last=int(getattr(pcfg, "drop_n_last_frames", 0) or 0))
         vqbet = cfg.policy_type == "vqbet"
         return LeRobotTrainable((VQBeTLossModule if vqbet else LossModule)(policy), needs, pcfg, pre, post,

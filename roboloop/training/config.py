@@ -121,7 +121,8 @@ class TrainRecipe(BaseModel):
     model_overrides: dict[str, int | float | str | list[int]] = Field(
         default_factory=dict, description="fields of ModelConfig to change from the preset")
     steps: int = Field(300, ge=1, description="optimizer steps")
-    max_tokens: int = Field(2048, gt=0, description="backbone token budget of one packed batch (per rank)")
+    max_tokens: int = Field(2048, gt=0, description="backbone token budget of one packed batch (per rank; "
+                            "family vla: LeRobot's policies pack no tokens and take max_samples)")
     max_samples: int = Field(64, gt=0, description="at most this many samples per pack")
     lr: float = Field(1e-3, gt=0, description="peak learning rate (AdamW)")
     aux_target: str | None = Field(None, description="a dataset feature the image encoder also learns to predict, "

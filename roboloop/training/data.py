@@ -36,7 +36,8 @@ BOS, EOS = 256, 257
 
 
 def byte_tokens(text: str, max_len: int) -> torch.Tensor:
-    ids = [BOS, *text.encode("utf-8")[: max_len - 2], EOS]
+    """BOS, the text's UTF-8 bytes, EOS: at most `max_len` ids, and never fewer than BOS and EOS."""
+    ids = [BOS, *text.encode("utf-8")[: max(max_len - 2, 0)], EOS]
     return torch.tensor(ids, dtype=torch.long)
 
 

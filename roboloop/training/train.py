@@ -163,7 +163,10 @@ class Trainer:
                              "would have to be sharded like the weights): use strategy=ddp or ema_decay=0")
         self.ema = ema.WeightAverage(self.model, cfg.ema_decay) if cfg.ema_decay else None
         self.start = self.resume()
-        packer = Packer(self.stream, cfg.max_tokens, cfg.max_samples, needs.tokens_per_image, env.world_size)
+        # a family that packs no backbone tokens (LeRobot's policies) takes max_samples per batch, whatever the
+        # length of its task strings
+        packer = Packer(self.stream, cfg.max_tokens if needs.token_budget else 2**62, cfg.max_samples,
+                        needs.tokens_per_image, env.world_size)
         self.pipe = BatchPipeline(packer, self.stream, env.rank, env.world_size, needs.tokens_per_image, self.device,
                                   prefetch=cfg.prefetch,
                                   lookahead=None if cfg.lookahead == "auto" else cfg.lookahead == "on")

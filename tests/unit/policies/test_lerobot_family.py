@@ -159,6 +159,20 @@ def test_types_roboloop_does_not_train_are_refused_with_the_reason(recorded, tmp
     assert policy_config("act", {}, None, "cpu").pretrained_backbone_weights is None  # never a download
 
 
+def test_a_batch_is_max_samples_whatever_the_task_strings_length(recorded, tmp_path):
+    """LeRobot's policies pack no backbone tokens: the VLA's max_tokens must not cut their batches short (it did, by
+    the task string's bytes, 16 per sample here: over a budget of 8, or 2 samples under one of 32)."""
+    from roboloop.training.distributed import DistEnv
+    from roboloop.training.train import Trainer
+
+    cfg = _cfg(recorded, tmp_path / "out", max_tokens=8, max_samples=4)
+    trainer = Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu")))
+    try:
+        assert [len(trainer.pipe.next().keys) for _ in range(3)] == [4, 4, 4]
+    finally:
+        trainer.stream.close()
+
+
 def test_every_type_lerobot_registers_trains_or_has_its_reason():
     import lerobot.policies  # noqa: F401  (registers LeRobot's policy configs)
     from lerobot.configs.policies import PreTrainedConfig
