@@ -1,5 +1,5 @@
-"""LeRobot's own policies (ACT, Diffusion, VQ-BeT) as a roboloop policy family: LeRobot builds, normalises and saves
-them, roboloop's loader feeds them and roboloop's trainer trains them.
+"""LeRobot's own policies (ACT, Diffusion, VQ-BeT, SmolVLA) as a roboloop policy family: LeRobot builds, normalises
+and saves them, roboloop's loader feeds them and roboloop's trainer trains them.
 
 Built with LeRobot's config classes (`make_policy_config(type, **policy_config)`: every option LeRobot's
 config has, named as LeRobot names it) and its pre/post-processors (normalisation with the dataset's
@@ -38,8 +38,29 @@ NO_DOWNLOAD = {"pretrained_backbone_weights": None}  # LeRobot's defaults that w
 FROM_SCRATCH = {"diffusion": {"use_group_norm": True}, "vqbet": {"use_group_norm": True}}
 
 
+# policies that read the task string (tokenised by their own processor step); the others are handed ""
+READS_LANGUAGE = frozenset({"smolvla"})
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".msgpack", ".h5")
+
+
 class LeRobotPolicyError(RoboloopError):
     pass
+
+
+def _local_vlm(policy_type: str, overrides: dict) -> dict:
+    """SmolVLA's backbone (LeRobot's default is a Hub id) from a local folder; its weights are loaded when the
+    folder has them unless `load_vlm_weights` says otherwise (LeRobot's default, False, starts the VLM from random
+    weights and, with `train_expert_only`, keeps it so)."""
+    if policy_type != "smolvla":
+        return {}
+    vlm = overrides.get("vlm_model_name")
+    if not vlm or not Path(vlm).is_dir():
+        raise LeRobotPolicyError(
+            "smolvla needs its SmolVLM2 backbone from a local folder (nothing is downloaded here): pass "
+            "--policy-config '{\"vlm_model_name\": \"/models/SmolVLM2-500M-Video-Instruct\"}' "
+            f"({'not a folder: ' + str(vlm) if vlm else 'no vlm_model_name was given'})")
+    has_weights = any(f.suffix in WEIGHT_SUFFIXES for f in Path(vlm).iterdir())
+    return {"vlm_model_name": str(Path(vlm).resolve()), "load_vlm_weights": has_weights}
 
 
 def policy_config(policy_type: str, overrides: dict, horizon: int | None, device: str):
@@ -58,7 +79,12 @@ def policy_config(policy_type: str, overrides: dict, horizon: int | None, device
             "learning rate for every parameter). LeRobot's ACT preset, for instance, is lr 1e-5, weight_decay 1e-4, "
             "grad_clip 10, lr_schedule constant, warmup_steps 0")
     chunk = {"chunk_size": horizon, "n_action_steps": horizon} if horizon and policy_type == "act" else {}
-    kw = {**NO_DOWNLOAD, **FROM_SCRATCH.get(policy_type, {}), **chunk, **overrides}
+    from lerobot.configs.policies import PreTrainedConfig
+
+    local = _local_vlm(policy_type, overrides)
+    fields = PreTrainedConfig.get_choice_class(policy_type).__dataclass_fields__
+    kw = {**{k: v for k, v in NO_DOWNLOAD.items() if k in fields}, **FROM_SCRATCH.get(policy_type, {}), **chunk,
+          **local, **{k: v for k, v in overrides.items() if k != "vlm_model_name"}}
     try:
         pcfg = make_policy_config(policy_type, device=device, **kw)
     except TypeError as e:  # an option LeRobot's config does not have
@@ -144,12 +170,26 @@ class LeRobotTrainable:
     cameras: list[str]
     one_rank_only: str | None = None  # why this policy cannot train on several ranks
 
+    @property
+    def reads_language(self) -> bool:
+        return self.cfg.type in READS_LANGUAGE
+
+    @staticmethod
+    def tasks(b: PackedBatch) -> list[str]:
+        """Each sample's task string, from its byte tokens (BOS, EOS and padding are ids 256 and up)."""
+        text = [bytearray() for _ in range(b.num_samples)]
+        for t, owner in zip(b.tokens.tolist(), b.token_sample.tolist(), strict=True):
+            if t < 256:
+                text[owner].append(t)
+        return [bytes(t).decode("utf-8", errors="replace") for t in text]
+
     def batch(self, b: PackedBatch) -> dict:
         """roboloop's packed batch as the dict LeRobot's preprocessor takes (raw units; images in [0, 1]; with
         history, states (N, n, S) and images (N, n, 3, H, W), oldest first)."""
         n = self.needs.history
         out: dict = {self.state_key: (b.states_hist if n > 1 else b.states).float(), "action": b.actions.float(),
-                     "action_is_pad": ~b.action_mask, "task": [""] * b.num_samples}
+                     "action_is_pad": ~b.action_mask,
+                     "task": self.tasks(b) if self.reads_language else [""] * b.num_samples}
         images = b.image_input() if self.cameras else b.images
         for c, key in enumerate(self.cameras):
             # every sample has every camera, in this order (collate stacks them sample by sample); the sizes are
@@ -204,7 +244,8 @@ class LeRobotFamily:
             raise LeRobotPolicyError(f"{cfg.policy_type}: action_delta_indices {window} are not consecutive steps "
                                      f"from the oldest of its {history} observed frames, the window roboloop loads")
         needs = DataNeeds(horizon=len(window), cameras=bool(colour), image_size=None, tokens_per_image=0,
-                          token_budget=False, max_text_len=2, normalized=False,
+                          token_budget=False, max_text_len=1024 if pcfg.type in READS_LANGUAGE else 2,
+                          normalized=False,
                           camera_keys=tuple(c["key"] for c in colour),
                           history=history, drop_last=int(getattr(pcfg, "drop_n_last_frames", 0) or 0))
         vqbet = cfg.policy_type == "vqbet"
@@ -236,6 +277,8 @@ class LeRobotFamily:
         trainable.cfg._save_pretrained(out)  # config.json, as LeRobot's save_pretrained writes it
         trainable.preprocessor.save_pretrained(out)
         trainable.postprocessor.save_pretrained(out)
+        if trainable.cfg.type == "smolvla":  # the VLM's config and processor (not its weights: model.safetensors
+            _copy_vlm_files(Path(trainable.cfg.vlm_model_name), out / VLM_DIR)  # has them) travel with the model
 
     def weights(self, state: dict) -> dict:
         """The trained module's weights as LeRobot's policy names them (the trainer's own state left out)."""
@@ -244,6 +287,25 @@ class LeRobotFamily:
     def load(self, folder: Path, device: str = "cpu", seed: int = 0,
              inference_steps: int | None = None) -> LeRobotPolicy:
         return LeRobotPolicy(Path(folder), device)
+
+
+VLM_DIR = "vlm"  # in a SmolVLA model folder: its backbone's config, tokenizer and processor files
+
+
+def _copy_vlm_files(src: Path, dst: Path) -> None:
+    import shutil
+
+    from roboloop import fsutil
+
+    tmp = fsutil.temp_sibling(dst)
+    try:
+        shutil.copytree(src, tmp, ignore=lambda _d, names: [n for n in names if n.endswith(WEIGHT_SUFFIXES)])
+        if dst.exists():
+            shutil.rmtree(dst)  # a folder this run's trainer wrote (the model folder is its own)
+        tmp.rename(dst)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
 
 
 class LeRobotPolicy:
@@ -258,11 +320,15 @@ class LeRobotPolicy:
         info = model_info(folder)
         cfg = PreTrainedConfig.from_pretrained(str(folder))
         cfg.device = device
+        overrides: dict = {"device_processor": {"device": device}}
+        if cfg.type == "smolvla" and (folder / VLM_DIR).is_dir():  # the backbone's files that travel with it: the
+            vlm = str((folder / VLM_DIR).resolve())  # folder it was trained from need not exist here
+            cfg.vlm_model_name, cfg.load_vlm_weights = vlm, False  # (model.safetensors holds the VLM's weights)
+            overrides["tokenizer_processor"] = {"tokenizer_name": vlm}
         self.cfg = cfg
         self.policy = get_policy_class(cfg.type).from_pretrained(str(folder), config=cfg).eval() if weights else None
         self.pre, self.post = make_pre_post_processors(cfg, pretrained_path=str(folder),
-                                                       preprocessor_overrides={"device_processor":
-                                                                               {"device": device}})
+                                                       preprocessor_overrides=overrides)
         self.name = f"{cfg.type}:{folder.name}"
         self.state_key, self.action_key = info.state_key, info.action_key
         self.state_dim, self.action_dim = info.state_dim, info.action_dim

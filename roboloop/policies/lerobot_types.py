@@ -4,10 +4,9 @@ the configs validate with it)."""
 from __future__ import annotations
 
 # types LeRobot's factory has that train here, and why the others are refused
-SUPPORTED = ("act", "diffusion", "vqbet")
+SUPPORTED = ("act", "diffusion", "vqbet", "smolvla")
 REFUSED = {
     "tdmpc": "is trained online with rewards (a model-based RL agent), not from demonstrations",
-    "smolvla": "needs the SmolVLM2 weights from the Hugging Face Hub: not supported yet (no local-folder path)",
     "pi0": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
     "pi05": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
     "pi0_fast": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
