@@ -75,6 +75,8 @@ def plan(cfg: TrainConfig, fingerprint: str, overwrite: bool = False) -> Plan:
     if not out.is_dir() or not (out / OWNER).exists():
         raise OutputOwnershipError(f"{out} exists and holds files roboloop's trainer did not write (no {OWNER}); "
                                    "it is left untouched: choose another --output-dir")
+    if {f.name for f in out.iterdir()} <= {OWNER, fsutil.MARKER}:  # claimed by a run refused before its first
+        return Plan("fresh")  # step (a policy_config LeRobot rejects, say): nothing to keep; the fixed run takes it
     if overwrite:
         return Plan("fresh", moved_aside=move_aside(out))
     saved = _saved(out)

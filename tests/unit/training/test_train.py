@@ -174,6 +174,20 @@ def test_resume_needs_steps_beyond_the_latest_checkpoint(tiny_v3, tmp_path):
     assert outdir.plan(cfg, outdir.dataset_fingerprint(tiny_v3)).action == "resume"
 
 
+def test_a_run_refused_before_its_first_step_leaves_its_folder_to_the_fixed_run(tiny_v3, tmp_path):
+    """A config only the model's builder rejects (here LeRobot's ACT, with an option it does not have) is refused
+    after the run claimed its folder; the corrected run, another config, must be able to take that folder."""
+    from roboloop.policies.lerobot import LeRobotPolicyError
+
+    out = tmp_path / "run"
+    bad = _cfg(tiny_v3, out, steps=2, family="lerobot", policy_type="act", policy_config={"no_such_option": 1})
+    with pytest.raises(LeRobotPolicyError, match="no_such_option"):
+        train(bad)
+    assert {f.name for f in out.iterdir()} <= {"run_config.json", ".roboloop-output.json"}
+    fixed = train(bad.model_copy(update={"policy_config": {"dim_model": 32, "n_heads": 2, "dim_feedforward": 64}}))
+    assert fixed.steps == 2 and (out / "model.safetensors").is_file()
+
+
 def test_auxiliary_target_trains_from_recorded_environment_state_and_is_named_when_missing(tiny_v3, tmp_path):
     """A dataset recorded with observation.environment_state (as `collect` does for the -Vision- task) trains with it
     as the image tokens' auxiliary target: the model gets the head, metrics log its loss, and the policy acts
