@@ -233,6 +233,11 @@ class LeRobotFamily:
             pcfg.validate_features()
         except ValueError as e:
             raise LeRobotPolicyError(f"{cfg.policy_type} cannot train on this dataset: {e}") from e
+        for cap, key, dim in (("max_state_dim", features.state_key, features.state_dim),
+                              ("max_action_dim", features.action_key, features.action_dim)):
+            if dim > getattr(pcfg, cap, dim):  # SmolVLA pads to these; more fails deep in a matmul
+                raise LeRobotPolicyError(f"{cfg.policy_type} cannot train on this dataset: {key} has {dim} "
+                                         f"dimensions, more than its {cap}={getattr(pcfg, cap)} (--policy-config)")
         policy = get_policy_class(cfg.policy_type)(config=pcfg)
         stats = _lerobot_stats(features.stats, [features.state_key, features.action_key, *[c["key"] for c in colour]])
         pre, post = make_pre_post_processors(pcfg, dataset_stats=stats)

@@ -43,7 +43,7 @@ def _cfg(ds, out, vlm_dir, **kw) -> TrainConfig:
                           "max_samples": 4, "warmup_steps": 1, "checkpoint_every_steps": 0, "num_workers": 1, **kw})
 
 
-def test_smolvla_without_a_local_backbone_is_refused_with_the_reason(vlm):
+def test_smolvla_without_a_local_backbone_or_too_narrow_is_refused_with_the_reason(recorded, vlm, tmp_path):
     from roboloop.policies.lerobot import LeRobotPolicyError, policy_config
 
     with pytest.raises(LeRobotPolicyError, match="smolvla needs its SmolVLM2 backbone from a local folder.*no "
@@ -51,6 +51,9 @@ def test_smolvla_without_a_local_backbone_is_refused_with_the_reason(vlm):
         policy_config("smolvla", {}, None, "cpu")
     with pytest.raises(LeRobotPolicyError, match="not a folder: HuggingFaceTB/SmolVLM2-500M-Video-Instruct"):
         policy_config("smolvla", {"vlm_model_name": "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"}, None, "cpu")
+    with pytest.raises(LeRobotPolicyError, match="observation.state has 6 dimensions, more than its max_state_dim=4"):
+        train(_cfg(recorded, tmp_path / "narrow", vlm, policy_config={**SMALL_SMOLVLA, "vlm_model_name": str(vlm),
+                                                                      "max_state_dim": 4}))
     # the folder's weights are loaded when it has them, unless told otherwise
     assert policy_config("smolvla", {"vlm_model_name": str(vlm)}, None, "cpu").load_vlm_weights is True
     assert policy_config("smolvla", {"vlm_model_name": str(vlm), "load_vlm_weights": False}, None,
