@@ -2,18 +2,23 @@
 batch size, steps, device.
 
     python bench/lerobot_train.py [--height 480 --width 640] [--episodes 8] [--steps 20] [--batch 4]
-                                  [--policy act|diffusion] [--device cpu|cuda] [--lookahead auto|on|off ...]
+                                  [--policy act|diffusion] [--device cpu|cuda] [--precision bf16 fp32]
+                                  [--lookahead auto|on|off ...]
 
 Baseline: `lerobot-train` (LeRobot 0.6.1: its LeRobotDataset + DataLoader with `--num-workers`, its training
-loop, fp32 as its default `use_amp=false`; roboloop runs `--precision fp32` to match), both on the same device,
-one camera stored as h264 video at HxW (generated once under bench/out/). LeRobot decodes with torchcodec where
-it is installed, else PyAV (the JSON says which); roboloop decodes with PyAV.
+loop) as a user runs it, in fp32 (its default, `use_amp=false`); and, when roboloop trains in bf16, also with
+`--policy.use_amp=true` (accelerate's bf16 autocast, on CPU too), the same precision on both sides. Both on the
+same device, one camera stored as h264 video at HxW (generated once under bench/out/). LeRobot decodes with
+torchcodec where it is installed, else PyAV (the JSON says which); roboloop decodes with PyAV. roboloop runs
+once per `--precision` (default: bf16 then fp32 where bf16 is native, on a CUDA GPU or a CPU with AMX or
+AVX512-BF16; else fp32 alone).
 Samples/s is measured over the steps after the first two: LeRobot's from its own per-step `updt_s` + `data_s`
 log fields, roboloop's from its metrics.jsonl; peak RSS of each process tree is sampled every 20 ms. The final
 loss of each is the mean of its last five steps (their data orders differ). Ends with one JSON line:
-`ratio_samples_per_s` (roboloop / LeRobot), `final_loss_ratio`, `rss_ratio` (roboloop's first `--lookahead`
-run), and `roboloop_runs`: each run's samples/s, loss, and the training loop's data wait and batch-building
-fractions of a step.
+`ratio_samples_per_s` (roboloop's first run / `lerobot-train` as a user runs it, fp32), `final_loss_ratio`,
+`rss_ratio` (the same two runs), `ratio_same_precision` (each roboloop precision against LeRobot at that
+precision), `lerobot_runs` and `roboloop_runs`: each run's samples/s, loss, and roboloop's data wait and
+batch-building fractions of a step and what it did to the convolutions.
 """
 
 from __future__ import annotations
@@ -86,53 +91,82 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=HERE / "out")
     ap.add_argument("--policy", choices=sorted(CONFIG), default="act")
     ap.add_argument("--device", default="cpu", help="cpu or cuda: both trainers run there")
+    ap.add_argument("--precision", nargs="+", choices=["bf16", "fp32", "native"], default=None,
+                    help="roboloop runs once per value (native: bf16 where it is native, else fp32; default: bf16 "
+                         "and fp32 where bf16 is native, else fp32)")
     ap.add_argument("--lookahead", nargs="+", choices=["auto", "on", "off"], default=["auto"],
                     help="roboloop runs once per value (its pipeline's lookahead; auto: on CUDA only)")
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     ds = dataset(args)
     work = Path(tempfile.mkdtemp(prefix="lerobot_train_run-", dir=args.workdir))  # fresh each run, never reused
-    (work / "lerobot").mkdir(parents=True)
 
     cfg = CONFIG[args.policy]
-    lr_out, lr_rss = run([sys.executable, "-m", "lerobot.scripts.lerobot_train", "--dataset.repo_id=bench/act",
-                          f"--dataset.root={ds}", f"--policy.type={args.policy}",
-                          "--policy.pretrained_backbone_weights=null", f"--policy.device={args.device}",
-                          "--policy.push_to_hub=false", *[f"--policy.{k}={v}" for k, v in cfg.items()],
-                          f"--steps={args.steps}", f"--batch_size={args.batch}", f"--num_workers={args.workers}",
-                          "--log_freq=1", f"--save_freq={args.steps}", "--output_dir=out", "--wandb.enable=false",
-                          "--seed=0"], work / "lerobot")
-    rows = [(float(m[0]), float(m[1]), float(m[2])) for m in
-            re.findall(r"loss:([0-9.e+-]+).*?updt_s:([0-9.e+-]+) data_s:([0-9.e+-]+)", lr_out)]
-    if len(rows) < args.steps:
-        raise SystemExit(f"lerobot-train logged {len(rows)} steps, expected {args.steps}:\n{lr_out[-2000:]}")
-    lr_sps = sum(args.batch / (u + d) for _, u, d in rows[2:]) / max(1, len(rows) - 2)
-    lr_loss = sum(r[0] for r in rows[-5:]) / len(rows[-5:])
-
-    runs = [roboloop_run(args, ds, work / f"roboloop-{la}", la) for la in args.lookahead]
+    native = "bf16" if native_bf16(args.device) else "fp32"
+    precisions = list(dict.fromkeys(native if p == "native" else p for p in args.precision or [native, "fp32"]))
+    if "bf16" in precisions and not native_bf16(args.device):
+        raise SystemExit(f"--precision bf16: {args.device} has no native bf16 here (roboloop refuses it on a CPU "
+                         "without AMX or AVX512-BF16)")
+    lerobot = {p: lerobot_run(args, ds, work / f"lerobot-{p}", amp=p == "bf16")
+               for p in dict.fromkeys(["fp32", *precisions])}
+    base = lerobot["fp32"]  # lerobot-train as a user runs it
+    runs = [roboloop_run(args, ds, work / f"roboloop-{p}-{la}", la, p)
+            for p, la in [(p, args.lookahead[0]) for p in precisions] + [(precisions[0], la)
+                                                                          for la in args.lookahead[1:]]]
     first = runs[0]
     print(json.dumps({
         "dataset": str(ds), "camera": f"{args.height}x{args.width}", "steps": args.steps, "batch": args.batch,
         "policy": args.policy, "config": cfg, "device": device_name(args.device), "cpus": os.cpu_count(),
         "lerobot_video_backend": "torchcodec" if importlib.util.find_spec("torchcodec") else "pyav",
-        "baseline": "lerobot-train (LeRobot 0.6.1), same dataset/config/batch/device, fp32",
-        "roboloop_samples_per_s": first["samples_per_s"], "lerobot_samples_per_s": round(lr_sps, 2),
-        "ratio_samples_per_s": round(first["samples_per_s"] / lr_sps, 2),
-        "roboloop_final_loss": first["final_loss"], "lerobot_final_loss": round(lr_loss, 4),
-        "final_loss_ratio": round(first["final_loss"] / lr_loss, 3),
-        "roboloop_peak_rss_mb": first["peak_rss_mb"], "lerobot_peak_rss_mb": round(lr_rss),
-        "rss_ratio": round(first["peak_rss_mb"] / lr_rss, 2),
-        "roboloop_runs": [r | {"ratio_samples_per_s": round(r["samples_per_s"] / lr_sps, 2)} for r in runs]}))
+        "baseline": "lerobot-train (LeRobot 0.6.1), same dataset/config/batch/device, fp32 (its default); "
+                    "ratio_same_precision: also against its use_amp=true (bf16 autocast) where roboloop ran bf16",
+        "roboloop_precision": first["precision"],
+        "roboloop_samples_per_s": first["samples_per_s"], "lerobot_samples_per_s": base["samples_per_s"],
+        "ratio_samples_per_s": round(first["samples_per_s"] / base["samples_per_s"], 2),
+        "roboloop_final_loss": first["final_loss"], "lerobot_final_loss": base["final_loss"],
+        "final_loss_ratio": round(first["final_loss"] / base["final_loss"], 3),
+        "roboloop_peak_rss_mb": first["peak_rss_mb"], "lerobot_peak_rss_mb": base["peak_rss_mb"],
+        "rss_ratio": round(first["peak_rss_mb"] / base["peak_rss_mb"], 2),
+        "ratio_same_precision": {r["precision"]: round(r["samples_per_s"] / lerobot[p]["samples_per_s"], 2)
+                                 for p, r in zip(precisions, runs, strict=False)},
+        "lerobot_runs": list(lerobot.values()),
+        "roboloop_runs": [r | {"ratio_samples_per_s": round(r["samples_per_s"] / base["samples_per_s"], 2)}
+                          for r in runs]}))
 
 
-def roboloop_run(args, ds: Path, cwd: Path, lookahead: str) -> dict:
+def native_bf16(device: str) -> bool:
+    from roboloop import availability
+
+    return device.startswith("cuda") or availability.cpu_bf16() is not None
+
+
+def lerobot_run(args, ds: Path, cwd: Path, amp: bool) -> dict:
+    """`lerobot-train` on the dataset; samples/s from its own per-step `updt_s` + `data_s` log fields."""
+    cwd.mkdir(parents=True)
+    out, rss = run([sys.executable, "-m", "lerobot.scripts.lerobot_train", "--dataset.repo_id=bench/act",
+                    f"--dataset.root={ds}", f"--policy.type={args.policy}",
+                    "--policy.pretrained_backbone_weights=null", f"--policy.device={args.device}",
+                    "--policy.push_to_hub=false", *[f"--policy.{k}={v}" for k, v in CONFIG[args.policy].items()],
+                    f"--policy.use_amp={str(amp).lower()}", f"--steps={args.steps}", f"--batch_size={args.batch}",
+                    f"--num_workers={args.workers}", "--log_freq=1", f"--save_freq={args.steps}", "--output_dir=out",
+                    "--wandb.enable=false", "--seed=0"], cwd)
+    rows = [(float(m[0]), float(m[1]), float(m[2])) for m in
+            re.findall(r"loss:([0-9.e+-]+).*?updt_s:([0-9.e+-]+) data_s:([0-9.e+-]+)", out)]
+    if len(rows) < args.steps:
+        raise SystemExit(f"lerobot-train logged {len(rows)} steps, expected {args.steps}:\n{out[-2000:]}")
+    sps = sum(args.batch / (u + d) for _, u, d in rows[2:]) / max(1, len(rows) - 2)
+    return {"use_amp": amp, "samples_per_s": round(sps, 2),
+            "final_loss": round(sum(r[0] for r in rows[-5:]) / len(rows[-5:]), 4), "peak_rss_mb": round(rss)}
+
+
+def roboloop_run(args, ds: Path, cwd: Path, lookahead: str, prec: str) -> dict:
     """`roboloop train` on the same data and config; samples/s and the loop's data fractions from metrics.jsonl."""
-    cwd.mkdir()
+    cwd.mkdir(parents=True)
     cfg = CONFIG[args.policy]
     _, rss = run([sys.executable, "-m", "roboloop.cli", "train", "--dataset", str(ds), "--output-dir", "out",
                   "--policy-type", args.policy, "--policy-config", json.dumps(cfg), "--steps", str(args.steps),
                   "--max-samples", str(args.batch), *OPTIM[args.policy], "--device", args.device,
-                  "--precision", "fp32", "--num-workers", str(args.workers), "--checkpoint-every-steps", "0",
+                  "--precision", prec, "--num-workers", str(args.workers), "--checkpoint-every-steps", "0",
                   "--lookahead", lookahead, "--no-cache"], cwd)
     metrics = [json.loads(line) for line in (cwd / "out" / "metrics.jsonl").read_text().splitlines()]
     timed = metrics[2:] or metrics
@@ -140,7 +174,10 @@ def roboloop_run(args, ds: Path, cwd: Path, lookahead: str) -> dict:
     def mean(key: str) -> float:
         return sum(m[key] for m in timed) / len(timed)
 
-    return {"lookahead": lookahead, "ran": metrics[0].get("pipeline"), "samples_per_s": round(mean("samples_per_s"), 2),
+    ran = metrics[0].get("run", {})
+    return {"precision": ran.get("precision", prec), "conv_layout": ran.get("conv_layout"),
+            "frozen_norms_folded": ran.get("frozen_norms_folded"), "lookahead": lookahead,
+            "ran": metrics[0].get("pipeline"), "samples_per_s": round(mean("samples_per_s"), 2),
             "final_loss": round(sum(m["loss"] for m in metrics[-5:]) / len(metrics[-5:]), 4),
             "data_wait_fraction": round(mean("data_wait_fraction"), 3),
             "data_build_fraction": round(mean("data_build_fraction"), 3), "peak_rss_mb": round(rss)}

@@ -46,6 +46,21 @@ def cuda_capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
 
 
+def cpu_bf16() -> str | None:
+    """The instructions this CPU multiplies bf16 with natively (AMX or AVX512-BF16), or None. Without them
+    oneDNN emulates bf16 with conversions, slower than fp32."""
+    import torch
+
+    probes = (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
+    for name, probe in probes:
+        try:
+            if getattr(torch.cpu, probe)():
+                return name
+        except (AttributeError, RuntimeError):
+            continue
+    return None
+
+
 def torch_varlen_available() -> bool:
     """PyTorch's own varlen flash attention (torch >= 2.10, CUDA only)."""
     return has_module("torch.nn.attention.varlen") and cuda_available()

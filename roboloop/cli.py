@@ -362,7 +362,9 @@ def explain(e: BaseException) -> tuple[str, int]:
         parts = [f"--{str(err['loc'][0]).replace('_', '-')}" + "".join(f".{x}" for x in err["loc"][1:])
                  + f" {err['input']!r}: {err['msg'].lower()}" if err["loc"] else err["msg"] for err in e.errors()]
         return "; ".join(parts), 2
-    if isinstance(e, ValueError | ImportError | KeyError | LookupError):
+    from roboloop.availability import MissingCapability
+
+    if isinstance(e, ValueError | ImportError | KeyError | LookupError | MissingCapability):
         return str(e), 2
     return f"{type(e).__name__}: {e} (unexpected; run with -v for the traceback)", 1
 

@@ -130,7 +130,8 @@ def save_safetensors(weights: Any, path: str | Path) -> Path:
     output; a model folder readable only by its writer cannot be served or shared)."""
     from safetensors.torch import save_file
 
-    save_file(weights, str(path))
+    # safetensors stores row-major bytes and refuses other layouts (channels-last conv weights)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(path))
     os.chmod(path, 0o666 & ~umask())
     return Path(path)
 

@@ -38,6 +38,11 @@ NO_DOWNLOAD = {"pretrained_backbone_weights": None}  # LeRobot's defaults that w
 FROM_SCRATCH = {"diffusion": {"use_group_norm": True}, "vqbet": {"use_group_norm": True}}
 
 
+# LeRobot's VQ-BeT moves its codebook's fp32 averages towards the batch's codes in place (`old.lerp_(new, ...)` in
+# lerobot/policies/vqbet/vqbet_utils.py `ema_inplace`), which fails when autocast made `new` bf16
+VQBET_FP32 = ("vqbet trains in fp32 only: its VQ-VAE updates its codebook in place with autocast's bf16 codes "
+              "(LeRobot's ema_inplace: expected dtype float for `end`)")
+
 # policies that read the task string (tokenised by their own processor step); the others are handed ""
 READS_LANGUAGE = frozenset({"smolvla"})
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".msgpack", ".h5")
@@ -169,6 +174,8 @@ class LeRobotTrainable:
     state_key: str
     cameras: list[str]
     one_rank_only: str | None = None  # why this policy cannot train on several ranks
+    layout: dict | None = None  # what `convs.speed_up` did to its convolutions (recorded with the run)
+    fp32_only: str | None = None  # why it cannot train under bf16 autocast
 
     @property
     def reads_language(self) -> bool:
@@ -208,6 +215,9 @@ class LeRobotTrainable:
     def extra_metrics(self) -> dict:
         return dict(getattr(self.module, "last", {}))
 
+    def kernels(self, device_type: str, dtype: torch.dtype) -> dict:
+        return dict(self.layout or {})
+
 
 class LeRobotFamily:
     """`policy_type` picks LeRobot's policy (`TrainRecipe.policy_type`); `policy_config` sets its options."""
@@ -239,6 +249,11 @@ class LeRobotFamily:
                 raise LeRobotPolicyError(f"{cfg.policy_type} cannot train on this dataset: {key} has {dim} "
                                          f"dimensions, more than its {cap}={getattr(pcfg, cap)} (--policy-config)")
         policy = get_policy_class(cfg.policy_type)(config=pcfg)
+        from roboloop.training import convs
+
+        # frozen norms folded into their convs, channels-last weights: the same arithmetic, faster
+        layout = convs.speed_up(policy, "strategy=fsdp: FSDP2 shards only contiguous parameters"
+                                if cfg.strategy == "fsdp" else None)
         stats = _lerobot_stats(features.stats, [features.state_key, features.action_key, *[c["key"] for c in colour]])
         pre, post = make_pre_post_processors(pcfg, dataset_stats=stats)
         # the loader's action window is LeRobot's `action_delta_indices`: from the oldest observed frame on (ACT: t
@@ -257,7 +272,8 @@ class LeRobotFamily:
         return LeRobotTrainable((VQBeTLossModule if vqbet else LossModule)(policy), needs, pcfg, pre, post,
                                 features.state_key, [c["key"] for c in colour],
                                 one_rank_only="vqbet switches from training its VQ-VAE to training its GPT in the "
-                                "middle of a run, changing which parameters train (one rank only)" if vqbet else None)
+                                "middle of a run, changing which parameters train (one rank only)" if vqbet else None,
+                                layout=layout, fp32_only=VQBET_FP32 if vqbet else None)
 
     def load_init(self, trainable: LeRobotTrainable, init: Path, keys: list[str]) -> dict:
         from safetensors.torch import load_file

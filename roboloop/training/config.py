@@ -143,7 +143,8 @@ class TrainRecipe(BaseModel):
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
     precision: Literal["auto", "fp8", "bf16", "fp32"] = Field(
         "auto", description="auto: fp32 on CPU; on a GPU fp8 only where bench/precision.py --grid measured FP8 "
-                            "faster, else bf16")
+                            "faster, else bf16. bf16 on CPU: autocast, only where the CPU multiplies bf16 natively "
+                            "(AMX or AVX512-BF16)")
     fp8_backend: Literal["te", "torchao"] = Field("te", description="FP8 implementation when precision=fp8")
     seed: int = Field(0, description="seeds weights, data order and flow-matching noise")
     window: int = Field(32, gt=0, description="frames decoded per sequential video read")

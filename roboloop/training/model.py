@@ -180,18 +180,19 @@ class VLAPolicy(nn.Module):
             vis = vis + self.patch_pos + self.camera_emb(b.image_camera)[:, None]
             start = cu[b.image_sample].long() + b.image_camera * p
             dest = start[:, None] + torch.arange(p, device=start.device)
-            x = x.index_put((dest.reshape(-1),), vis.reshape(-1, cfg.dim))
+            x = x.index_put((dest.reshape(-1),), vis.reshape(-1, cfg.dim).to(x.dtype))  # autocast's outputs
         num_images = torch.bincount(b.image_sample, minlength=b.num_samples) if b.images.shape[0] else \
             torch.zeros(b.num_samples, dtype=torch.long, device=x.device)
         if b.tokens.numel():
             txt = self.tok_emb(b.tokens) + self.tok_pos(b.token_pos)
             dest = cu[b.token_sample].long() + num_images[b.token_sample] * p + b.token_pos
-            x = x.index_put((dest,), txt)
+            x = x.index_put((dest,), txt.to(x.dtype))
         states = b.states.to(x.dtype)
         extra = [t.flatten(1).to(x.dtype) for t in (kp_state, aux_state) if t is not None]
         if extra:
             states = torch.cat([states, *extra], dim=-1)
-        x = x.index_put((self._state_positions(cu),), self._state_tokens(states))
+        # (CUDA's autocast promotes index_put's source to x's dtype, CPU's does not)
+        x = x.index_put((self._state_positions(cu),), self._state_tokens(states).to(x.dtype))
         max_len = int(b.seq_lens.max())
         for blk in self.blocks:
             x = blk(x, cu, max_len, cfg.attention)

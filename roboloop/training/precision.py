@@ -39,8 +39,8 @@ class PrecisionPlan:
     fp8_backend: str | None = None
 
     def autocast(self, device_type: str) -> contextlib.AbstractContextManager:
-        if self.name in ("bf16", "fp8") and device_type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.name in ("bf16", "fp8") and device_type in ("cuda", "cpu"):  # fp8 plans are CUDA-only
+            return torch.autocast(device_type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
 
@@ -49,15 +49,20 @@ def plan(requested: str, device_type: str, fp8_backend: str = "te", gpu_name: st
     if requested == "fp32":
         return PrecisionPlan("fp32", "requested")
     if requested == "bf16":
-        if device_type != "cuda":
-            raise availability.MissingCapability("precision=bf16 is for CUDA GPUs; use fp32 on CPU")
+        if device_type == "cpu":
+            native = availability.cpu_bf16()
+            if native is None:
+                raise availability.MissingCapability(
+                    "precision=bf16 on this CPU would be emulated (it has neither AMX nor AVX512-BF16) and slower "
+                    "than fp32: use fp32 here")
+            return PrecisionPlan("bf16", f"requested (CPU autocast; this CPU multiplies bf16 with {native})")
         return PrecisionPlan("bf16", "requested")
     if requested == "fp8":
         availability.require_fp8(fp8_backend)
         return PrecisionPlan("fp8", "requested", fp8_backend)
     # auto
-    if device_type != "cuda":
-        return PrecisionPlan("fp32", "auto: CPU -> fp32")
+    if device_type != "cuda":  # bf16 on a CPU that multiplies it natively is asked for, never assumed: it would
+        return PrecisionPlan("fp32", "auto: CPU -> fp32")  # change runs reproduced in fp32 (the demo's weights)
     for backend in (fp8_backend, "torchao" if fp8_backend == "te" else "te"):
         try:
             availability.require_fp8(backend)
@@ -75,6 +80,16 @@ def plan(requested: str, device_type: str, fp8_backend: str = "te", gpu_name: st
         break
     log.info("precision auto -> bf16 (%s)", why)
     return PrecisionPlan("bf16", f"auto: bf16 ({why})")
+
+
+def fit(p: PrecisionPlan, requested: str, fp32_only: str | None) -> PrecisionPlan:
+    """The plan for a model that trains only in fp32 (`fp32_only` says why): `auto` becomes fp32 with that reason,
+    an explicit bf16 or fp8 is refused with it."""
+    if fp32_only is None or p.name == "fp32":
+        return p
+    if requested != "auto":
+        raise availability.MissingCapability(f"precision={requested}: {fp32_only}")
+    return PrecisionPlan("fp32", f"auto: fp32 ({fp32_only})")
 
 
 def fp8_filter(min_features: int = FP8_MIN_FEATURES) -> Callable[[nn.Module, str], bool]:

@@ -122,6 +122,7 @@ class Trainer:
                                                                 cfg.val_fraction, cfg.seed)
         self.prec = precision.plan(cfg.precision, self.device.type, cfg.fp8_backend,
                                    torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None)
+        self.prec = precision.fit(self.prec, cfg.precision, getattr(pol, "fp32_only", None))
         self.depth_mm = ds.depth_ranges(ds.meta.dataset_stats()) if self.with_video else {}
         if cfg.init_from:
             self.stats = self.family.load_init(pol, Path(cfg.init_from), [ds.state_key, ds.action_key])

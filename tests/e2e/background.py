@@ -71,7 +71,7 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
               [pytest.mark.isaac]),
     "precision": (["--presets", "small", "--steps", "2"], {"device", "fp8_backend", "small"}, [pytest.mark.gpu]),
     "lerobot_train": (["--height", "32", "--width", "48", "--episodes", "2", "--frames", "24", "--steps", "3",
-                       "--batch", "2", "--workers", "1", "--workdir", "{tmp}"],
+                       "--batch", "2", "--workers", "1", "--workdir", "{tmp}", "--precision", "native"],
                       {"ratio_samples_per_s", "final_loss_ratio", "rss_ratio"}, []),
 }
 

@@ -5,8 +5,11 @@ lineage, and as one line in the loop's summary."""
 from __future__ import annotations
 
 import json
+import math
 
-from roboloop import stages
+import pytest
+
+from roboloop import availability, stages
 from roboloop.datasets.convert import ConvertConfig, convert
 from roboloop.summary import run_line, training_line
 from roboloop.training.config import TrainConfig
@@ -49,3 +52,15 @@ def test_a_resumed_runs_wall_clock_is_the_sum_of_its_starts(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "elapsed_s"})
                                                     + "\n" for r in rows))
     assert "train_s" not in summary(tmp_path)  # a folder from before the clock was recorded: no number made up
+
+
+@pytest.mark.skipif(availability.cpu_bf16() is None, reason="this CPU has no native bf16 (AMX or AVX512-BF16)")
+def test_the_vla_trains_in_bf16_on_a_cpu_that_has_it(small_v21, tmp_path):
+    v3 = convert(small_v21, tmp_path / "v3", ConvertConfig(progress=False, workers=1))
+    out = tmp_path / "run"
+    train(TrainConfig(dataset=str(v3), output_dir=str(out), steps=2, max_tokens=512, checkpoint_every_steps=0,
+                      precision="bf16", model_overrides={"image_size": [32, 32]}))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rec = rows[0]["run"]
+    assert rec["precision"] == "bf16" and "CPU autocast" in rec["precision_reason"]
+    assert all(math.isfinite(r["loss"]) for r in rows)
