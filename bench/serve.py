@@ -1,10 +1,12 @@
 """Policy-server latency and throughput on this machine, over loopback, against the same model in-process.
 
     python bench/serve.py [--requests 200] [--seconds 6] [--clients 1 8 32] [--families vla act] [--device cuda]
+                          [--act-camera 96x128]
 
 Models (weights do not change speed): `vla` is the demo's VLA shape (roboloop's tiny preset, horizon 8, the
 reach task's state and action sizes, state only, 4 flow-matching steps); `act` is LeRobot's ACT at its
-default size (ResNet-18 backbone, chunk 100) reading one 96x128 camera, trained for one step by
+default size (ResNet-18 backbone, chunk 100) reading one 96x128 camera (`--act-camera HxW`: 480x640 is what
+LeRobot's SO-101 recorder writes), trained for one step by
 `roboloop train --policy-type act` on a generated dataset so the folder is a real one.
 
 Baseline: `policy.act(obs)` in the bench's own process (no server). Served: `roboloop serve` in its own
@@ -61,12 +63,16 @@ def vla_model(dst: Path, dims: list[int] | None = None) -> Path:
     return dst
 
 
+ACT_CAMERA = (96, 128)  # `--act-camera`
+
+
 def act_model(work: Path) -> Path:
     def cli(*args: str) -> None:
         subprocess.run([sys.executable, "-m", "roboloop.cli", *args], check=True, capture_output=True, text=True,
                        timeout=1200, cwd=work)
 
-    cli("generate", str(work / "ds"), "--v3", "--camera", f"{CAM}=96x128", "--num-episodes", "2")
+    cli("generate", str(work / "ds"), "--v3", "--camera", f"{CAM}={ACT_CAMERA[0]}x{ACT_CAMERA[1]}",
+        "--num-episodes", "2")
     cli("train", "--dataset", str(work / "ds"), "--output-dir", str(work / "act"), "--policy-type", "act",
         "--steps", "1", "--max-samples", "2", "--checkpoint-every-steps", "0")
     return work / "act"
@@ -79,7 +85,7 @@ def observation(policy, n: int = 1):
 
     rng = np.random.default_rng(0)
     state = rng.normal(size=(n, policy.state_dim)).astype(np.float32)
-    images = {k: rng.integers(0, 256, (n, 96, 128, 3), dtype=np.uint8) for k in policy.camera_keys}
+    images = {k: rng.integers(0, 256, (n, *policy.image_size, 3), dtype=np.uint8) for k in policy.camera_keys}
     obs = Obs(torch.from_numpy(state), {k: torch.from_numpy(v) for k, v in images.items()}, ["reach"] * n)
     return obs, state, images
 
@@ -210,12 +216,15 @@ def main() -> None:
     ap.add_argument("--families", nargs="+", default=["vla", "act"], choices=["vla", "act"])
     ap.add_argument("--vla-dims", type=int, nargs=2, metavar=("STATE", "ACTION"), help="the VLA's state and "
                     "action sizes (default: read from Roboloop-Reach-Color-v0's config, which needs Isaac Lab)")
+    ap.add_argument("--act-camera", default="96x128", help="HxW of ACT's one camera")
     ap.add_argument("--device", default="cpu", help="torch device of the model in-process and in the server")
     ap.add_argument("--ray-replicas", type=int, nargs="*", default=[1, 2], help="also serve the VLA with "
                     "`--engine ray` at these replica counts (none: skip Ray Serve)")
     args = ap.parse_args()
-    global DEVICE
+    global DEVICE, ACT_CAMERA
     DEVICE = args.device
+    h, w = args.act_camera.lower().split("x")
+    ACT_CAMERA = (int(h), int(w))
     sys.path.insert(0, str(ROOT))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -229,7 +238,8 @@ def main() -> None:
                   f"{r['served_infer_ms']['p50']}) | chunks/s batched {r['chunks_per_s_batched']} unbatched "
                   f"{r['chunks_per_s_unbatched']}", file=sys.stderr)
     print(json.dumps({"bench": "serve", "baseline": "policy.act in the bench's own process", "cpu_threads":
-                      os.cpu_count(), "device": device_name(args.device), "rows": rows}))
+                      os.cpu_count(), "device": device_name(args.device), "act_camera": args.act_camera,
+                      "rows": rows}))
 
 
 def device_name(device: str) -> str:

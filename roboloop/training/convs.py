@@ -84,6 +84,24 @@ def fold_frozen_norms(model: nn.Module) -> int:
     return folded
 
 
+@torch.no_grad()
+def fold_for_inference(model: nn.Module) -> int:
+    """`fold_frozen_norms` once and for all, for a model that only acts: the norm's scale is multiplied into the
+    conv's weights and its shift becomes the conv's bias (no per-forward work; `fold_frozen_norms` recomputes
+    `W * scale` at every forward, a pass over every conv weight that small images cannot hide). The state dict
+    is then no longer LeRobot's (each folded conv has a bias and the scaled weights): never save it."""
+    folded = 0
+    for parent in list(model.modules()):
+        for conv, norm in _pairs(parent):
+            if _foldable(conv, norm):
+                scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
+                conv.weight.mul_(scale.reshape(-1, 1, 1, 1))
+                conv.bias = nn.Parameter(norm.bias - norm.running_mean * scale, requires_grad=False)
+                norm.__class__ = FoldedFrozenNorm
+                folded += 1
+    return folded
+
+
 def has_convs(model: nn.Module) -> bool:
     return any(isinstance(m, nn.Conv2d) for m in model.modules())
 

@@ -115,6 +115,10 @@ def test_act_trains_and_lerobot_reads_the_folder_and_acts_on_its_own_frame(recor
                                                   for k in (*CAMS, *IMAGES)}, [item["task"]])
     chunk = ours.act(obs)
     assert chunk.shape == (1, 5, 6) and torch.isfinite(chunk).all()
+    with torch.no_grad():  # roboloop acts with ACT's norms folded into its convs: LeRobot's own chunk all the same
+        same = ours.inputs(obs)
+        theirs = post(policy.eval().predict_action_chunk(same))
+    assert torch.allclose(ours.post(ours.chunk(same)), theirs, atol=1e-4), (chunk - theirs).abs().max()
 
     from roboloop.evaluation.offline import evaluate_offline
 

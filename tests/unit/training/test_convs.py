@@ -83,6 +83,16 @@ def test_folded_channels_last_act_computes_what_lerobots_act_computes():
         assert torch.allclose(fast.predict_action_chunk(batch), back.predict_action_chunk(batch), atol=1e-5)
 
 
+def test_an_acting_act_folded_for_good_gives_lerobots_chunks():
+    reference = _act().eval()
+    acting = copy.deepcopy(reference)
+    assert convs.fold_for_inference(acting) == 20
+    assert acting.model.backbone.conv1.bias is not None  # the shift is the conv's bias now
+    batch = _batch()
+    with torch.no_grad():
+        assert torch.allclose(acting.predict_action_chunk(batch), reference.predict_action_chunk(batch), atol=1e-5)
+
+
 def test_only_a_conv_that_feeds_its_norm_is_folded():
     class Crossed(nn.Module):  # the norm comes before the conv in the data flow: folding would be wrong
         def __init__(self):
