@@ -15,7 +15,8 @@ Both are also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-
 Throughput: K clients (threads, one websocket each) sending back to back for `--seconds`, against a server with
 batching (`--max-batch 64`, no added wait: requests arriving during a forward pass share the next) and without
 (`--max-batch 1`). The VLA is served once more by the Ray
-Serve engine (`--engine ray`) with 1 and 2 replicas (what the engine's proxy hop costs). Ends with one JSON line.
+Serve engine (`--engine ray`) with 1 and 2 replicas (what the engine's proxy hop costs). `server_threads` is what
+the server chose for its torch threads and why (`--server-threads N` sets them). Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def vla_model(dst: Path, dims: list[int] | None = None) -> Path:
 
 
 ACT_CAMERA = (96, 128)  # `--act-camera`
+SERVER_THREADS = 0  # `--server-threads`: roboloop serve's --threads (0: its default)
+STARTED: dict[str, str] = {}  # what the last `roboloop serve` said of its torch threads
 
 
 def act_model(work: Path) -> Path:
@@ -101,11 +104,15 @@ def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 
     """`roboloop serve` in its own process (replicas > 0: the Ray Serve engine with that many replicas)."""
     env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"}
     engine = ["--engine", "ray", "--replicas", str(replicas)] if replicas else []
+    STARTED.clear()
     p = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0", "--max-batch",
-                          str(max_batch), "--device", DEVICE, *engine], stderr=subprocess.PIPE, text=True, env=env)
+                          str(max_batch), "--device", DEVICE, "--threads", str(SERVER_THREADS), *engine],
+                         stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 180
     while time.time() < deadline:
         line = p.stderr.readline()  # type: ignore[union-attr]
+        if m := re.search(r"; (\d+ torch threads \([^)]*\))", line):
+            STARTED["threads"] = m.group(1)
         if m := re.search(r"listening on ws://127\.0\.0\.1:(\d+)", line):
             threading.Thread(target=p.stderr.read, daemon=True).start()  # type: ignore[union-attr]
             return p, int(m.group(1))
@@ -161,7 +168,7 @@ def served_latency(model: Path, token_file: Path, token: str, n: int, state, ima
             timed(lambda: replies.append(c.act(state, images, ["reach"])), n)
         replies = replies[5:]
         return {"served_ms": pct([r.roundtrip_ms for r in replies]),
-                "served_infer_ms": pct([r.infer_ms for r in replies])}
+                "served_infer_ms": pct([r.infer_ms for r in replies]), "server_threads": STARTED.get("threads")}
     finally:
         server.terminate()
         server.wait(30)
@@ -216,12 +223,14 @@ def main() -> None:
     ap.add_argument("--families", nargs="+", default=["vla", "act"], choices=["vla", "act"])
     ap.add_argument("--vla-dims", type=int, nargs=2, metavar=("STATE", "ACTION"), help="the VLA's state and "
                     "action sizes (default: read from Roboloop-Reach-Color-v0's config, which needs Isaac Lab)")
+    ap.add_argument("--server-threads", type=int, default=0, help="roboloop serve --threads (0: its default)")
     ap.add_argument("--act-camera", default="96x128", help="HxW of ACT's one camera")
     ap.add_argument("--device", default="cpu", help="torch device of the model in-process and in the server")
     ap.add_argument("--ray-replicas", type=int, nargs="*", default=[1, 2], help="also serve the VLA with "
                     "`--engine ray` at these replica counts (none: skip Ray Serve)")
     args = ap.parse_args()
-    global DEVICE, ACT_CAMERA
+    global DEVICE, ACT_CAMERA, SERVER_THREADS
+    SERVER_THREADS = args.server_threads
     DEVICE = args.device
     h, w = args.act_camera.lower().split("x")
     ACT_CAMERA = (int(h), int(w))

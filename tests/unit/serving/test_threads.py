@@ -1,0 +1,41 @@
+"""The server's torch threads on a CPU (`choose_threads`): every core only for a forward pass that runs clearly
+faster on them, else one core stays with the event loop and the client; the policy's noise stream untouched."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from roboloop.serving.service import ModelSlot, choose_threads
+
+
+class Timed:
+    """A policy whose forward pass takes `work / threads**scaling` seconds."""
+
+    state_key, state_dim, action_dim, horizon, camera_keys, image_size, stats = "s", 2, 2, 3, [], None, {}
+
+    def __init__(self, scaling: float):
+        self.scaling = scaling
+        self.g = torch.Generator().manual_seed(0)
+
+    def act(self, obs):
+        time.sleep(0.02 / torch.get_num_threads() ** self.scaling)
+        torch.randn(1, generator=self.g)  # draws from its noise stream, as a flow-matching policy does
+        return torch.zeros(obs.state.shape[0], self.horizon, self.action_dim)
+
+
+def test_every_core_only_for_a_compute_bound_forward_pass():
+    before = torch.get_num_threads()
+    try:
+        for scaling, want in ((1.0, 2), (0.0, 1)):  # halves on two threads / no faster
+            policy = Timed(scaling)
+            state = policy.g.get_state()
+            n, why = choose_threads(ModelSlot(policy, "v1", Path("."), "0" * 64), cores=2)
+            assert n == want and torch.get_num_threads() == want, why
+            assert ("compute-bound" in why) == (want == 2), why
+            assert torch.equal(policy.g.get_state(), state)  # served chunks stay the in-process ones
+        assert choose_threads(ModelSlot(Timed(1.0), "v1", Path("."), "0" * 64), cores=1) == (1, "one core")
+    finally:
+        torch.set_num_threads(before)
