@@ -335,9 +335,7 @@ def _fold_for_acting(policy: nn.Module) -> None:
     from roboloop.training import convs
 
     if convs.fold_for_inference(policy):
-        for m in policy.modules():
-            if isinstance(m, nn.Conv2d):
-                m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last)
+        convs.channels_last(policy)
 
 
 class LeRobotPolicy:

@@ -106,6 +106,13 @@ def has_convs(model: nn.Module) -> bool:
     return any(isinstance(m, nn.Conv2d) for m in model.modules())
 
 
+def channels_last(model: nn.Module) -> None:
+    """Conv weights in channels-last: PyTorch then runs each conv, its backward and what follows in it."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last)
+
+
 def speed_up(model: nn.Module, keep_layout_because: str | None = None) -> dict:
     """Fold the frozen norms and, where there were some (ACT's ResNet), put the conv weights in channels-last
     (unless a reason to keep their layout is given); returns what was done (for the run record). A model without
@@ -113,11 +120,9 @@ def speed_up(model: nn.Module, keep_layout_because: str | None = None) -> dict:
     if not has_convs(model):
         return {"conv_layout": None, "frozen_norms_folded": 0}
     folded = fold_frozen_norms(model)
-    if not folded and keep_layout_because is None:  # measured only where it helps: Diffusion's GroupNorm ResNet
+    if not folded and keep_layout_because is None:  # channels-last alone did not help Diffusion's GroupNorm ResNet
         keep_layout_because = "no frozen-norm backbone: channels-last measured no faster (Diffusion, 96x96)"
     if keep_layout_because is None:
-        for m in model.modules():
-            if isinstance(m, nn.Conv2d):
-                m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last)
+        channels_last(model)
     layout = "channels_last" if keep_layout_because is None else f"contiguous ({keep_layout_because})"
     return {"conv_layout": layout, "frozen_norms_folded": folded}
