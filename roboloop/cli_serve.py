@@ -90,7 +90,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not cfg.threads and cfg.device == "cpu" and spec["runtime"] not in ("OnnxPolicy", "OnnxLeRobotPolicy"):
         from roboloop.serving.service import choose_threads
 
-        n, why = choose_threads(server.service.slot, os.cpu_count() or 1)
+        n, why = server.service.compute.submit(choose_threads, server.service.slot, os.cpu_count() or 1).result()
         threads = f"{n} torch threads ({why})"
     print(f"roboloop serve: {spec['version']} ({spec['state_dim']}-dim state, cameras {spec['camera_keys']}, "
           f"chunks of {spec['horizon']}x{spec['action_dim']}); {threads}; token in {token_path(args.token_file)}"

@@ -24,10 +24,12 @@ def _make_service(cfg: ServeConfig) -> Any:
     """A replica's checked PolicyService, following the registry alias when the reference names one."""
     from pathlib import Path
 
-    from roboloop.serving.service import Follower, PolicyService, load_slot, resolve
+    from roboloop.serving.service import Follower, PolicyService, compute_thread, load_slot, resolve
 
     folder, version, follow = resolve(cfg.ref, Path(cfg.cache))
-    service = PolicyService(load_slot(folder, version, cfg.device, cfg.seed), cfg.device, cfg.seed)
+    compute = compute_thread()  # the model's load and check on the thread its forward passes will run on
+    slot = compute.submit(load_slot, folder, version, cfg.device, cfg.seed).result()
+    service = PolicyService(slot, cfg.device, cfg.seed, compute=compute)
     if follow is not None:
         f = Follower(service, follow[0], follow[1], follow[2], Path(cfg.cache), cfg.follow_interval_s)
         f.seen = int(version.split("@v")[1])
@@ -44,7 +46,8 @@ async def _forward(service: Any, batch: list[Any]) -> list[tuple]:
         groups.setdefault(signature(obs), []).append(i)
     out: list[Any] = [None] * len(batch)
     for idx in groups.values():
-        chunks, version, ms = await asyncio.to_thread(service.act, [batch[i] for i in idx])
+        chunks, version, ms = await asyncio.get_running_loop().run_in_executor(
+            service.compute, service.act, [batch[i] for i in idx])
         for i, c in zip(idx, chunks, strict=True):
             out[i] = (c, version, ms, len(idx))
     return out

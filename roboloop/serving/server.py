@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 from roboloop.evaluation.protocol import Obs
 from roboloop.serving import wire
-from roboloop.serving.service import Follower, PolicyService, load_slot, resolve, respond, signature
+from roboloop.serving.service import Follower, PolicyService, compute_thread, load_slot, resolve, respond, signature
 
 log = logging.getLogger("roboloop.serve")
 
@@ -52,7 +51,7 @@ class Batcher:
     def __init__(self, service: PolicyService, max_batch: int, max_wait_ms: float):
         self.service, self.max_batch, self.max_wait = service, max(1, max_batch), max(0.0, max_wait_ms) / 1e3
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="roboloop-serve-forward")
+        self.pool = service.compute
         self.passes = 0
 
     async def submit(self, obs: Obs) -> tuple[Any, str, float, int]:
@@ -107,7 +106,9 @@ class Server:
     def __init__(self, cfg: ServeConfig, token: str):
         self.cfg, self._token = cfg, token
         folder, version, self.follow = resolve(cfg.ref, Path(cfg.cache))
-        self.service = PolicyService(load_slot(folder, version, cfg.device, cfg.seed), cfg.device, cfg.seed)
+        compute = compute_thread()  # the model's load and check on the thread its forward passes will run on
+        slot = compute.submit(load_slot, folder, version, cfg.device, cfg.seed).result()
+        self.service = PolicyService(slot, cfg.device, cfg.seed, compute=compute)
         self.port = cfg.port
         self.requests = self.errors = 0
         self._ready = threading.Event()

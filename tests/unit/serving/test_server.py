@@ -151,3 +151,35 @@ def test_concurrent_clients_are_batched(model):
             c.close()
     assert not errors and len(batches) == 32
     assert max(batches) > 1 and srv.batcher.passes < 32  # requests shared forward passes
+
+
+def test_the_model_loads_checks_and_acts_on_one_thread_and_swaps_load_on_a_passing_one(model, monkeypatch):
+    """PyTorch's OpenMP gives every thread that starts a parallel region its own team of workers; more of them than
+    cores and the workers are woken by the kernel for every region (`compute_thread`). So the serving model's load,
+    check and forward passes share one thread, and a swap's load and check run on a thread that ends with them."""
+    import roboloop.serving.server as server_mod
+    import roboloop.serving.service as service_mod
+
+    loaded: list[threading.Thread] = []
+
+    def recording(load):
+        def load_slot(*a, **kw):
+            loaded.append(threading.current_thread())
+            return load(*a, **kw)
+        return load_slot
+
+    monkeypatch.setattr(server_mod, "load_slot", recording(server_mod.load_slot))
+    monkeypatch.setattr(service_mod, "load_slot", recording(service_mod.load_slot))
+    with Server(ServeConfig(str(model), port=0), TOKEN) as srv:
+        compute = srv.service.compute.submit(threading.current_thread).result()
+        assert loaded == [compute] and compute is not threading.main_thread()
+        acted: list[threading.Thread] = []
+        policy = srv.service.slot.policy
+        act = policy.act
+        monkeypatch.setattr(policy, "act", lambda obs: (acted.append(threading.current_thread()), act(obs))[1])
+        with PolicyClient(_url(srv), token=TOKEN) as c:
+            for n in (1, 3):
+                assert c.act(*_obs(n)).actions.shape == (n, 8, 3)
+        assert acted and set(acted) == {compute}
+        assert srv.service.swap_to(model, "again")
+        assert len(loaded) == 2 and loaded[1] is not compute and not loaded[1].is_alive()
