@@ -11,10 +11,13 @@ LeRobot's SO-101 recorder writes), trained for one step by
 
 Baseline: `policy.act(obs)` in the bench's own process (no server). Served: `roboloop serve` in its own
 process, one observation per request, the client's round trip (encode, send, batch, forward, reply, decode).
+The two are timed in alternating blocks of 10 calls while the server runs, so that a shared host's drift falls
+on both (measured alone, one after the other, the same ACT ran 29 to 46 ms p50 in-process from run to run).
 Both are also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-process and served.
 Throughput: K clients (threads, one websocket each) sending back to back for `--seconds`, against a server with
 batching (`--max-batch 64`, no added wait: requests arriving during a forward pass share the next) and without
-(`--max-batch 1`). The VLA is served once more by the Ray
+(`--max-batch 1`); `in_process_batching_gain_at_8` is the ceiling: one in-process pass over 8
+observations against 8 passes over one. The VLA is served once more by the Ray
 Serve engine (`--engine ray`) with 1 and 2 replicas (what the engine's proxy hop costs). `server_threads` is what
 the server chose for its torch threads and why (`--server-threads N` sets them). Ends with one JSON line.
 """
@@ -146,8 +149,11 @@ def throughput(port: int, token: str, clients: int, seconds: float, state, image
     return sum(counts) / dt
 
 
-def timed(fn, n: int) -> list[float]:
-    for _ in range(5):  # warm-up
+BLOCK = 10  # calls per block when in-process and served calls alternate
+
+
+def timed(fn, n: int, warm: bool = True) -> list[float]:
+    for _ in range(5 if warm else 0):  # warm-up
         fn()
     out = []
     for _ in range(n):
@@ -157,18 +163,28 @@ def timed(fn, n: int) -> list[float]:
     return out
 
 
-def served_latency(model: Path, token_file: Path, token: str, n: int, state, images, replicas: int = 0) -> dict:
-    """Round trip and server-side inference ms of one observation per request (a batching server, one client)."""
+def served_latency(model: Path, token_file: Path, token: str, n: int, state, images, replicas: int = 0,
+                  local=None) -> dict:
+    """Round trip and server-side inference ms of one observation per request (a batching server, one client).
+    With `local` (the in-process call), the two are timed in alternating blocks of BLOCK calls, so that what
+    drifts on this machine (a shared host's load) falls on both."""
     from roboloop.serving.client import PolicyClient
 
     server, port = start_server(model, token_file, 64, replicas)
     try:
         with PolicyClient(f"serve://127.0.0.1:{port}", token=token) as c:
-            replies = []
-            timed(lambda: replies.append(c.act(state, images, ["reach"])), n)
+            replies: list = []
+            here: list[float] = []
+            served = lambda: replies.append(c.act(state, images, ["reach"]))  # noqa: E731
+            timed(served, 0)
+            while len(replies) < n + 5:
+                if local is not None:
+                    here += timed(local, BLOCK, warm=not here)
+                timed(served, BLOCK, warm=False)
         replies = replies[5:]
-        return {"served_ms": pct([r.roundtrip_ms for r in replies]),
-                "served_infer_ms": pct([r.infer_ms for r in replies]), "server_threads": STARTED.get("threads")}
+        row = {"served_ms": pct([r.roundtrip_ms for r in replies]),
+               "served_infer_ms": pct([r.infer_ms for r in replies]), "server_threads": STARTED.get("threads")}
+        return row | ({"in_process_ms": pct(here)} if local is not None else {})
     finally:
         server.terminate()
         server.wait(30)
@@ -192,8 +208,15 @@ def bench(name: str, model: Path, args, work: Path) -> dict:
     obs, state, images = observation(policy)
     token_file = work / "token"
     token = read_token(token_file, create=True)
-    row: dict = {"model": name, "in_process_ms": pct(timed(lambda: policy.act(obs), args.requests))}
-    row |= served_latency(model, token_file, token, args.requests, state, images)
+    import torch
+
+    row: dict = {"model": name}
+    row |= served_latency(model, token_file, token, args.requests, state, images, local=lambda: policy.act(obs))
+    row["in_process_threads"] = torch.get_num_threads()
+    # what batching can give at most here: 8 observations in one in-process pass against 8 passes of one
+    obs8 = observation(policy, 8)[0]
+    one, eight = (float(np.median(timed(lambda o=o: policy.act(o), max(10, args.requests // 8)))) for o in (obs, obs8))
+    row["in_process_batching_gain_at_8"] = round(8 * one / eight, 2)
     row["chunks_per_s_batched"] = chunks_per_s(model, token_file, token, 64, args, state, images)
     row["chunks_per_s_unbatched"] = chunks_per_s(model, token_file, token, 1, args, state, images)
     # the same model exported to ONNX: in-process on onnxruntime, and served from the export
@@ -201,9 +224,9 @@ def bench(name: str, model: Path, args, work: Path) -> dict:
 
     export_onnx(model, work / f"{name}-onnx", instruction="reach" if name == "vla" else "")
     op = open_export(work / f"{name}-onnx")
-    row["onnx_in_process_ms"] = pct(timed(lambda: op.act(obs), args.requests))
-    row["served_onnx_ms"] = served_latency(work / f"{name}-onnx", token_file, token, args.requests, state,
-                                           images)["served_ms"]
+    onnx = served_latency(work / f"{name}-onnx", token_file, token, args.requests, state, images,
+                          local=lambda: op.act(obs))
+    row["onnx_in_process_ms"], row["served_onnx_ms"] = onnx["in_process_ms"], onnx["served_ms"]
     for replicas in args.ray_replicas if name == "vla" else []:  # the same app on Ray Serve
         ray_row = served_latency(model, token_file, token, args.requests, state, images, replicas)
         ray_row["chunks_per_s_batched"] = chunks_per_s(model, token_file, token, 64, args, state, images, replicas)
@@ -245,7 +268,8 @@ def main() -> None:
             print(f"{fam}: in-process p50 {r['in_process_ms']['p50']} ms p99 {r['in_process_ms']['p99']} | served "
                   f"p50 {r['served_ms']['p50']} ms p99 {r['served_ms']['p99']} (infer p50 "
                   f"{r['served_infer_ms']['p50']}) | chunks/s batched {r['chunks_per_s_batched']} unbatched "
-                  f"{r['chunks_per_s_unbatched']}", file=sys.stderr)
+                  f"{r['chunks_per_s_unbatched']} (in-process ceiling at 8: {r['in_process_batching_gain_at_8']}x)",
+                  file=sys.stderr)
     print(json.dumps({"bench": "serve", "baseline": "policy.act in the bench's own process", "cpu_threads":
                       os.cpu_count(), "device": device_name(args.device), "act_camera": args.act_camera,
                       "rows": rows}))
