@@ -17,7 +17,9 @@ def add_parser(sub) -> None:
     s.add_argument("--port", type=int, default=8765, help="port (0: any free one; printed on start)")
     s.add_argument("--device", default="cpu", help="torch device for the model")
     s.add_argument("--seed", type=int, default=0, help="the model's noise seed (flow-matching sampling)")
-    s.add_argument("--max-batch", type=int, default=64, help="observations in one forward pass (1: no batching)")
+    s.add_argument("--max-batch", type=int, default=0, help="observations in one forward pass (1: no batching; 0: "
+                   "64, except on a CPU where one pass over 8 observations, timed at start, is not 1.1x faster "
+                   "per observation than 8 passes over one: then 1)")
     s.add_argument("--max-wait-ms", type=float, default=0.0, help="how long a request waits for others to batch "
                    "with (0: none; requests arriving during a forward pass still share the next one)")
     s.add_argument("--threads", type=int, default=0, help="torch threads for forward passes (0: on a CPU, cores "
@@ -75,7 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "put TLS in front (wss://) off a trusted network", file=sys.stderr)
     token = read_token(args.token_file, create=True)
     logging.getLogger("roboloop.serve").setLevel(logging.INFO)
-    cfg = ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch, args.max_wait_ms,
+    cfg = ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch or 64, args.max_wait_ms,
                       follow_interval_s=args.follow_interval, threads=args.threads)
     if args.engine == "ray":
         return _serve_ray(cfg, args)
@@ -92,8 +94,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         n, why = server.service.compute.submit(choose_threads, server.service.slot, os.cpu_count() or 1).result()
         threads = f"{n} torch threads ({why})"
+    batching = f"batches of up to {cfg.max_batch} (--max-batch)" if args.max_batch else "batches of up to 64"
+    if not args.max_batch and cfg.device == "cpu" and spec["runtime"] not in ("OnnxPolicy", "OnnxLeRobotPolicy"):
+        from roboloop.serving.service import choose_batching
+
+        cfg.max_batch, why = server.service.compute.submit(choose_batching, server.service.slot).result()
+        batching = f"batches of up to {cfg.max_batch} ({why})"
     print(f"roboloop serve: {spec['version']} ({spec['state_dim']}-dim state, cameras {spec['camera_keys']}, "
-          f"chunks of {spec['horizon']}x{spec['action_dim']}); {threads}; token in {token_path(args.token_file)}"
+          f"chunks of {spec['horizon']}x{spec['action_dim']}); {threads}; {batching}; "
+          f"token in {token_path(args.token_file)}"
           + (f"; following {server.follow[1]}@{server.follow[2]}" if server.follow else ""), file=sys.stderr,
           flush=True)
     server.start()

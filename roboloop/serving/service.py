@@ -138,6 +138,37 @@ def choose_threads(slot: ModelSlot, cores: int, repeats: int = 5, gain: float = 
     return chosen, why
 
 
+def choose_batching(slot: ModelSlot, rows: int = 8, repeats: int = 2, gain: float = 1.1) -> tuple[int, str]:
+    """`roboloop serve`'s batch size on a CPU when none is given: 64 observations, unless one forward pass over
+    `rows` of them (timed on the check observation, alternating with `rows` passes over one, the fastest of
+    `repeats` each) is not at least `gain` times faster per observation; then 1, no batching. Measured on 2 cores
+    (bench/serve.py): the demo's VLA 2.85x, ACT at 96x128 1.88x, ACT at 480x640 1.01x, where the batching server
+    gave 0.74x the unbatched chunks/s at 8 clients."""
+    one = synthetic_obs(slot)
+    many = concat([one] * rows)
+    g = getattr(slot.policy, "g", None)
+    saved = g.get_state() if isinstance(g, torch.Generator) else None
+    singles: list[float] = []
+    batched: list[float] = []
+    try:
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            for _ in range(rows):
+                slot.policy.act(one)
+            t1 = time.perf_counter()
+            slot.policy.act(many)
+            if i:  # the first round warms both up
+                singles.append(t1 - t0)
+                batched.append(time.perf_counter() - t1)
+    finally:  # the timing must not consume the policy's noise stream (served chunks equal in-process ones)
+        if isinstance(g, torch.Generator) and saved is not None:
+            g.set_state(saved)
+    speedup = min(singles) / max(min(batched), 1e-9)
+    if speedup >= gain:
+        return 64, f"a pass over {rows} observations {speedup:.2f}x faster than {rows} over one"
+    return 1, f"no batching: a pass over {rows} observations only {speedup:.2f}x faster than {rows} over one"
+
+
 def synthetic_obs(slot: ModelSlot) -> Obs:
     p = slot.policy
     mean = (p.stats.get(p.state_key) or {}).get("mean") if isinstance(p.stats, dict) else None

@@ -47,6 +47,7 @@ def test_evaluation_through_the_server_equals_in_process(tmp_path):
                 port = int(m.group(1))
             assert line or server.poll() is None, "".join(seen)
         assert port, "".join(seen)
+        assert re.search(r"batches of up to (64|1) \(", "".join(seen)), "".join(seen)  # measured at start, said
         assert oct((tmp_path / "token").stat().st_mode)[-3:] == "600"
         local = _evaluate(str(model), tmp_path / "local", env)
         served = _evaluate(f"serve://127.0.0.1:{port}", tmp_path / "served", env)

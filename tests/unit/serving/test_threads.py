@@ -39,3 +39,28 @@ def test_every_core_only_for_a_compute_bound_forward_pass():
         assert choose_threads(ModelSlot(Timed(1.0), "v1", Path("."), "0" * 64), cores=1) == (1, "one core")
     finally:
         torch.set_num_threads(before)
+
+
+class Batched(Timed):
+    """A policy whose forward pass over N observations takes `per_pass + N * per_row` seconds."""
+
+    def __init__(self, per_pass: float, per_row: float):
+        super().__init__(0.0)
+        self.per_pass, self.per_row = per_pass, per_row
+
+    def act(self, obs):
+        time.sleep(self.per_pass + obs.state.shape[0] * self.per_row)
+        torch.randn(1, generator=self.g)
+        return torch.zeros(obs.state.shape[0], self.horizon, self.action_dim)
+
+
+def test_batching_only_where_a_batched_pass_is_faster_per_observation():
+    from roboloop.serving.service import choose_batching
+
+    for per_pass, per_row, want in ((0.004, 0.0005, 64), (0.0, 0.002, 1)):  # a fixed cost to share / none
+        policy = Batched(per_pass, per_row)
+        state = policy.g.get_state()
+        n, why = choose_batching(ModelSlot(policy, "v1", Path("."), "0" * 64))
+        assert n == want, why
+        assert ("no batching" in why) == (want == 1), why
+        assert torch.equal(policy.g.get_state(), state)  # served chunks stay the in-process ones
