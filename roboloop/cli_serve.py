@@ -89,13 +89,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server = Server(cfg, token)
     spec = server.service.slot.spec()
     threads = f"{torch.get_num_threads()} torch threads ({'--threads' if cfg.threads else 'cores less one'})"
-    if not cfg.threads and cfg.device == "cpu" and spec["runtime"] not in ("OnnxPolicy", "OnnxLeRobotPolicy"):
+    torch_on_cpu = cfg.device == "cpu" and spec["runtime"] not in ("OnnxPolicy", "OnnxLeRobotPolicy")
+    if not cfg.threads and torch_on_cpu:
         from roboloop.serving.service import choose_threads
 
         n, why = server.service.compute.submit(choose_threads, server.service.slot, os.cpu_count() or 1).result()
         threads = f"{n} torch threads ({why})"
     batching = f"batches of up to {cfg.max_batch} (--max-batch)" if args.max_batch else "batches of up to 64"
-    if not args.max_batch and cfg.device == "cpu" and spec["runtime"] not in ("OnnxPolicy", "OnnxLeRobotPolicy"):
+    if not args.max_batch and torch_on_cpu:
         from roboloop.serving.service import choose_batching
 
         cfg.max_batch, why = server.service.compute.submit(choose_batching, server.service.slot).result()

@@ -24,12 +24,10 @@ def _make_service(cfg: ServeConfig) -> Any:
     """A replica's checked PolicyService, following the registry alias when the reference names one."""
     from pathlib import Path
 
-    from roboloop.serving.service import Follower, PolicyService, compute_thread, load_slot, resolve
+    from roboloop.serving.service import Follower, PolicyService, resolve
 
     folder, version, follow = resolve(cfg.ref, Path(cfg.cache))
-    compute = compute_thread()  # the model's load and check on the thread its forward passes will run on
-    slot = compute.submit(load_slot, folder, version, cfg.device, cfg.seed).result()
-    service = PolicyService(slot, cfg.device, cfg.seed, compute=compute)
+    service = PolicyService.load(folder, version, cfg.device, cfg.seed)
     if follow is not None:
         f = Follower(service, follow[0], follow[1], follow[2], Path(cfg.cache), cfg.follow_interval_s)
         f.seen = int(version.split("@v")[1])

@@ -23,7 +23,7 @@ from typing import Any
 
 from roboloop.evaluation.protocol import Obs
 from roboloop.serving import wire
-from roboloop.serving.service import Follower, PolicyService, compute_thread, load_slot, resolve, respond, signature
+from roboloop.serving.service import Follower, PolicyService, resolve, respond, signature
 
 log = logging.getLogger("roboloop.serve")
 
@@ -51,7 +51,6 @@ class Batcher:
     def __init__(self, service: PolicyService, max_batch: int, max_wait_ms: float):
         self.service, self.max_batch, self.max_wait = service, max(1, max_batch), max(0.0, max_wait_ms) / 1e3
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.pool = service.compute
         self.passes = 0
 
     async def submit(self, obs: Obs) -> tuple[Any, str, float, int]:
@@ -87,7 +86,7 @@ class Batcher:
                 groups.setdefault(signature(it[0]), []).append(it)
             for group in groups.values():
                 try:
-                    chunks, version, ms = await loop.run_in_executor(self.pool, self.service.act,
+                    chunks, version, ms = await loop.run_in_executor(self.service.compute, self.service.act,
                                                                      [o for o, _ in group])
                     self.passes += 1
                     for (_, fut), c in zip(group, chunks, strict=True):
@@ -106,9 +105,7 @@ class Server:
     def __init__(self, cfg: ServeConfig, token: str):
         self.cfg, self._token = cfg, token
         folder, version, self.follow = resolve(cfg.ref, Path(cfg.cache))
-        compute = compute_thread()  # the model's load and check on the thread its forward passes will run on
-        slot = compute.submit(load_slot, folder, version, cfg.device, cfg.seed).result()
-        self.service = PolicyService(slot, cfg.device, cfg.seed, compute=compute)
+        self.service = PolicyService.load(folder, version, cfg.device, cfg.seed)
         self.port = cfg.port
         self.requests = self.errors = 0
         self._ready = threading.Event()
@@ -149,7 +146,7 @@ class Server:
             log.warning("serving %s on ws://%s:%d", self.service.slot.version, self.cfg.host, self.port)
             await self._stop.wait()
         task.cancel()
-        batcher.pool.shutdown(wait=False)
+        self.service.compute.shutdown(wait=False)
 
     def _start_follower(self) -> None:
         if self.follow is not None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,19 @@ def on_passing_thread(fn: Callable[..., Any], *args: Any) -> Any:
     with it (a swap's load and check, beside the serving model's thread; see `compute_thread`)."""
     with ThreadPoolExecutor(1, thread_name_prefix="roboloop-serve-load") as pool:
         return pool.submit(fn, *args).result()
+
+
+@contextmanager
+def noise_kept(policy: Any) -> Iterator[None]:
+    """Calls that must not consume the policy's noise stream (a check, a timing): served chunks stay the ones the
+    same model gives in-process."""
+    g = getattr(policy, "g", None)
+    saved = g.get_state() if isinstance(g, torch.Generator) else None
+    try:
+        yield
+    finally:
+        if isinstance(g, torch.Generator) and saved is not None:
+            g.set_state(saved)
 
 
 @dataclass
@@ -83,14 +97,8 @@ def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
 
 def check(slot: ModelSlot, obs: Obs) -> None:
     p = slot.policy
-    # the check must not consume the policy's noise stream (served chunks equal in-process ones)
-    g = getattr(p, "g", None)
-    saved = g.get_state() if isinstance(g, torch.Generator) else None
-    try:
+    with noise_kept(p):
         out = p.act(obs)
-    finally:
-        if isinstance(g, torch.Generator) and saved is not None:
-            g.set_state(saved)
     n = obs.state.shape[0]
     want = (n, int(p.horizon), int(p.action_dim))
     if tuple(out.shape) != want:
@@ -112,10 +120,8 @@ def choose_threads(slot: ModelSlot, cores: int, repeats: int = 5, gain: float = 
     if cores <= 1:
         return 1, "one core"
     obs = synthetic_obs(slot)
-    g = getattr(slot.policy, "g", None)
-    saved = g.get_state() if isinstance(g, torch.Generator) else None
     times: dict[int, list[float]] = {cores - 1: [], cores: []}
-    try:
+    with noise_kept(slot.policy):
         start, i = time.perf_counter(), 0
         while i <= repeats or (time.perf_counter() - start < budget_s and i <= 10 * repeats):
             for threads, seen in times.items():
@@ -125,9 +131,6 @@ def choose_threads(slot: ModelSlot, cores: int, repeats: int = 5, gain: float = 
                 if i:  # the first round warms each thread count up
                     seen.append(time.perf_counter() - t0)
             i += 1
-    finally:  # the timing must not consume the policy's noise stream (served chunks equal in-process ones)
-        if isinstance(g, torch.Generator) and saved is not None:
-            g.set_state(saved)
     fewer, every = (min(t) for t in times.values())
     speedup = fewer / max(every, 1e-9)
     if speedup >= gain:
@@ -146,11 +149,9 @@ def choose_batching(slot: ModelSlot, rows: int = 8, repeats: int = 2, gain: floa
     gave 0.74x the unbatched chunks/s at 8 clients."""
     one = synthetic_obs(slot)
     many = concat([one] * rows)
-    g = getattr(slot.policy, "g", None)
-    saved = g.get_state() if isinstance(g, torch.Generator) else None
     singles: list[float] = []
     batched: list[float] = []
-    try:
+    with noise_kept(slot.policy):
         for i in range(repeats + 1):
             t0 = time.perf_counter()
             for _ in range(rows):
@@ -160,9 +161,6 @@ def choose_batching(slot: ModelSlot, rows: int = 8, repeats: int = 2, gain: floa
             if i:  # the first round warms both up
                 singles.append(t1 - t0)
                 batched.append(time.perf_counter() - t1)
-    finally:  # the timing must not consume the policy's noise stream (served chunks equal in-process ones)
-        if isinstance(g, torch.Generator) and saved is not None:
-            g.set_state(saved)
     speedup = min(singles) / max(min(batched), 1e-9)
     if speedup >= gain:
         return 64, f"a pass over {rows} observations {speedup:.2f}x faster than {rows} over one"
@@ -263,6 +261,12 @@ class PolicyService:
     probe: Obs | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # one forward pass at a time; swaps between
     compute: ThreadPoolExecutor = field(default_factory=compute_thread)  # where forward passes run (`compute_thread`)
+
+    @classmethod
+    def load(cls, folder: Path, version: str, device: str = "cpu", seed: int = 0) -> PolicyService:
+        """A service whose model is loaded and checked on the thread its forward passes will run on."""
+        compute = compute_thread()
+        return cls(compute.submit(load_slot, folder, version, device, seed).result(), device, seed, compute=compute)
 
     def act(self, batch: list[Obs]) -> tuple[list[torch.Tensor], str, float]:
         """One forward pass for requests of equal signature: their chunks, the version, inference ms."""

@@ -157,7 +157,6 @@ def test_the_model_loads_checks_and_acts_on_one_thread_and_swaps_load_on_a_passi
     """PyTorch's OpenMP gives every thread that starts a parallel region its own team of workers; more of them than
     cores and the workers are woken by the kernel for every region (`compute_thread`). So the serving model's load,
     check and forward passes share one thread, and a swap's load and check run on a thread that ends with them."""
-    import roboloop.serving.server as server_mod
     import roboloop.serving.service as service_mod
 
     loaded: list[threading.Thread] = []
@@ -168,7 +167,6 @@ def test_the_model_loads_checks_and_acts_on_one_thread_and_swaps_load_on_a_passi
             return load(*a, **kw)
         return load_slot
 
-    monkeypatch.setattr(server_mod, "load_slot", recording(server_mod.load_slot))
     monkeypatch.setattr(service_mod, "load_slot", recording(service_mod.load_slot))
     with Server(ServeConfig(str(model), port=0), TOKEN) as srv:
         compute = srv.service.compute.submit(threading.current_thread).result()
