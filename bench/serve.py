@@ -1,7 +1,7 @@
 """Policy-server latency and throughput on this machine, over loopback, against the same model in-process.
 
     python bench/serve.py [--requests 200] [--seconds 6] [--clients 1 8 32] [--families vla act] [--device cuda]
-                          [--act-camera 96x128]
+                          [--act-camera 96x128] [--precision fp32|bf16]
 
 Models (weights do not change speed): `vla` is the demo's VLA shape (roboloop's tiny preset, horizon 8, the
 reach task's state and action sizes, state only, 4 flow-matching steps); `act` is LeRobot's ACT at its
@@ -11,8 +11,12 @@ LeRobot's SO-101 recorder writes), trained for one step by
 
 Baseline: `policy.act(obs)` in the bench's own process (no server). Served: `roboloop serve` in its own
 process, one observation per request, the client's round trip (encode, send, batch, forward, reply, decode).
-The two are timed in alternating blocks of 10 calls while the server runs, so that a shared host's drift falls
-on both (measured alone, one after the other, the same ACT ran 29 to 46 ms p50 in-process from run to run).
+The two are timed in alternating blocks of 10 calls (fewer where a call takes longer than 30 ms: as many as fit in
+0.3 s, at least one) while the server runs, so that a shared host's drift falls on both (measured alone, one after
+the other, the same ACT ran 29 to 46 ms p50 in-process from run to run; at 480x640 in blocks of 10, 3 s each, a
+40-request run once put the served p50 22.7 ms above the in-process one, and call by call 1 ms below it).
+`--precision bf16`: the model acts under bf16 autocast in-process and in the server (`roboloop serve --precision
+bf16`; refused on a CPU without AMX or AVX512-BF16); the ONNX rows stay fp32.
 Both are also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-process and served.
 Throughput: K clients (threads, one websocket each) sending back to back for `--seconds`, against a server with
 batching (`--max-batch 64`, no added wait: requests arriving during a forward pass share the next) and without
@@ -101,15 +105,18 @@ def pct(xs: list[float]) -> dict[str, float]:
 
 
 DEVICE = "cpu"  # --device: where the model runs, in-process and in the server (ONNX exports: onnxruntime's CPU)
+PRECISION = "fp32"  # --precision: what the model (not its ONNX export) acts in, in-process and in the server
 
 
-def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 0) -> tuple[subprocess.Popen, int]:
+def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 0,
+                 precision: str | None = None) -> tuple[subprocess.Popen, int]:
     """`roboloop serve` in its own process (replicas > 0: the Ray Serve engine with that many replicas)."""
     env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"}
     engine = ["--engine", "ray", "--replicas", str(replicas)] if replicas else []
     STARTED.clear()
     p = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0", "--max-batch",
-                          str(max_batch), "--device", DEVICE, "--threads", str(SERVER_THREADS), *engine],
+                          str(max_batch), "--device", DEVICE, "--threads", str(SERVER_THREADS), "--precision",
+                          precision or PRECISION, *engine],
                          stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -149,7 +156,15 @@ def throughput(port: int, token: str, clients: int, seconds: float, state, image
     return sum(counts) / dt
 
 
-BLOCK = 10  # calls per block when in-process and served calls alternate
+BLOCK = 10  # calls per block when in-process and served calls alternate (fewer for slow calls: `block_size`)
+BLOCK_S = 0.3
+
+
+def block_size(fn) -> int:
+    """BLOCK calls of `fn`, or as many as take BLOCK_S, at least one."""
+    t0 = time.perf_counter()
+    fn()
+    return max(1, min(BLOCK, int(BLOCK_S / max(time.perf_counter() - t0, 1e-6))))
 
 
 def timed(fn, n: int, warm: bool = True) -> list[float]:
@@ -164,25 +179,26 @@ def timed(fn, n: int, warm: bool = True) -> list[float]:
 
 
 def served_latency(model: Path, token_file: Path, token: str, n: int, state, images, replicas: int = 0,
-                  local=None) -> dict:
+                  local=None, precision: str | None = None) -> dict:
     """Round trip and server-side inference ms of one observation per request (a batching server, one client).
     With `local` (the in-process call), the two are timed in alternating blocks of BLOCK calls, so that what
     drifts on this machine (a shared host's load) falls on both."""
     from roboloop.serving.client import PolicyClient
 
-    server, port = start_server(model, token_file, 64, replicas)
+    server, port = start_server(model, token_file, 64, replicas, precision)
     try:
         with PolicyClient(f"serve://127.0.0.1:{port}", token=token) as c:
             replies: list = []
             here: list[float] = []
             served = lambda: replies.append(c.act(state, images, ["reach"]))  # noqa: E731
             timed(served, 0)
+            block = block_size(local or served)
             while len(replies) < n + 5:
                 if local is not None:
-                    here += timed(local, BLOCK, warm=not here)
-                timed(served, BLOCK, warm=False)
+                    here += timed(local, block, warm=not here)
+                timed(served, block, warm=False)
         replies = replies[5:]
-        row = {"served_ms": pct([r.roundtrip_ms for r in replies]),
+        row = {"block": block, "served_ms": pct([r.roundtrip_ms for r in replies]),
                "served_infer_ms": pct([r.infer_ms for r in replies]), "server_threads": STARTED.get("threads")}
         return row | ({"in_process_ms": pct(here)} if local is not None else {})
     finally:
@@ -204,13 +220,13 @@ def bench(name: str, model: Path, args, work: Path) -> dict:
     from roboloop.policies import load_policy
     from roboloop.serving.token import read_token
 
-    policy = load_policy(model, DEVICE)
+    policy = load_policy(model, DEVICE, precision=PRECISION)
     obs, state, images = observation(policy)
     token_file = work / "token"
     token = read_token(token_file, create=True)
     import torch
 
-    row: dict = {"model": name}
+    row: dict = {"model": name, "precision": PRECISION}
     row |= served_latency(model, token_file, token, args.requests, state, images, local=lambda: policy.act(obs))
     row["in_process_threads"] = torch.get_num_threads()
     # what batching can give at most here: 8 observations in one in-process pass against 8 passes of one
@@ -225,7 +241,7 @@ def bench(name: str, model: Path, args, work: Path) -> dict:
     export_onnx(model, work / f"{name}-onnx", instruction="reach" if name == "vla" else "")
     op = open_export(work / f"{name}-onnx")
     onnx = served_latency(work / f"{name}-onnx", token_file, token, args.requests, state, images,
-                          local=lambda: op.act(obs))
+                          local=lambda: op.act(obs), precision="fp32")
     row["onnx_in_process_ms"], row["served_onnx_ms"] = onnx["in_process_ms"], onnx["served_ms"]
     for replicas in args.ray_replicas if name == "vla" else []:  # the same app on Ray Serve
         ray_row = served_latency(model, token_file, token, args.requests, state, images, replicas)
@@ -249,12 +265,14 @@ def main() -> None:
     ap.add_argument("--server-threads", type=int, default=0, help="roboloop serve --threads (0: its default)")
     ap.add_argument("--act-camera", default="96x128", help="HxW of ACT's one camera")
     ap.add_argument("--device", default="cpu", help="torch device of the model in-process and in the server")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="what the model acts in, "
+                    "in-process and served (bf16: autocast, where the device multiplies bf16 natively)")
     ap.add_argument("--ray-replicas", type=int, nargs="*", default=[1, 2], help="also serve the VLA with "
                     "`--engine ray` at these replica counts (none: skip Ray Serve)")
     args = ap.parse_args()
-    global DEVICE, ACT_CAMERA, SERVER_THREADS
+    global DEVICE, ACT_CAMERA, SERVER_THREADS, PRECISION
     SERVER_THREADS = args.server_threads
-    DEVICE = args.device
+    DEVICE, PRECISION = args.device, args.precision
     h, w = args.act_camera.lower().split("x")
     ACT_CAMERA = (int(h), int(w))
     sys.path.insert(0, str(ROOT))
@@ -272,6 +290,7 @@ def main() -> None:
                   file=sys.stderr)
     print(json.dumps({"bench": "serve", "baseline": "policy.act in the bench's own process", "cpu_threads":
                       os.cpu_count(), "device": device_name(args.device), "act_camera": args.act_camera,
+                      "precision": args.precision,
                       "rows": rows}))
 
 

@@ -25,6 +25,10 @@ def add_parser(sub) -> None:
     s.add_argument("--threads", type=int, default=0, help="torch threads for forward passes (0: on a CPU, cores "
                    "less one, left to the network side, or every core where the model's forward pass, timed at "
                    "start, is at least 1.2x faster on them)")
+    s.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="what forward passes run in: fp32 "
+                   "(default: the chunks a model gives in-process) or bf16 autocast, refused where the device does "
+                   "not multiply bf16 natively (a CPU without AMX or AVX512-BF16); the start-up line gives its "
+                   "largest difference from fp32 on the check observation")
     s.add_argument("--follow-interval", type=float, default=2.0, help="seconds between looks at the registry alias")
     s.add_argument("--token-file", help="the token file (default $ROBOLOOP_SERVE_TOKEN_FILE or "
                    ".roboloop/serve-token; created with mode 600 when absent)")
@@ -78,7 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = read_token(args.token_file, create=True)
     logging.getLogger("roboloop.serve").setLevel(logging.INFO)
     cfg = ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch or 64, args.max_wait_ms,
-                      follow_interval_s=args.follow_interval, threads=args.threads)
+                      follow_interval_s=args.follow_interval, threads=args.threads, precision=args.precision)
     if args.engine == "ray":
         return _serve_ray(cfg, args)
     import os
@@ -101,8 +105,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         cfg.max_batch, why = server.service.compute.submit(choose_batching, server.service.slot).result()
         batching = f"batches of up to {cfg.max_batch} ({why})"
+    slot = server.service.slot
+    precision = slot.precision
+    if slot.deviation is not None:
+        precision += f", at most {slot.deviation[0]:.3g} from fp32 (actions up to {slot.deviation[1]:.3g})"
     print(f"roboloop serve: {spec['version']} ({spec['state_dim']}-dim state, cameras {spec['camera_keys']}, "
-          f"chunks of {spec['horizon']}x{spec['action_dim']}); {threads}; {batching}; "
+          f"chunks of {spec['horizon']}x{spec['action_dim']}); {precision}; {threads}; {batching}; "
           f"token in {token_path(args.token_file)}"
           + (f"; following {server.follow[1]}@{server.follow[2]}" if server.follow else ""), file=sys.stderr,
           flush=True)

@@ -231,12 +231,16 @@ def model_info(folder: str | Path) -> ModelInfo:
 
 
 def load_policy(folder: str | Path, device: str = "cpu", seed: int = 0,
-                inference_steps: int | None = None) -> Policy:
-    """A model folder as a Policy, loaded by the family that wrote it."""
+                inference_steps: int | None = None, precision: str = "fp32") -> Policy:
+    """A model folder as a Policy, loaded by the family that wrote it; `precision="bf16"` acts under bf16
+    autocast where the device multiplies bf16 natively (`roboloop.policies.precision`), else it is refused."""
+    from roboloop.policies.precision import acting, require_acting_precision
+
     folder = Path(folder)
     if not (folder / WEIGHTS_FILE).is_file():
         raise FileNotFoundError(f"{folder}: missing {WEIGHTS_FILE}; not a finished model folder")
-    return family(model_info(folder).family).load(folder, device, seed, inference_steps)
+    require_acting_precision(precision, device)
+    return acting(family(model_info(folder).family).load(folder, device, seed, inference_steps), precision, device)
 
 
 def require(folder: str | Path, capability: str, what: str) -> None:

@@ -27,7 +27,7 @@ def _make_service(cfg: ServeConfig) -> Any:
     from roboloop.serving.service import Follower, PolicyService, resolve
 
     folder, version, follow = resolve(cfg.ref, Path(cfg.cache))
-    service = PolicyService.load(folder, version, cfg.device, cfg.seed)
+    service = PolicyService.load(folder, version, cfg.device, cfg.seed, cfg.precision)
     if follow is not None:
         f = Follower(service, follow[0], follow[1], follow[2], Path(cfg.cache), cfg.follow_interval_s)
         f.seen = int(version.split("@v")[1])

@@ -45,6 +45,8 @@ class ServeConfig:
     # left to the event loop, the (de)coding and a local client)
     threads: int = 0
     cache: str = ".roboloop/serve-cache"
+    # what forward passes run in: fp32, or bf16 autocast where the device multiplies bf16 natively (refused elsewhere)
+    precision: str = "fp32"
 
 
 class Batcher:
@@ -105,7 +107,7 @@ class Server:
     def __init__(self, cfg: ServeConfig, token: str):
         self.cfg, self._token = cfg, token
         folder, version, self.follow = resolve(cfg.ref, Path(cfg.cache))
-        self.service = PolicyService.load(folder, version, cfg.device, cfg.seed)
+        self.service = PolicyService.load(folder, version, cfg.device, cfg.seed, cfg.precision)
         self.port = cfg.port
         self.requests = self.errors = 0
         self._ready = threading.Event()

@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import torch
 
 from roboloop.evaluation.protocol import Obs
 from roboloop.hashing import file_sha256
+from roboloop.policies.precision import AutocastPolicy, noise_kept, probe_obs
 from roboloop.serving import wire
 from roboloop.serving.wire import WireError
 
@@ -49,62 +49,72 @@ def on_passing_thread(fn: Callable[..., Any], *args: Any) -> Any:
         return pool.submit(fn, *args).result()
 
 
-@contextmanager
-def noise_kept(policy: Any) -> Iterator[None]:
-    """Calls that must not consume the policy's noise stream (a check, a timing): served chunks stay the ones the
-    same model gives in-process."""
-    g = getattr(policy, "g", None)
-    saved = g.get_state() if isinstance(g, torch.Generator) else None
-    try:
-        yield
-    finally:
-        if isinstance(g, torch.Generator) and saved is not None:
-            g.set_state(saved)
-
-
 @dataclass
 class ModelSlot:
     policy: Any
     version: str  # "NAME@vN" for a registry version, else the folder's name; + the weights' sha256 prefix
     folder: Path
     sha256: str
+    precision: str = "fp32"  # "fp32", or "bf16 (AVX512-BF16)" etc.: what the forward passes run in
+    # bf16: the largest |bf16 - fp32| action on the check observation, and that chunk's largest |action|
+    deviation: tuple[float, float] | None = None
 
     def spec(self) -> dict[str, Any]:
         p = self.policy
-        return {"version": self.version, "sha256": self.sha256, "runtime": type(p).__name__,
+        runtime = type(p.policy if isinstance(p, AutocastPolicy) else p).__name__
+        return {"version": self.version, "sha256": self.sha256, "runtime": runtime, "precision": self.precision,
                 "state_key": p.state_key, "state_dim": int(p.state_dim), "action_dim": int(p.action_dim),
                 "horizon": int(p.horizon), "camera_keys": list(p.camera_keys),
                 "image_size": list(p.image_size) if p.image_size else None,
-                "history": int(getattr(p, "history", 1))}
+                "history": int(getattr(p, "history", 1)),
+                "bf16_deviation": list(self.deviation) if self.deviation is not None else None}
 
 
 def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
-              probe: Obs | None = None) -> ModelSlot:
-    """Load `folder` and check it; raises (naming the version) when it does not load or does not act."""
+              probe: Obs | None = None, precision: str = "fp32") -> ModelSlot:
+    """Load `folder` and check it; raises (naming the version) when it does not load or does not act. In bf16
+    the check chunk is also computed in fp32 and the largest difference kept (`ModelSlot.deviation`)."""
     from roboloop.policies import WEIGHTS_FILE, load_policy
+    from roboloop.policies.precision import acting, require_acting_precision
     from roboloop.serving.export import ONNX_FILE, open_export
 
     if (Path(folder) / ONNX_FILE).is_file():  # an export: onnxruntime runs it
+        if precision != "fp32":
+            raise ValueError(f"{folder}: an ONNX export runs on onnxruntime as exported (fp32); serve the model "
+                             f"folder for {precision}")
         sha = file_sha256(Path(folder) / ONNX_FILE)
         policy: Any = open_export(folder, seed)
+        ran = "fp32"
     else:
+        ran = require_acting_precision(precision, device)
         sha = file_sha256(Path(folder) / WEIGHTS_FILE)
         policy = load_policy(folder, device, seed=seed)
-    slot = ModelSlot(policy, f"{version}+{sha[:8]}", Path(folder), sha)
-    check(slot, probe if probe is not None and _fits(slot, probe) else synthetic_obs(slot))
+    slot = ModelSlot(policy, f"{version}+{sha[:8]}", Path(folder), sha, ran)
+    obs = probe if probe is not None and _fits(slot, probe) else synthetic_obs(slot)
+    ref = None
+    if precision != "fp32":  # the fp32 chunk first: acting in bf16 casts the weights
+        with noise_kept(policy):
+            ref = policy.act(obs).detach().float().cpu()
+        slot.policy = acting(policy, precision, device, obs)
+    out = check(slot, obs)
+    if ref is not None:
+        slot.deviation = (float((out - ref).abs().max()), float(ref.abs().max()))
     return slot
 
 
-def check(slot: ModelSlot, obs: Obs) -> None:
+def check(slot: ModelSlot, obs: Obs) -> torch.Tensor:
+    """The slot's chunk on `obs` (its noise stream kept), or ValueError when it has the wrong shape or is not
+    finite."""
     p = slot.policy
     with noise_kept(p):
-        out = p.act(obs)
+        out = p.act(obs).detach().float().cpu()
     n = obs.state.shape[0]
     want = (n, int(p.horizon), int(p.action_dim))
     if tuple(out.shape) != want:
         raise ValueError(f"{slot.version}: the check chunk has shape {tuple(out.shape)}, expected {want}")
     if not torch.isfinite(out).all():
         raise ValueError(f"{slot.version}: the check chunk is not finite")
+    return out
 
 
 def choose_threads(slot: ModelSlot, cores: int, repeats: int = 5, gain: float = 1.2,
@@ -168,14 +178,7 @@ def choose_batching(slot: ModelSlot, rows: int = 8, repeats: int = 2, gain: floa
 
 
 def synthetic_obs(slot: ModelSlot) -> Obs:
-    p = slot.policy
-    mean = (p.stats.get(p.state_key) or {}).get("mean") if isinstance(p.stats, dict) else None
-    state = torch.zeros(1, p.state_dim)
-    if mean is not None and np.asarray(mean).size == p.state_dim:
-        state = torch.as_tensor(np.asarray(mean, dtype=np.float32)).reshape(1, -1)
-    h, w = p.image_size if p.image_size else (64, 64)
-    images = {k: torch.full((1, h, w, 3), 128, dtype=torch.uint8) for k in p.camera_keys}
-    return Obs(state, images, [getattr(p, "instruction", "")])  # an export answers its own instruction only
+    return probe_obs(slot.policy)
 
 
 def _fits(slot: ModelSlot, obs: Obs) -> bool:
@@ -257,16 +260,19 @@ class PolicyService:
     slot: ModelSlot
     device: str = "cpu"
     seed: int = 0
+    precision: str = "fp32"  # what every version it loads acts in ("fp32" or "bf16")
     refused: str = ""  # the last version that failed its check, and why
     probe: Obs | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # one forward pass at a time; swaps between
     compute: ThreadPoolExecutor = field(default_factory=compute_thread)  # where forward passes run (`compute_thread`)
 
     @classmethod
-    def load(cls, folder: Path, version: str, device: str = "cpu", seed: int = 0) -> PolicyService:
+    def load(cls, folder: Path, version: str, device: str = "cpu", seed: int = 0,
+             precision: str = "fp32") -> PolicyService:
         """A service whose model is loaded and checked on the thread its forward passes will run on."""
         compute = compute_thread()
-        return cls(compute.submit(load_slot, folder, version, device, seed).result(), device, seed, compute=compute)
+        slot = compute.submit(load_slot, folder, version, device, seed, None, precision).result()
+        return cls(slot, device, seed, precision, compute=compute)
 
     def act(self, batch: list[Obs]) -> tuple[list[torch.Tensor], str, float]:
         """One forward pass for requests of equal signature: their chunks, the version, inference ms."""
@@ -285,7 +291,8 @@ class PolicyService:
     def swap_to(self, folder: Path, version: str) -> bool:
         """Load and check `folder` beside the serving model, then swap; on failure keep serving the old one."""
         try:
-            new = on_passing_thread(load_slot, folder, version, self.device, self.seed, self.probe)
+            new = on_passing_thread(load_slot, folder, version, self.device, self.seed, self.probe,
+                                    self.precision)
         except Exception as e:  # any failure of the new version keeps the old one serving
             self.refused = f"{version} refused: {type(e).__name__}: {e}"[:500]
             log.error("keeping %s: %s", self.slot.version, self.refused)
