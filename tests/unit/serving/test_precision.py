@@ -93,6 +93,11 @@ def test_served_bf16_chunks_are_the_in_process_bf16_chunks_and_near_fp32(models,
                 ref = fp32.act(obs)
                 assert not torch.equal(here, ref)  # bf16 really ran
                 assert float((here - ref).abs().max()) <= tol * max(float(ref.abs().max()), 1.0)
+        if kind == "vla":  # a swapped-in version acts in the server's precision too
+            assert srv.service.swap_to(models["act"], "act")
+            new = srv.service.slot
+            assert new.version.startswith("act+") and new.precision.startswith("bf16") and new.deviation
+            assert new.policy.weights_cast > 0
 
 def test_bf16_is_refused_where_the_cpu_would_emulate_it_and_for_an_onnx_export(models, monkeypatch, tmp_path):
     monkeypatch.setattr(availability, "cpu_bf16", lambda: None)
