@@ -3,9 +3,9 @@
 Measured on this project's 2-core AVX512-BF16 EPYC (LeRobot's ACT at its default size, one 96x128 camera):
 under autocast a chunk took about 0.6x the fp32 time at one observation and 0.5x at eight, and its actions
 differed from fp32's by at most 0.015 where they reach 2 (bench/serve.py --precision bf16 gives the served
-numbers). The default stays
-fp32 (served chunks equal the in-process and LeRobot's own), so bf16 is asked for, and refused where it would
-run slower than fp32 (a CPU without AMX or AVX512-BF16: oneDNN then emulates bf16 with conversions).
+numbers). The default stays fp32 (served chunks equal the in-process and LeRobot's own), so bf16 is asked for,
+and refused where it would run slower than fp32 (a CPU without AMX or AVX512-BF16: oneDNN then emulates bf16
+with conversions).
 """
 
 from __future__ import annotations
@@ -90,7 +90,6 @@ class AutocastPolicy:
 
     def __init__(self, policy: Any, device: str):
         self.policy = policy
-        self.precision = "bf16"
         self._device_type = "cuda" if str(device).startswith("cuda") else "cpu"
         self.weights_cast = 0
 
@@ -119,10 +118,9 @@ def probe_obs(policy: Any) -> Any:
 
 
 def acting(policy: Any, precision: str, device: str, probe: Any = None) -> Any:
-    """`policy` as it acts at `precision` (checked with `require_acting_precision` first). In bf16 its weights
-    are cast once where that gives autocast's chunk on `probe` (default `probe_obs`) exactly; else every call
-    casts them."""
-    require_acting_precision(precision, device)
+    """`policy` as it acts at `precision` (the caller checked it with `require_acting_precision` before loading).
+    In bf16 its weights are cast once where that gives autocast's chunk on `probe` (default `probe_obs`) exactly;
+    else every call casts them."""
     if precision == "fp32":
         return policy
     probe = probe_obs(policy) if probe is None else probe

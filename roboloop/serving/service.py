@@ -23,7 +23,7 @@ import torch
 
 from roboloop.evaluation.protocol import Obs
 from roboloop.hashing import file_sha256
-from roboloop.policies.precision import AutocastPolicy, noise_kept, probe_obs
+from roboloop.policies.precision import AutocastPolicy, acting, noise_kept, probe_obs, require_acting_precision
 from roboloop.serving import wire
 from roboloop.serving.wire import WireError
 
@@ -75,7 +75,6 @@ def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
     """Load `folder` and check it; raises (naming the version) when it does not load or does not act. In bf16
     the check chunk is also computed in fp32 and the largest difference kept (`ModelSlot.deviation`)."""
     from roboloop.policies import WEIGHTS_FILE, load_policy
-    from roboloop.policies.precision import acting, require_acting_precision
     from roboloop.serving.export import ONNX_FILE, open_export
 
     if (Path(folder) / ONNX_FILE).is_file():  # an export: onnxruntime runs it
@@ -90,7 +89,7 @@ def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
         sha = file_sha256(Path(folder) / WEIGHTS_FILE)
         policy = load_policy(folder, device, seed=seed)
     slot = ModelSlot(policy, f"{version}+{sha[:8]}", Path(folder), sha, ran)
-    obs = probe if probe is not None and _fits(slot, probe) else synthetic_obs(slot)
+    obs = probe if probe is not None and _fits(slot, probe) else probe_obs(policy)
     ref = None
     if precision != "fp32":  # the fp32 chunk first: acting in bf16 casts the weights
         with noise_kept(policy):
@@ -129,7 +128,7 @@ def choose_threads(slot: ModelSlot, cores: int, repeats: int = 5, gain: float = 
     drifts 40% from second to second, ACT at 96x128 was once timed 1.03x on two cores and served on one."""
     if cores <= 1:
         return 1, "one core"
-    obs = synthetic_obs(slot)
+    obs = probe_obs(slot.policy)
     times: dict[int, list[float]] = {cores - 1: [], cores: []}
     with noise_kept(slot.policy):
         start, i = time.perf_counter(), 0
@@ -157,7 +156,7 @@ def choose_batching(slot: ModelSlot, rows: int = 8, repeats: int = 2, gain: floa
     `repeats` each) is not at least `gain` times faster per observation; then 1, no batching. Measured on 2 cores
     (bench/serve.py): the demo's VLA 2.85x, ACT at 96x128 1.88x, ACT at 480x640 1.01x, where the batching server
     gave 0.74x the unbatched chunks/s at 8 clients."""
-    one = synthetic_obs(slot)
+    one = probe_obs(slot.policy)
     many = concat([one] * rows)
     singles: list[float] = []
     batched: list[float] = []
@@ -175,10 +174,6 @@ def choose_batching(slot: ModelSlot, rows: int = 8, repeats: int = 2, gain: floa
     if speedup >= gain:
         return 64, f"a pass over {rows} observations {speedup:.2f}x faster than {rows} over one"
     return 1, f"no batching: a pass over {rows} observations only {speedup:.2f}x faster than {rows} over one"
-
-
-def synthetic_obs(slot: ModelSlot) -> Obs:
-    return probe_obs(slot.policy)
 
 
 def _fits(slot: ModelSlot, obs: Obs) -> bool:
