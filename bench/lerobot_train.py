@@ -1,9 +1,12 @@
 """LeRobot's ACT (or Diffusion) trained by roboloop's engine vs by `lerobot-train`: same dataset, policy config,
 batch size, steps, device.
 
-    python bench/lerobot_train.py [--height 480 --width 640] [--episodes 8] [--steps 20] [--batch 4]
-                                  [--policy act|diffusion] [--device cpu|cuda] [--precision bf16 fp32]
-                                  [--lookahead auto|on|off ...]
+    python bench/lerobot_train.py [--height 480 --width 640 | --state-only 16] [--episodes 8] [--steps 20]
+                                  [--batch 4] [--policy act|diffusion] [--device cpu|cuda]
+                                  [--precision bf16 fp32] [--lookahead auto|on|off ...]
+
+`--state-only E`: no camera; the state (6) and E values of observation.environment_state (PushT-keypoints
+style, LeRobot's ENV input), written by LeRobot's own `LeRobotDataset` writer.
 
 Baseline: `lerobot-train` (LeRobot 0.6.1: its LeRobotDataset + DataLoader with `--num-workers`, its training
 loop) as a user runs it, in fp32 (its default, `use_amp=false`); and, when roboloop trains in bf16, also with
@@ -69,7 +72,35 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
 
 
+def state_dataset(args) -> Path:
+    """State + environment state, no camera, written by LeRobot's `LeRobotDataset.create` / `add_frame`: a
+    smooth random walk per episode (a learnable signal, unlike white noise)."""
+    import numpy as np
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    dst = args.workdir / f"state_v3_{args.episodes}x{args.frames}_env{args.state_only}"
+    if (dst / "meta" / "info.json").is_file():
+        return dst
+    e = args.state_only
+    names = [f"j{i}.pos" for i in range(6)]
+    feats = {"observation.state": {"dtype": "float32", "shape": (6,), "names": names},
+             "action": {"dtype": "float32", "shape": (6,), "names": names},
+             "observation.environment_state": {"dtype": "float32", "shape": (e,), "names": [f"k{i}" for i in range(e)]}}
+    ds = LeRobotDataset.create("bench/state", fps=10, features=feats, root=dst, robot_type="bench")
+    rng = np.random.default_rng(0)
+    for _ in range(args.episodes):
+        walk = np.cumsum(rng.normal(scale=0.05, size=(args.frames + 1, 6 + e)), axis=0).astype(np.float32)
+        for t in range(args.frames):
+            ds.add_frame({"observation.state": walk[t, :6], "action": walk[t + 1, :6],
+                          "observation.environment_state": walk[t, 6:], "task": "push the T"})
+        ds.save_episode()
+    ds.finalize()
+    return dst
+
+
 def dataset(args) -> Path:
+    if args.state_only:
+        return state_dataset(args)
     dst = args.workdir / f"act_v3_{args.episodes}x{args.frames}_{args.height}x{args.width}"
     if not (dst / "meta" / "info.json").is_file():
         subprocess.run([sys.executable, "-m", "roboloop.cli", "generate", str(dst), "--v3", "--num-episodes",
@@ -83,6 +114,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--height", type=int, default=480)
     ap.add_argument("--width", type=int, default=640)
+    ap.add_argument("--state-only", type=int, default=0, metavar="E",
+                    help="no camera: state + E values of observation.environment_state (LeRobot's writer)")
+    ap.add_argument("--shuffle-buffer", type=int, default=None,
+                    help="roboloop's shuffle buffer (frames; default its own, 256); at least the dataset's frames "
+                         "draws them in a uniform random order, as LeRobot's sampler does")
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--frames", type=int, default=120)
     ap.add_argument("--steps", type=int, default=20)
@@ -115,7 +151,9 @@ def main() -> None:
                                                                           for la in args.lookahead[1:]]]
     first = runs[0]
     print(json.dumps({
-        "dataset": str(ds), "camera": f"{args.height}x{args.width}", "steps": args.steps, "batch": args.batch,
+        "dataset": str(ds), "camera": None if args.state_only else f"{args.height}x{args.width}",
+        "environment_state": args.state_only or None, "roboloop_shuffle_buffer": args.shuffle_buffer or 256,
+        "steps": args.steps, "batch": args.batch,
         "policy": args.policy, "config": cfg, "device": device_name(args.device), "cpus": os.cpu_count(),
         "lerobot_video_backend": "torchcodec" if importlib.util.find_spec("torchcodec") else "pyav",
         "baseline": "lerobot-train (LeRobot 0.6.1), same dataset/config/batch/device, fp32 (its default); "
@@ -167,7 +205,8 @@ def roboloop_run(args, ds: Path, cwd: Path, lookahead: str, prec: str) -> dict:
                   "--policy-type", args.policy, "--policy-config", json.dumps(cfg), "--steps", str(args.steps),
                   "--max-samples", str(args.batch), *OPTIM[args.policy], "--device", args.device,
                   "--precision", prec, "--num-workers", str(args.workers), "--checkpoint-every-steps", "0",
-                  "--lookahead", lookahead, "--no-cache"], cwd)
+                  "--lookahead", lookahead, "--no-cache",
+                  *(["--shuffle-buffer", str(args.shuffle_buffer)] if args.shuffle_buffer else [])], cwd)
     metrics = [json.loads(line) for line in (cwd / "out" / "metrics.jsonl").read_text().splitlines()]
     timed = metrics[2:] or metrics
 

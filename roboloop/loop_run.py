@@ -202,7 +202,7 @@ def select(cfg: LoopConfig, model: ModelRef, steps: Steps, round_: int) -> tuple
 def baseline_recipe(cfg: LoopConfig) -> EvalRecipe:
     """The random policy on the first `baseline_episodes` of the policy's episodes (the same layouts), without
     videos: the gate needs its outcomes, and a scripted policy without videos runs without cameras."""
-    return cfg.eval.model_copy(update={"videos": 0, "early_stop": False,
+    return cfg.eval.model_copy(update={"videos": 0, "early_stop": False, "precision": "fp32",  # no network
                                        "episodes": min(cfg.eval.episodes, cfg.baseline_episodes or cfg.eval.episodes)})
 
 

@@ -48,6 +48,7 @@ DEFAULT_DATA_FILE_SIZE_IN_MB = 100
 DEFAULT_VIDEO_FILE_SIZE_IN_MB = 200
 
 # Columns every frame row carries besides the user's features.
+ENV_STATE = "observation.environment_state"  # LeRobot's key for the scene's state (its ENV feature)
 INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 

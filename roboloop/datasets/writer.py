@@ -20,7 +20,7 @@ from roboloop import fsutil
 from roboloop.datasets import layout, stats, video
 from roboloop.datasets.generate import _arrow_column, _write_jsonl
 
-ENV_STATE = "observation.environment_state"  # LeRobot's key for the scene's (privileged) state
+ENV_STATE = layout.ENV_STATE  # the scene's state (in roboloop's tasks privileged: what the simulator knows)
 
 
 class EpisodeWriterV21:

@@ -10,7 +10,8 @@ from pydantic import BaseModel, Field, JsonValue, model_validator
 # isaaclab_tasks registers works too.
 ROBOLOOP_TASKS = ("Roboloop-Reach-Color-v0", "Roboloop-Reach-Color-Joint-v0", "Roboloop-Reach-Color-Vision-v0",
                   "Roboloop-Reach-Red-v0", "Roboloop-SO101-PickCube-v0")
-GYM_TASKS = ("gym_pusht/PushT-v0", "lerobot:pusht")  # lerobot:<type>: any env LeRobot's env configs have
+# lerobot:<type>[?option=value&...]: any env LeRobot's env configs have, with its config's options
+GYM_TASKS = ("gym_pusht/PushT-v0", "lerobot:pusht", "lerobot:pusht?obs_type=environment_state_agent_pos")
 DEFAULT_EXECUTE_STEPS = 4  # chunk actions executed before re-planning, unless the model was validated otherwise
 
 
@@ -29,7 +30,7 @@ class EvalRecipe(BaseModel):
     """How to evaluate (the task, how many episodes, how the policy runs); `EvalConfig` adds what and where."""
     # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
     KEYED: ClassVar[frozenset[str]] = frozenset({
-        "device", "early_stop", "episodes", "execute_steps", "num_envs", "seed", "task", "videos"})
+        "device", "early_stop", "episodes", "execute_steps", "num_envs", "precision", "seed", "task", "videos"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset()
 
 
@@ -43,6 +44,10 @@ class EvalRecipe(BaseModel):
     execute_steps: int | None = Field(None, ge=1, description="actions of each predicted chunk executed before "
                                       "re-planning; empty: what the model was validated with (registry), else 4")
     videos: int = Field(2, ge=0, description="rollout mp4s to write")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="a model's forward passes: fp32, or bf16 autocast where the device multiplies bf16 "
+        "natively (AMX or AVX512-BF16 on a CPU; refused elsewhere), as `roboloop serve --precision bf16` acts; a "
+        "scripted policy or a server (its own --precision) is refused in bf16")
     early_stop: bool = Field(False, description="in the closed loop: stop as soon as the promotion gate's paired "
                              "decision against the champion (same task, seed, execution) is certain, checked every "
                              "16 episodes (Bonferroni over the looks); `episodes` is then the most it runs")
@@ -112,8 +117,9 @@ class CollectConfig(BaseModel):
                          "about 3x faster on CPU, where rendering is most of a step)")
     environment_state: bool = Field(
         False, description="also record the simulator's scene state (the SO-101's cube pose and grasp point) as "
-        "observation.environment_state: a training target (aux_target), never a policy input. Off, an SO-101 "
-        "recording has exactly a real so101_follower's features (the -Vision- reach task always records it)")
+        "observation.environment_state: the VLA's aux_target; LeRobot's policies read it as an input unless trained "
+        "with env_state_input off (a real robot does not observe it). Off, an SO-101 recording has exactly a real "
+        "so101_follower's features (the -Vision- reach task always records it)")
 
     @model_validator(mode="after")
     def _vision_needs_its_camera(self) -> CollectConfig:

@@ -68,6 +68,7 @@ class EvalReport:
     planned_episodes: int | None = None  # when it stopped early: how many it would have run
     stopped_early: str | None = None  # why (the paired decision that was already certain)
     served: dict | None = None  # through a policy server: its URL, the versions that answered, latencies
+    precision: str = "fp32"  # what the model's forward passes ran in (e.g. "bf16 (AVX512-BF16)")
 
     def to_json(self, full: bool = False) -> str:
         d = asdict(self)

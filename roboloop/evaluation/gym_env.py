@@ -3,7 +3,9 @@
 `lerobot:<env type>` (e.g. `lerobot:pusht`) takes the environment from LeRobot's own env configs (or a
 `lerobot_env_*` plugin registered with them): its gym id, its kwargs and its `features_map`, which names
 each raw observation key as the policy's feature (`pixels` -> `observation.image`, `agent_pos` ->
-`observation.state`); privileged keys (`observation.environment_state`) are kept out of the state.
+`observation.state`); `observation.environment_state` is kept out of the state and given to the policies that
+read it. Options of the env config follow a `?`: `lerobot:pusht?obs_type=environment_state_agent_pos` observes
+PushT's keypoints instead of pixels (LeRobot's PushT-keypoints setting).
 
 Uses gymnasium's same-step auto-reset: when an env finishes, `step` returns its next
 episode's first observation and the finished episode's info under `final_info`. Success is
@@ -31,12 +33,21 @@ def lerobot_spec(task: str) -> dict[str, Any]:
 
     from roboloop.errors import UnknownTaskError
 
-    env_type = task.split(":", 1)[1]
+    env_type, _, query = task.split(":", 1)[1].partition("?")
     try:
-        cfg = EnvConfig.get_choice_class(env_type)()
+        choice = EnvConfig.get_choice_class(env_type)
     except Exception as e:  # draccus: an unregistered choice
         raise UnknownTaskError(f"unknown LeRobot environment {env_type!r}: LeRobot's env configs have "
                                f"{', '.join(sorted(EnvConfig.get_known_choices()))}") from e
+    options: dict[str, Any] = {}
+    fields = choice.__dataclass_fields__
+    for pair in filter(None, query.split("&")):
+        name, eq, value = pair.partition("=")
+        if not eq or name not in fields or name in ("features", "features_map"):
+            raise UnknownTaskError(f"{task}: {pair!r} is not an option of LeRobot's {choice.__name__} (it has "
+                                   f"{', '.join(k for k in fields if k not in ('features', 'features_map'))})")
+        options[name] = int(value) if value.lstrip("-").isdigit() else value
+    cfg = choice(**options)
     return {"gym_id": cfg.gym_id, "module": cfg.package_name, "kwargs": dict(cfg.gym_kwargs),
             "features_map": dict(cfg.features_map), "fps": cfg.fps, "instruction": ""}
 
@@ -79,7 +90,7 @@ class GymVectorEnv:
                 if v.ndim == 4 and v.shape[-1] == 3:
                     images[name or ("observation.image" if k == "pixels" else f"observation.images.{k}")] = \
                         torch.from_numpy(v.astype(np.uint8))
-                elif name == "observation.environment_state":  # privileged: a training target, never an input
+                elif name == "observation.environment_state":  # the scene's state: its own input, never the state
                     env_state = torch.from_numpy(v.reshape(self.num_envs, -1).astype(np.float32))
                 else:
                     parts.append(v.reshape(self.num_envs, -1))

@@ -7,10 +7,10 @@ cluster can point it at NVIDIA's server or a mirror).
 
 Observation adapter: the task's `policy` observation is the state; any (N, H, W, 3|4) image
 observation becomes a camera (`observation.images.<name>`, alpha dropped); a `privileged` one is
-the simulator state recorded as `observation.environment_state` (a training target, never a policy
-input); instructions come from the env's `instructions()` if it has one. Success comes from `extras["success"]`, else
-from a `success` termination term (manager-based tasks), else a timeout counts as success
-(survival tasks such as Cartpole) if `success_on_timeout` is set.
+the simulator state recorded as `observation.environment_state` (the VLA's training target; an input of
+LeRobot policies trained with it); instructions come from the env's `instructions()` if it has one. Success
+comes from `extras["success"]`, else from a `success` termination term (manager-based tasks), else a timeout
+counts as success (survival tasks such as Cartpole) if `success_on_timeout` is set.
 """
 
 from __future__ import annotations

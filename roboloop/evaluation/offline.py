@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from roboloop import fsutil
+from roboloop.datasets.layout import ENV_STATE
 from roboloop.evaluation.protocol import Obs
 
 
@@ -83,7 +84,12 @@ def _load(dataset: str | Path, model_dir: str | Path, device: str, seed: int):
     from roboloop.training.data import V3Dataset
 
     policy = load_policy(model_dir, device=device, seed=seed)
-    ds = V3Dataset(dataset, horizon=policy.horizon, state_key=policy.state_key, action_key=policy.action_key)
+    env_key = ENV_STATE if getattr(policy, "env_state_dim", 0) else None  # a policy that reads the scene's state
+    ds = V3Dataset(dataset, horizon=policy.horizon, state_key=policy.state_key, action_key=policy.action_key,
+                   env_key=env_key)
+    if env_key and ds.env_state is None:
+        raise ValueError(f"{dataset}: the model reads {ENV_STATE}, which this dataset does not have: score it on "
+                         "the dataset it was trained on")
     return policy, ds
 
 
@@ -132,7 +138,8 @@ def predict(policy, ds, episodes: list[int], stride: int = 1, batch: int = 64) -
                     frames[(e, cam)] = ds.decode_window(e, cam, 0, n, policy.image_size)
                 imgs.append(frames[(e, cam)][int(ds.frame_index[k])])
             images[cam] = torch.from_numpy(np.stack(imgs))
-        return Obs(torch.from_numpy(np.stack([ds.state[k] for k in ks])), images, [ds.task(k) for k in ks])
+        env = None if ds.env_state is None else torch.from_numpy(np.stack([ds.env_state[k] for k in ks]))
+        return Obs(torch.from_numpy(np.stack([ds.state[k] for k in ks])), images, [ds.task(k) for k in ks], env)
 
     preds, targets, valid = [], [], []
     for lo in range(0, len(keys), batch):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,9 +61,37 @@ class NoisyPolicy:
         return torch.maximum(torch.minimum(out, self.high.to(a.device)), self.low.to(a.device))
 
 
-def make_policy(spec: str, env: BatchedEnv, device: str = "cpu", seed: int = 0):
+def reads_env_state(spec: str) -> bool:
+    """Whether the policy `spec` names reads observation.environment_state (a LeRobot ENV input), asked before the
+    environment is made: roboloop's tasks then observe their scene's state for it."""
+    if spec in ("expert", "random"):
+        return False
+    if spec.startswith("serve://"):
+        from roboloop.serving.client import PolicyClient
+
+        with PolicyClient(spec) as c:
+            return bool(c.info().get("env_state_dim"))
+    from roboloop.datasets.layout import ENV_STATE
+
+    folder = Path(spec)
+    if spec.startswith("registry:"):
+        from roboloop.registry import resolve_model_ref
+
+        folder = Path(resolve_model_ref(spec))
+    try:
+        features = json.loads((folder / "config.json").read_text()).get("input_features") or {}
+    except (OSError, ValueError, AttributeError):  # not a LeRobot folder: load_policy says what it is
+        return False
+    return ENV_STATE in features
+
+
+def make_policy(spec: str, env: BatchedEnv, device: str = "cpu", seed: int = 0, precision: str = "fp32"):
     """`expert`, `random`, a model folder, a registry reference (`registry:NAME@ALIAS|VERSION`) or a policy
-    server (`serve://HOST:PORT`, token from $ROBOLOOP_SERVE_TOKEN_FILE)."""
+    server (`serve://HOST:PORT`, token from $ROBOLOOP_SERVE_TOKEN_FILE); a model acts in `precision`."""
+    if precision != "fp32" and (spec in ("expert", "random") or spec.startswith("serve://")):
+        raise ValueError(f"precision {precision}: " + ("a server acts in its own precision (roboloop serve "
+                                                       "--precision)" if spec.startswith("serve://") else
+                                                       f"the {spec} policy has no network to run in it"))
     if spec == "expert":
         return ExpertPolicy(env)
     if spec == "random":
@@ -75,9 +105,9 @@ def make_policy(spec: str, env: BatchedEnv, device: str = "cpu", seed: int = 0):
     elif spec.startswith("registry:"):
         from roboloop.registry import resolve_model_ref
 
-        policy = load_policy(resolve_model_ref(spec), device, seed=seed)
+        policy = load_policy(resolve_model_ref(spec), device, seed=seed, precision=precision)
     else:
-        policy = load_policy(spec, device, seed=seed)
+        policy = load_policy(spec, device, seed=seed, precision=precision)
     if policy.action_dim != env.action_dim:
         raise ModelMismatchError(f"{spec}: the model outputs {policy.action_dim}-dim actions, {env.task} takes "
                                  f"{env.action_dim}: it was trained for another robot or task")

@@ -20,8 +20,8 @@ class Obs:
     state: torch.Tensor  # (N, S) float32
     images: dict[str, torch.Tensor] = field(default_factory=dict)  # camera -> (N, H, W, 3) uint8
     instructions: list[str] = field(default_factory=list)  # N instructions ("" when the task has none)
-    # (N, E) privileged simulator state (LeRobot's observation.environment_state): recorded with demonstrations
-    # as a training target, never given to a policy
+    # (N, E) the scene's state (LeRobot's observation.environment_state; in roboloop's tasks privileged simulator
+    # state): recorded with demonstrations; read only by policies trained with it as an input (LeRobot's ENV)
     env_state: torch.Tensor | None = None
     # for policies that read several frames (`history` > 1): the previous observations, oldest first
     past: list[Obs] | None = None

@@ -18,14 +18,20 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
     from roboloop.evaluation.assets import hashes
     from roboloop.evaluation.evaluator import evaluate, progress_printer
     from roboloop.evaluation.gym_env import make_env
-    from roboloop.evaluation.policies import make_policy
+    from roboloop.evaluation.policies import make_policy, reads_env_state
+    from roboloop.policies.precision import require_acting_precision
+
+    ran = require_acting_precision(cfg.precision, cfg.device)  # refused before any env is made
 
     # the scripted baselines read no image: unless a video or rollout is asked for, render nothing (the episodes,
     # seeded by layout, are the same ones; an SO-101 random baseline runs ~2x faster without its two cameras)
     blind = cfg.policy in ("random", "expert") and not cfg.videos and not cfg.save_rollouts
-    env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=not blind)
+    # a policy that reads observation.environment_state: roboloop's tasks observe their scene's state for it (what
+    # `collect --environment-state` records); another task either has it among its observations or the policy says
+    overrides = {"privileged_obs": True} if cfg.task in ROBOLOOP_TASKS and reads_env_state(cfg.policy) else None
+    env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=not blind, overrides=overrides)
     try:
-        policy = make_policy(cfg.policy, env, cfg.device, cfg.seed)
+        policy = make_policy(cfg.policy, env, cfg.device, cfg.seed, cfg.precision)
         stop = None
         if cfg.stop_against and not cfg.save_rollouts:
             from roboloop.binomial import early_decision
@@ -36,6 +42,7 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
         report, trajs = evaluate(env, policy, cfg.episodes, cfg.execute_steps or DEFAULT_EXECUTE_STEPS, cfg.videos,
                                  cfg.output_dir, record_rollouts=bool(cfg.save_rollouts), seed=cfg.seed, stop=stop,
                                  progress=progress_printer("[progress] evaluating"))
+        report.precision = ran
         if hasattr(policy, "served"):  # served: which model versions produced the chunks, how fast they came
             report.served = policy.served()
         if cfg.task.startswith("Roboloop-"):

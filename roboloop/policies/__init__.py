@@ -75,6 +75,7 @@ class Features:
     fps: float
     aux_dim: int = 0  # size of the recipe's auxiliary target (0: none)
     stats: dict = field(default_factory=dict)  # the dataset's stats per feature ({key: {"mean": ..., ...}})
+    env_state_dim: int = 0  # observation.environment_state's size where the loader offers it as an input (0: none)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class DataNeeds:
     normalized: bool = True  # state and actions normalised by the loader (False: raw; the family normalises)
     history: int = 1  # observation frames per sample (> 1: states (N, n, S), images (3n, H, W), chunk from t-n+1)
     drop_last: int = 0  # frames at each episode's end never drawn as samples (LeRobot's drop_n_last_frames)
+    env_state: bool = False  # reads observation.environment_state (raw; with history (N, n, E), oldest first)
     tokens_per_image: int = 0  # the packer's token budget per image
     token_budget: bool = True  # False: the model packs no backbone tokens; a batch is max_samples (max_tokens unused)
     state_tokens: int = 1
@@ -98,7 +100,9 @@ class DataNeeds:
 @runtime_checkable
 class Policy(Protocol):
     """`history` (optional attribute, default 1): observation frames `act` needs; the Evaluator then gives each
-    observation its `past` frames (oldest first, the episode's first frame repeated at its start)."""
+    observation its `past` frames (oldest first, the episode's first frame repeated at its start).
+    `env_state_dim` (optional, default 0): the size of the observation.environment_state it reads (`Obs.env_state`);
+    the Evaluator then asks roboloop's tasks for their scene state."""
 
     name: str
     state_dim: int

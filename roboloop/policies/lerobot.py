@@ -3,8 +3,9 @@ and saves them, roboloop's loader feeds them and roboloop's trainer trains them.
 
 Built with LeRobot's config classes (`make_policy_config(type, **policy_config)`: every option LeRobot's
 config has, named as LeRobot names it) and its pre/post-processors (normalisation with the dataset's
-stats). Inputs are the dataset's state and its colour cameras, each at its own stored resolution
-(privileged `observation.environment_state` never is one); a policy that reads several frames
+stats). Inputs are the dataset's state, its colour cameras, each at its own stored resolution, and its
+`observation.environment_state` as LeRobot's ENV feature (as `lerobot-train` feeds it; the recipe's
+`env_state_input: off` leaves it out, e.g. a simulator's privileged state); a policy that reads several frames
 (Diffusion's `n_obs_steps`) gets them from the loader, the Evaluator and offline scoring alike. Pretrained
 backbones come only from local folders: `pretrained_backbone_weights` defaults to none (LeRobot's default
 downloads ImageNet weights), and Diffusion's backbone then uses GroupNorm, as LeRobot's from-scratch configs do.
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from roboloop.datasets.layout import ENV_STATE
 from roboloop.errors import RoboloopError
 from roboloop.evaluation.protocol import Obs
 from roboloop.policies import DataNeeds, Features, ModelInfo, model_info
@@ -197,6 +199,8 @@ class LeRobotTrainable:
         out: dict = {self.state_key: (b.states_hist if n > 1 else b.states).float(), "action": b.actions.float(),
                      "action_is_pad": ~b.action_mask,
                      "task": self.tasks(b) if self.reads_language else [""] * b.num_samples}
+        if self.needs.env_state:  # (N, E), with history (N, n, E): as LeRobot's delta_timestamps stack it
+            out[ENV_STATE] = b.env_state.float()
         images = b.image_input() if self.cameras else b.images
         for c, key in enumerate(self.cameras):
             # every sample has every camera, in this order (collate stacks them sample by sample); the sizes are
@@ -235,7 +239,13 @@ class LeRobotFamily:
         horizon = cfg.model_overrides.get("horizon")
         pcfg = policy_config(cfg.policy_type, dict(cfg.policy_config), int(horizon) if horizon else None, device)
         colour = [c for c in features.cameras if not c.get("depth")]
-        pcfg.input_features = {features.state_key: PolicyFeature(FeatureType.STATE, (features.state_dim,)),
+        if cfg.env_state_input == "on" and not features.env_state_dim:
+            raise LeRobotPolicyError(f"env_state_input on: the dataset has no {ENV_STATE} (its features: "
+                                     f"{features.state_key}, {features.action_key}"
+                                     + "".join(f", {c['key']}" for c in features.cameras) + ")")
+        env = {ENV_STATE: PolicyFeature(FeatureType.ENV, (features.env_state_dim,))} \
+            if features.env_state_dim and cfg.env_state_input != "off" else {}
+        pcfg.input_features = {features.state_key: PolicyFeature(FeatureType.STATE, (features.state_dim,)), **env,
                                **{c["key"]: PolicyFeature(FeatureType.VISUAL, (3, *c["shape"]))
                                   for c in colour}}
         pcfg.output_features = {features.action_key: PolicyFeature(FeatureType.ACTION, (features.action_dim,))}
@@ -254,7 +264,8 @@ class LeRobotFamily:
         # frozen norms folded into their convs, channels-last weights: the same arithmetic, faster
         layout = convs.speed_up(policy, "strategy=fsdp: FSDP2 shards only contiguous parameters"
                                 if cfg.strategy == "fsdp" else None)
-        stats = _lerobot_stats(features.stats, [features.state_key, features.action_key, *[c["key"] for c in colour]])
+        stats = _lerobot_stats(features.stats, [features.state_key, features.action_key, *env,
+                                                *[c["key"] for c in colour]])
         pre, post = make_pre_post_processors(pcfg, dataset_stats=stats)
         # the loader's action window is LeRobot's `action_delta_indices`: from the oldest observed frame on (ACT: t
         # to t+chunk_size-1; Diffusion: t-1 on, `horizon` steps; VQ-BeT: t-n_obs_steps+1 to its last predicted chunk)
@@ -267,7 +278,8 @@ class LeRobotFamily:
                           token_budget=False, max_text_len=1024 if pcfg.type in READS_LANGUAGE else 2,
                           normalized=False,
                           camera_keys=tuple(c["key"] for c in colour),
-                          history=history, drop_last=int(getattr(pcfg, "drop_n_last_frames", 0) or 0))
+                          history=history, drop_last=int(getattr(pcfg, "drop_n_last_frames", 0) or 0),
+                          env_state=bool(env))
         vqbet = cfg.policy_type == "vqbet"
         return LeRobotTrainable((VQBeTLossModule if vqbet else LossModule)(policy), needs, pcfg, pre, post,
                                 features.state_key, [c["key"] for c in colour],
@@ -371,13 +383,17 @@ class LeRobotPolicy:
         self.camera_keys = [k for k, f in cfg.input_features.items() if f.type.name == "VISUAL"]
         shape = cfg.input_features[self.camera_keys[0]].shape if self.camera_keys else (3, 0, 0)
         self.image_size = (int(shape[1]), int(shape[2]))
-        if (folder / "stats.json").is_file():
-            raw = json.loads((folder / "stats.json").read_text())
-        else:  # a lerobot-train folder: the normaliser's own stats
-            raw = next((st.stats for st in self.pre.steps if getattr(st, "stats", None)), {})
+        own: dict = next((st.stats for st in self.pre.steps if getattr(st, "stats", None)), {})  # the normaliser's
+        raw = json.loads((folder / "stats.json").read_text()) if (folder / "stats.json").is_file() else {}
+        if not raw:  # a lerobot-train folder
+            raw = own
+        if ENV_STATE in cfg.input_features and ENV_STATE in own:  # roboloop's stats.json has state and action
+            raw = {**raw, ENV_STATE: own[ENV_STATE]}
         self.stats = {k: {s: np.asarray(torch.as_tensor(v).cpu(), dtype=np.float32) for s, v in d.items()}
                       for k, d in raw.items()}
         self.history = int(getattr(cfg, "n_obs_steps", 1) or 1)  # frames per observation (the Evaluator's past)
+        env = cfg.input_features.get(ENV_STATE)  # LeRobot's ENV feature: the scene's state, read at every step
+        self.env_state_dim = int(env.shape[0]) if env is not None else 0
 
     def _frames(self, obs: Obs, key: str, j: int) -> torch.Tensor:
         frames = obs.images[key] if key in obs.images else list(obs.images.values())[j]
@@ -385,6 +401,19 @@ class LeRobotPolicy:
         want = tuple(self.cfg.input_features[key].shape[1:])
         if tuple(x.shape[-2:]) != want:
             x = torch.nn.functional.interpolate(x, size=want, mode="bilinear", antialias=True)
+        return x
+
+    def _env_state(self, obs: Obs) -> torch.Tensor:
+        if obs.env_state is None:
+            raise LeRobotPolicyError(
+                f"{self.name} reads {ENV_STATE} ({self.env_state_dim} values) at every step and this observation has "
+                "none: act where the scene's state is observed (roboloop's tasks give it to policies that read it; "
+                "lerobot:pusht?obs_type=environment_state_agent_pos; a server's client sends it), or train with "
+                "env_state_input off")
+        x = obs.env_state.float()
+        if x.shape[-1] != self.env_state_dim:
+            raise LeRobotPolicyError(f"{self.name} reads {ENV_STATE} with {self.env_state_dim} values, the "
+                                     f"observation has {x.shape[-1]}: it was trained on another scene")
         return x
 
     @torch.no_grad()
@@ -400,6 +429,9 @@ class LeRobotPolicy:
         batch: dict = {self.state_key: obs.state.float(), "task": list(obs.instructions or [""] * obs.state.shape[0])}
         if self.history > 1:
             batch[self.state_key] = torch.stack([f.state.float() for f in frames], dim=1)
+        if self.env_state_dim:
+            env = [self._env_state(f) for f in frames]
+            batch[ENV_STATE] = torch.stack(env, dim=1) if self.history > 1 else env[0]
         for j, key in enumerate(self.camera_keys):
             x = [self._frames(f, key, j) for f in frames]
             batch[key] = torch.stack(x, dim=1) if self.history > 1 else x[0]

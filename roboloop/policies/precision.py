@@ -114,7 +114,12 @@ def probe_obs(policy: Any) -> Any:
         state = torch.as_tensor(np.asarray(mean, dtype=np.float32)).reshape(1, -1)
     h, w = policy.image_size if policy.image_size else (64, 64)
     images = {k: torch.full((1, h, w, 3), 128, dtype=torch.uint8) for k in policy.camera_keys}
-    return Obs(state, images, [getattr(policy, "instruction", "")])  # an export answers its own instruction only
+    env, dim = None, int(getattr(policy, "env_state_dim", 0))  # the scene's state, for a policy that reads it
+    if dim:
+        env_mean = (policy.stats.get("observation.environment_state") or {}).get("mean")
+        env = torch.as_tensor(np.asarray(env_mean, dtype=np.float32)).reshape(1, dim) if env_mean is not None \
+            else torch.zeros(1, dim)
+    return Obs(state, images, [getattr(policy, "instruction", "")], env)  # an export: its own instruction only
 
 
 def acting(policy: Any, precision: str, device: str, probe: Any = None) -> Any:

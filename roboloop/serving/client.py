@@ -74,12 +74,17 @@ class PolicyClient:
         return self.request({"type": "info"})["model"]
 
     def act(self, state: np.ndarray, images: dict[str, np.ndarray] | None = None,
-            instructions: list[str] | str | None = None, past: list[dict] | None = None) -> Reply:
+            instructions: list[str] | str | None = None, past: list[dict] | None = None,
+            env_state: np.ndarray | None = None) -> Reply:
+        """`env_state`: observation.environment_state, for a model that reads it (`info()["env_state_dim"]`)."""
         state = np.asarray(state, dtype=np.float32)
         if state.ndim == 1:  # one robot: a batch of one
             state, images = state[None], {k: np.asarray(v)[None] for k, v in (images or {}).items()}
+            env_state = None if env_state is None else np.asarray(env_state)[None]
         msg: dict[str, Any] = {"type": "act", "timestamp": time.time(), "state": state, "images": images or {},
                                "instructions": instructions if instructions is not None else [""] * len(state)}
+        if env_state is not None:
+            msg["env_state"] = np.asarray(env_state, dtype=np.float32)
         if past is not None:
             msg["past"] = past
         t0 = time.perf_counter()
@@ -97,9 +102,12 @@ class PolicyClient:
         self.close()
 
 
-def _frame(obs: Obs, keys: list[str]) -> dict[str, Any]:
-    return {"state": obs.state.detach().float().cpu().numpy(),
-            "images": {k: obs.images[k].detach().cpu().numpy() for k in keys}}
+def _frame(obs: Obs, keys: list[str], env_state: bool = False) -> dict[str, Any]:
+    out = {"state": obs.state.detach().float().cpu().numpy(),
+           "images": {k: obs.images[k].detach().cpu().numpy() for k in keys}}
+    if env_state and obs.env_state is not None:  # else the server names what is missing
+        out["env_state"] = obs.env_state.detach().float().cpu().numpy()
+    return out
 
 
 class RemotePolicy:
@@ -114,15 +122,18 @@ class RemotePolicy:
         self.state_key, self.action_key = spec["state_key"], "action"
         self.camera_keys, self.history = list(spec["camera_keys"]), int(spec.get("history", 1))
         self.image_size = tuple(spec["image_size"]) if spec.get("image_size") else None
+        self.env_state_dim = int(spec.get("env_state_dim", 0))  # the model reads the scene's state
         self.stats: dict = {}
         self.versions: Counter[str] = Counter()  # which version produced how many chunks
         self.infer_ms: list[float] = []
         self.roundtrip_ms: list[float] = []
 
     def act(self, obs: Obs) -> torch.Tensor:
-        f = _frame(obs, self.camera_keys)
-        past = [_frame(p, self.camera_keys) for p in obs.past] if obs.past is not None and self.history > 1 else None
-        r = self.client.act(f["state"], f["images"], list(obs.instructions) or None, past)
+        env = bool(self.env_state_dim)
+        f = _frame(obs, self.camera_keys, env)
+        past = [_frame(p, self.camera_keys, env) for p in obs.past] if obs.past is not None and self.history > 1 \
+            else None
+        r = self.client.act(f["state"], f["images"], list(obs.instructions) or None, past, f.get("env_state"))
         self.versions[r.version] += 1
         self.infer_ms.append(r.infer_ms)
         self.roundtrip_ms.append(r.roundtrip_ms)

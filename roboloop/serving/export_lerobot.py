@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from roboloop.datasets.layout import ENV_STATE
 from roboloop.evaluation.protocol import Obs
 from roboloop.policies.lerobot import LeRobotPolicy
 
@@ -69,7 +70,13 @@ def _probe(policy: Any, n: int, seed: int) -> list[Obs]:
         state = (mean + std * g.normal(size=policy.state_dim)).astype(np.float32)[None]
         images = {k: torch.from_numpy(g.integers(0, 256, (1, *policy.cfg.input_features[k].shape[1:], 3),
                                                  dtype=np.uint8)) for k in policy.camera_keys}
-        out.append(Obs(torch.from_numpy(state), images, [""]))
+        env = None
+        if policy.env_state_dim:  # the scene's state, spread like its stats too
+            e = policy.stats.get(ENV_STATE, {})
+            e_mean = np.asarray(e.get("mean", np.zeros(policy.env_state_dim)), dtype=np.float32)
+            e_std = np.asarray(e.get("std", np.ones(policy.env_state_dim)), dtype=np.float32)
+            env = torch.from_numpy((e_mean + e_std * g.normal(size=policy.env_state_dim)).astype(np.float32)[None])
+        out.append(Obs(torch.from_numpy(state), images, [""], env))
     return out
 
 
@@ -110,7 +117,8 @@ def export_lerobot(folder: Path, tmp: Path, checks: int, onnx_file: str, toleran
     return {"format": "onnx", "opset": 17, "family": "lerobot", "policy_type": kind, "source": str(folder.resolve()),
             "inputs": {k: list(first[k].shape) for k in keys}, "chunk": [policy.horizon, policy.action_dim],
             "batch": 1, "checks": checks, "max_abs_diff": worst, "tolerance": tolerance,
-            "check_observations": "state ~ N(mean, std) of the stats, uniform random camera frames",
+            "check_observations": "state (and environment state) ~ N(mean, std) of the stats, uniform random "
+                                  "camera frames",
             "outside_the_graph": "LeRobot's preprocessor and postprocessor from this folder"}
 
 

@@ -91,6 +91,10 @@ class RobotLoop:
                              f"{self.camera_keys} and writes {spec['action_dim']} actions; the robot has "
                              f"{len(self.state_names)} joints {self.state_names}, cameras {self.cams} and "
                              f"{len(self.action_names)} actions" + (f" (no camera for {missing})" if missing else ""))
+        if spec.get("env_state_dim"):  # LeRobot's robot classes observe joints and cameras, not the scene
+            raise ValueError(f"the served model {spec['version']} reads observation.environment_state "
+                             f"({spec['env_state_dim']} values of the scene's state) at every step, which a robot's "
+                             "observation does not have: serve a model trained with env_state_input off")
         self.cam_of = {k: by_key[k] for k in self.camera_keys}
         self.cfg.execute_steps = max(1, min(cfg.execute_steps, int(spec["horizon"])))
         self.stats = LoopStats()

@@ -66,7 +66,7 @@ class ModelSlot:
                 "state_key": p.state_key, "state_dim": int(p.state_dim), "action_dim": int(p.action_dim),
                 "horizon": int(p.horizon), "camera_keys": list(p.camera_keys),
                 "image_size": list(p.image_size) if p.image_size else None,
-                "history": int(getattr(p, "history", 1)),
+                "history": int(getattr(p, "history", 1)), "env_state_dim": int(getattr(p, "env_state_dim", 0)),
                 "bf16_deviation": list(self.deviation) if self.deviation is not None else None}
 
 
@@ -177,7 +177,21 @@ def choose_batching(slot: ModelSlot, rows: int = 8, repeats: int = 2, gain: floa
 
 
 def _fits(slot: ModelSlot, obs: Obs) -> bool:
-    return obs.state.shape[-1] == slot.policy.state_dim and set(slot.policy.camera_keys) <= set(obs.images)
+    dim = int(getattr(slot.policy, "env_state_dim", 0))
+    return obs.state.shape[-1] == slot.policy.state_dim and set(slot.policy.camera_keys) <= set(obs.images) \
+        and (not dim or obs.env_state is not None and obs.env_state.shape[-1] == dim)
+
+
+def _env_state(msg: dict[str, Any], dim: int, rows: int, what: str) -> torch.Tensor | None:
+    """The frame's observation.environment_state, where the model reads it (else ignored)."""
+    if not dim:
+        return None
+    env = msg.get("env_state")
+    if not isinstance(env, np.ndarray) or env.shape != (rows, dim) or env.dtype.kind != "f" \
+            or not np.isfinite(env).all():
+        raise WireError(f"{what}env_state: the model reads observation.environment_state: expected finite "
+                        f"({rows}, {dim}) floats, got {getattr(env, 'shape', type(env).__name__)}")
+    return torch.from_numpy(env.astype(np.float32))
 
 
 def _frame(msg: dict[str, Any], slot: ModelSlot, what: str, n: int | None) -> tuple[torch.Tensor, dict]:
@@ -211,6 +225,7 @@ def to_obs(msg: dict[str, Any], slot: ModelSlot) -> Obs:
     """A decoded `act` request as an observation the slot's policy can act on, or `WireError` naming the field."""
     state, images = _frame(msg, slot, "", None)
     n = state.shape[0]
+    dim = int(getattr(slot.policy, "env_state_dim", 0))
     instr = msg.get("instructions", [""] * n)
     if isinstance(instr, str):
         instr = [instr] * n
@@ -227,8 +242,8 @@ def to_obs(msg: dict[str, Any], slot: ModelSlot) -> Obs:
             if not isinstance(fr, dict):
                 raise WireError(f"past[{i}]: expected a map")
             s, im = _frame(fr, slot, f"past[{i}].", n)
-            past.append(Obs(s, im, instr))
-    return Obs(state, images, instr, past=past)
+            past.append(Obs(s, im, instr, _env_state(fr, dim, n, f"past[{i}].")))
+    return Obs(state, images, instr, _env_state(msg, dim, n, ""), past=past)
 
 
 def signature(obs: Obs) -> tuple:
@@ -245,7 +260,9 @@ def concat(batch: list[Obs]) -> Obs:
         past = [concat([o.past[j] for o in batch]) for j in range(len(batch[0].past))]  # type: ignore[index]
     return Obs(torch.cat([o.state for o in batch]), {k: torch.cat([o.images[k] for o in batch])
                                                      for k in batch[0].images},
-               [s for o in batch for s in o.instructions], past=past)
+               [s for o in batch for s in o.instructions],
+               None if batch[0].env_state is None else torch.cat([o.env_state for o in batch]),  # type: ignore[misc]
+               past=past)
 
 
 @dataclass

@@ -11,6 +11,7 @@ Messages (one websocket binary frame each; the client's token travels in the HTT
 
     request  {"type": "act", "id": int, "timestamp": float,
               "state": (N, S) float32, "images": {camera: (N, H, W, 3) uint8}, "instructions": [str] * N,
+              "env_state": (N, E) float32  # only for a model that reads observation.environment_state
               "past": [{"state": ..., "images": ...}, ...]  # optional: earlier frames, oldest first}
     request  {"type": "info", "id": int}
     reply    {"type": "chunk", "id", "timestamp" (echoed), "actions": (N, H, A) float32, "version": str,

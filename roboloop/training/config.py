@@ -102,7 +102,7 @@ class TrainRecipe(BaseModel):
         "aux_target", "aux_weight", "deterministic", "device", "family", "fp8_backend", "grad_clip", "init_from",
         "lr", "max_samples", "max_tokens", "model_overrides", "policy_config", "policy_type", "precision", "preset",
         "seed", "shuffle_buffer", "steps", "strategy", "val_fraction", "warmup_steps", "weight_decay", "window",
-        "with_video", "lr_schedule", "ema_decay", "image_shift"})
+        "with_video", "lr_schedule", "ema_decay", "image_shift", "env_state_input"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
         "lookahead", "resume", "frame_cache_mb", "host_memory"})
@@ -127,8 +127,14 @@ class TrainRecipe(BaseModel):
     lr: float = Field(1e-3, gt=0, description="peak learning rate (AdamW)")
     aux_target: str | None = Field(None, description="a dataset feature the image encoder also learns to predict, "
                                    "e.g. observation.environment_state (privileged simulator state recorded by "
-                                   "`collect`): a training signal only, never a policy input")
+                                   "`collect`): a training signal only, never this family's input")
     aux_weight: float = Field(0.3, ge=0, description="weight of the auxiliary target's L1 loss (normalised units)")
+    env_state_input: Literal["auto", "on", "off"] = Field(
+        "auto", description="LeRobot's policies: the dataset's observation.environment_state as an input (LeRobot's "
+        "ENV feature: PushT's keypoints, a scene's tracked object poses), as lerobot-train feeds it. auto: when the "
+        "dataset has it; on: required; off: left out (e.g. a simulator's privileged state that the real robot will "
+        "not have). The policy then needs it at every step: the Evaluator asks roboloop's tasks for it, a server's "
+        "clients send it. Family vla never reads it (its aux_target)")
     warmup_steps: int = Field(20, ge=0, description="linear warm-up steps before the cosine decay")
     lr_schedule: Literal["cosine", "constant"] = Field(
         "cosine", description="after warm-up: cosine decay to a tenth of lr at the last step, or constant (LeRobot's "
@@ -189,6 +195,9 @@ class TrainRecipe(BaseModel):
             self.family = "lerobot"
         if self.family == "lerobot" and not self.policy_type:
             raise ValueError("family lerobot needs policy_type (e.g. act)")
+        if self.env_state_input == "on" and self.family != "lerobot":
+            raise ValueError(f"env_state_input on: family {self.family} does not read observation.environment_state "
+                             "as an input (family vla learns it as an aux_target); LeRobot's policies do")
         if self.image_shift and (self.family != "vla" or not self.with_video):
             raise ValueError(f"image_shift {self.image_shift} shifts the vla family's training images; "
                              + ("this recipe has no images (with_video false)" if self.family == "vla" else

@@ -120,13 +120,17 @@ class V3Dataset:
     """Random access to (state, action chunk, task) of a v3 dataset; every camera through `decode_window`."""
 
     def __init__(self, root: str | Path, horizon: int = 16, state_key: str = "observation.state",
-                 action_key: str = "action", aux_key: str | None = None):
+                 action_key: str = "action", aux_key: str | None = None, env_key: str | None = None):
+        """`env_key`: a feature offered to the policy as an input (observation.environment_state), loaded when the
+        dataset has it (`env_state` is None otherwise)."""
         self.meta = load_meta(root)
         if self.meta.version != layout.V30:
             raise ValueError(f"{root} is {self.meta.version}: convert it to v3.0 first (roboloop convert)")
         self.root = Path(root)
         self.horizon = horizon
         self.state_key, self.action_key, self.aux_key = state_key, action_key, aux_key
+        self.env_key = env_key if env_key in self.meta.info.features else None
+        extra = [k for k in dict.fromkeys([aux_key, self.env_key]) if k]
         if aux_key is not None and aux_key not in self.meta.info.features:
             raise ValueError(f"{root}: the auxiliary target {aux_key!r} is not a feature of this dataset (it has "
                              f"{sorted(self.meta.info.features)}); record it (roboloop collect records "
@@ -139,7 +143,7 @@ class V3Dataset:
         tables = []
         for chunk, file in files:
             path = self.root / self.meta.info.data_path.format(chunk_index=chunk, file_index=file)
-            tables.append(read_table(path, columns=[state_key, action_key, *([aux_key] if aux_key else []), "index",
+            tables.append(read_table(path, columns=[state_key, action_key, *extra, "index",
                                                        "episode_index", "frame_index", "task_index", *image_keys],
                                      memory_map=True))
         table = pa.concat_tables(tables)
@@ -150,6 +154,7 @@ class V3Dataset:
         self.state = _column_2d(table, state_key)[order]
         self.action = _column_2d(table, action_key)[order]
         self.aux = _column_2d(table, aux_key)[order] if aux_key else None
+        self.env_state = _column_2d(table, self.env_key)[order] if self.env_key else None
         self.episode_index = np_col(table["episode_index"])[order]
         self.frame_index = np_col(table["frame_index"])[order]
         self.task_index = np_col(table["task_index"])[order]
@@ -157,7 +162,8 @@ class V3Dataset:
         self.ep_to: dict[int, int] = {ep.episode_index: int(ep.dataset_to_index or 0) for ep in self.meta.episodes}
         self._camera = {c.key: c for c in self.cameras}
         check_episode_table(self.root, self.meta, np_col(table["index"])[order], self.episode_index, self.frame_index)
-        for key, arr in ((state_key, self.state), (action_key, self.action), (aux_key, self.aux)):
+        for key, arr in ((state_key, self.state), (action_key, self.action), (aux_key, self.aux),
+                         (self.env_key, self.env_state)):
             if arr is not None and not np.isfinite(arr).all():
                 row = int(np.flatnonzero(~np.isfinite(arr).all(axis=1))[0])
                 ep, frame = int(self.episode_index[row]), int(self.frame_index[row])
@@ -263,8 +269,12 @@ class SampleStream:
                  normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256,
                  tokenizer: str | None = None, state_tokens: int = 1, episodes: list[int] | None = None,
                  depth_mm: dict[str, tuple[float, float]] | None = None, cameras: list[str] | None = None,
-                 history: int = 1, drop_last: int = 0, cache_mb: float = 0):
+                 history: int = 1, drop_last: int = 0, cache_mb: float = 0, env_state: bool = False):
         self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len  # image_size None: as stored
+        if env_state and ds.env_state is None:
+            raise ValueError(f"{ds.root}: the policy reads {ds.env_key or 'observation.environment_state'}, which "
+                             "this dataset does not have")
+        self.env_state = env_state  # each sample carries ds.env_state (raw; its history frames too)
         # the cameras fed, in the dataset's order (None: all of them)
         self.cams = [k for k in ds.camera_keys if cameras is None or k in cameras]
         # observation frames per sample (current + history - 1 before it, clamped to the episode's first frame);
@@ -418,6 +428,10 @@ class SampleStream:
         hist = torch.from_numpy(np.ascontiguousarray(ds.state[[key - t + s for s in steps]], dtype=np.float32)) \
             if h > 1 else None
         aux = ds.aux[key] if ds.aux is not None else None
+        env = None
+        if ds.env_state is not None and self.env_state:  # raw: the family normalises what it reads
+            env = ds.env_state[[key - t + s for s in steps]] if h > 1 else ds.env_state[key]
+            env = torch.from_numpy(np.ascontiguousarray(env, dtype=np.float32))
         if self.norm is not None:
             actions, state = self.norm(ds.action_key, actions), self.norm(ds.state_key, state)
             if aux is not None and ds.aux_key in self.norm.mean:
@@ -427,7 +441,7 @@ class SampleStream:
                       actions=torch.from_numpy(np.ascontiguousarray(actions, dtype=np.float32)),
                       action_mask=torch.from_numpy(~pad),
                       aux=None if aux is None else torch.from_numpy(np.ascontiguousarray(aux, dtype=np.float32)),
-                      state_hist=hist)
+                      state_hist=hist, env_state=env)
 
     def __iter__(self) -> Iterator[Sample]:
         while True:

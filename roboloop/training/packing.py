@@ -28,6 +28,7 @@ class Sample:
     aux: torch.Tensor | None = None  # (E,) auxiliary training target (privileged state), if the recipe has one
     # history policies: (n_obs, S) raw states, oldest first (each image is then (3 * n_obs, H, W), oldest first)
     state_hist: torch.Tensor | None = None
+    env_state: torch.Tensor | None = None  # (E,) or, with history, (n_obs, E): observation.environment_state, raw
 
     def num_tokens(self, tokens_per_image: int, state_tokens: int = 1) -> int:
         return len(self.images) * tokens_per_image + int(self.instruction.numel()) + state_tokens
@@ -52,6 +53,8 @@ class PackedBatch:
     # (num_images, 2) each image's own (H, W): cameras of different sizes are zero-padded to the largest
     image_hw: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 2, dtype=torch.long))
     states_hist: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0))  # (N, n_obs, S); empty: none
+    # (N, E) or (N, n_obs, E) observation.environment_state where the policy reads it; empty: none
+    env_state: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0))
 
     @property
     def num_samples(self) -> int:
@@ -102,6 +105,8 @@ def collate(samples: Sequence[Sample], tokens_per_image: int, state_tokens: int 
         action_mask=torch.stack([s.action_mask for s in samples]),
         seq_lens=torch.tensor([s.num_tokens(tokens_per_image, state_tokens) for s in samples], dtype=torch.int32),
         aux=torch.stack([s.aux for s in samples]) if samples and samples[0].aux is not None
+        else torch.zeros(len(samples), 0),
+        env_state=torch.stack([s.env_state for s in samples]) if samples and samples[0].env_state is not None
         else torch.zeros(len(samples), 0),
     )
 

@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from roboloop import fsutil, policies
+from roboloop.datasets.layout import ENV_STATE
 from roboloop.errors import DiskFullError
 from roboloop.training import checkpoint, distributed, ema, hostmem, metrics, outdir, precision
 from roboloop.training.config import TrainConfig
@@ -108,7 +109,9 @@ class Trainer:
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
-        self.ds = ds = V3Dataset(cfg.dataset, aux_key=cfg.aux_target if cfg.with_video else None)
+        # observation.environment_state as an input: LeRobot's policies, unless the recipe leaves it out
+        env_key = ENV_STATE if cfg.family == "lerobot" and cfg.env_state_input != "off" else None
+        self.ds = ds = V3Dataset(cfg.dataset, aux_key=cfg.aux_target if cfg.with_video else None, env_key=env_key)
         self.family = policies.family(cfg.family)
         self.policy = pol = self.family.build(cfg, features_of(ds, cfg.with_video))
         needs = pol.needs
@@ -155,7 +158,8 @@ class Trainer:
                                    state_tokens=needs.state_tokens, episodes=self.train_episodes,
                                    depth_mm=self.depth_mm,
                                    cameras=list(needs.camera_keys) if needs.camera_keys is not None else None,
-                                   history=needs.history, drop_last=needs.drop_last, cache_mb=cfg.frame_cache_mb)
+                                   history=needs.history, drop_last=needs.drop_last, cache_mb=cfg.frame_cache_mb,
+                                   env_state=needs.env_state)
         self.run_record["frame_cache"] = self.stream.cache_record()
         self.run_record["host_memory"] = host_memory
         self.ckpt_dir = self.out / "checkpoints"
@@ -179,6 +183,8 @@ class Trainer:
                  cfg.strategy if env.world_size > 1 else "1 rank", self.device, env.rank, env.world_size)
         if env.is_main:  # in the run log beside the loss lines
             print(camera_line(ds, self.with_video, needs.camera_keys), flush=True)
+            if ENV_STATE in ds.meta.info.features and cfg.family == "lerobot":
+                print(env_state_line(ds, needs.env_state, cfg.env_state_input), flush=True)
             print(precision.record_line(self.run_record), flush=True)
             print(self.stream.cache_line(), flush=True)
             print(f"host memory: {self.run_record['host_memory']}", flush=True)
@@ -338,6 +344,14 @@ def camera_line(ds: V3Dataset, with_video: bool, wanted: tuple[str, ...] | None 
     return f"cameras: {kinds(fed)}" + (f"; NOT USED by this policy family: {kinds(skipped)}" if skipped else "")
 
 
+def env_state_line(ds: V3Dataset, read: bool, setting: str) -> str:
+    """The run log's word on observation.environment_state, for a family that can read it."""
+    if read:
+        return (f"environment state: {ENV_STATE} ({ds.env_state.shape[1]} values) is an input "  # type: ignore[union-attr]
+                f"(env_state_input {setting}): acting needs it at every step")
+    return f"environment state: {ENV_STATE} NOT USED (env_state_input {setting})"
+
+
 def init_depth_ranges(init: Path) -> dict[str, tuple[float, float]]:
     return {c["key"]: tuple(c["depth_mm"]) for c in policies.model_info(init).cameras if c.get("depth_mm")}
 
@@ -347,7 +361,8 @@ def features_of(ds: V3Dataset, with_video: bool) -> policies.Features:
                              tuple(c.describe() for c in ds.cameras) if with_video else (), float(ds.meta.info.fps),
                              int(ds.aux.shape[1]) if ds.aux is not None else 0,
                              {k: {s: np.asarray(v).tolist() for s, v in d.items()}
-                              for k, d in ds.meta.dataset_stats().items()})
+                              for k, d in ds.meta.dataset_stats().items()},
+                             int(ds.env_state.shape[1]) if ds.env_state is not None else 0)
 
 
 def save_final(out: Path, weights: dict[str, torch.Tensor], family, trainable, cfg: TrainConfig, ds: V3Dataset,

@@ -96,11 +96,32 @@ LEROBOT_QUIET = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
 
 
 # ---------------------------------------------------------------- LeRobot's own writer (v3.0)
+def _writer_features(cameras: dict[str, tuple[int, int]], images: dict[str, tuple[int, int]],
+                     depth: dict[str, tuple[int, int]], env_state: int, dims: tuple[int, int]) -> dict:
+    s_dim, a_dim = dims  # state and action sizes
+    feats: dict = {"observation.state": {"dtype": "float32", "shape": (s_dim,),
+                                         "names": [f"j{i}.pos" for i in range(s_dim)]},
+                   "action": {"dtype": "float32", "shape": (a_dim,), "names": [f"j{i}.pos" for i in range(a_dim)]}}
+    if env_state:
+        feats["observation.environment_state"] = {"dtype": "float32", "shape": (env_state,),
+                                                  "names": [f"k{i}" for i in range(env_state)]}
+    for key, (h, w) in cameras.items():
+        feats[key] = {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
+    for key, (h, w) in images.items():
+        feats[key] = {"dtype": "image", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
+    for key, (h, w) in depth.items():
+        feats[key] = {"dtype": "video", "shape": (h, w, 1), "names": ["height", "width", "channels"],
+                      "info": {"is_depth_map": True}}
+    return feats
+
+
 def lerobot_writer(cameras: dict[str, tuple[int, int]], images: dict[str, tuple[int, int]],
                    tasks: list[str], num_episodes: int = 3, use_videos: bool = True,
-                   depth: dict[str, tuple[int, int]] | None = None) -> Callable[[Path], None]:
+                   depth: dict[str, tuple[int, int]] | None = None, env_state: int = 0,
+                   dims: tuple[int, int] = (6, 6)) -> Callable[[Path], None]:
     """LeRobot's `LeRobotDataset.create` + `add_frame`: `cameras` as video, `images` as PNGs in the parquet,
-    `depth` as (H, W, 1) uint16 millimetre maps flagged `is_depth_map` (its 12-bit HEVC depth video)."""
+    `depth` as (H, W, 1) uint16 millimetre maps flagged `is_depth_map` (its 12-bit HEVC depth video),
+    `env_state` values of observation.environment_state per frame (PushT-keypoints style; 0: none)."""
     depth = depth or {}
 
     def build(dst: Path) -> None:
@@ -108,23 +129,19 @@ def lerobot_writer(cameras: dict[str, tuple[int, int]], images: dict[str, tuple[
 
         from tests.conformance.lerobot_side import _quiet
 
-        feats = {"observation.state": {"dtype": "float32", "shape": (6,), "names": [f"j{i}.pos" for i in range(6)]},
-                 "action": {"dtype": "float32", "shape": (6,), "names": [f"j{i}.pos" for i in range(6)]}}
-        for key, (h, w) in cameras.items():
-            feats[key] = {"dtype": "video", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
-        for key, (h, w) in images.items():
-            feats[key] = {"dtype": "image", "shape": (h, w, 3), "names": ["height", "width", "channels"]}
-        for key, (h, w) in depth.items():
-            feats[key] = {"dtype": "video", "shape": (h, w, 1), "names": ["height", "width", "channels"],
-                          "info": {"is_depth_map": True}}
+        s_dim, a_dim = dims
+        feats = _writer_features(cameras, images, depth, env_state, dims)
         rng = np.random.default_rng(5)
         with _quiet():
             ds = LeRobotDataset.create("conformance/writer", fps=30, features=feats, root=dst, robot_type="so101",
                                        use_videos=use_videos)
             for e in range(num_episodes):
                 for i in range(9 + 4 * e):
-                    frame = {"observation.state": rng.normal(size=6).astype(np.float32),
-                             "action": rng.normal(size=6).astype(np.float32), "task": tasks[e % len(tasks)]}
+                    frame = {"observation.state": rng.normal(size=s_dim).astype(np.float32),
+                             "action": rng.normal(size=a_dim).astype(np.float32), "task": tasks[e % len(tasks)]}
+                    if env_state:  # on another scale than the state: normalising it wrongly shows
+                        frame["observation.environment_state"] = (10 + 3 * rng.normal(size=env_state)) \
+                            .astype(np.float32)
                     for key, (h, w) in {**cameras, **images}.items():
                         img = np.zeros((h, w, 3), np.uint8)
                         img[..., 0] = (np.arange(w) * 4 + i * 9) % 256

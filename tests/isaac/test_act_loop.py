@@ -1,9 +1,12 @@
 """LeRobot's ACT through the closed loop (`roboloop loop`, no Prefect server): trained on roboloop's engine from
-the single-instruction reach task's recorded demonstrations (`Roboloop-Reach-Red-v0`, state + camera: ACT does not
-read the instruction, so every episode names the red ball), evaluated there beside the random baseline, registered,
-and promoted
-or not by the gate; then a DAgger round (ACT acts, the expert labels, training continues from its weights); the
-registered folders are ones LeRobot's own `from_pretrained` reads."""
+the single-instruction reach task's recorded demonstrations (`Roboloop-Reach-Red-v0`: ACT does not read the
+instruction, so every episode names the red ball), evaluated there beside the random baseline, registered, and
+promoted or not by the gate; then a DAgger round (ACT acts, the expert labels, training continues from its
+weights); the registered folders are ones LeRobot's own `from_pretrained` reads.
+
+No camera: the recordings carry the scene's state (`collect` with environment_state), which ACT reads as LeRobot's
+ENV input, so the Evaluator and the DAgger round observe it for ACT (the camera path is in the unit tests and
+`bench/policy.py`)."""
 
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ def test_act_through_the_closed_loop(tmp_path):
 
     cfg = ci()
     cfg = cfg.model_copy(update={
-        "collect_if_missing": cfg.collect_if_missing.model_copy(update={"task": RED}),
+        "collect_if_missing": cfg.collect_if_missing.model_copy(update={"task": RED, "camera": False,
+                                                                        "environment_state": True}),
         "eval": cfg.eval.model_copy(update={"task": RED}),
         "train": cfg.train.model_copy(update={"policy_type": "act", "family": "lerobot", "policy_config": ACT,
                                               "steps": 15, "max_samples": 8, "lr": 1e-4}),
@@ -56,4 +60,6 @@ def test_act_through_the_closed_loop(tmp_path):
     assert dagger["family"] == "lerobot" and dagger["config"]["train"]["init_from"]  # continued from round 0
     for v in (1, 2):
         folder = reg.download("reach-act", v, tmp_path / f"act-v{v}")
-        assert ACTPolicy.from_pretrained(str(folder)).config.chunk_size == 8
+        config = ACTPolicy.from_pretrained(str(folder)).config
+        assert config.chunk_size == 8 and not config.image_features
+        assert config.env_state_feature is not None and config.env_state_feature.shape == (8,)  # balls' and tip's xy

@@ -122,7 +122,8 @@ class ReachColorEnvCfg(DirectRLEnvCfg):
     max_joint_step = 0.2  # rad: the most the IK moves a joint target in one policy step
     state_mode = "full"  # "full": joints, fingertip and balls (12, +6); "proprio": joint positions and velocities (4)
     # Also observe the privileged scene state (balls' and fingertip's xy, 8) as `privileged`, which `collect` records
-    # as observation.environment_state: a training target for the image encoder, never a policy input.
+    # as observation.environment_state: a training target for the image encoder (also observed when evaluating a
+    # LeRobot policy trained with it as an input).
     privileged_obs = False
     relative_balls = True  # "full" also carries ball - fingertip (6): the egocentric vectors, as in Isaac Lab's tasks
     # The expert's linear zone (ee: metres of fingertip error, joint: rad of joint error) where its command is
