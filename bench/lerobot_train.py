@@ -117,8 +117,10 @@ def main() -> None:
     ap.add_argument("--state-only", type=int, default=0, metavar="E",
                     help="no camera: state + E values of observation.environment_state (LeRobot's writer)")
     ap.add_argument("--shuffle-buffer", type=int, default=None,
-                    help="roboloop's shuffle buffer (frames; default its own, 256); at least the dataset's frames "
-                         "draws them in a uniform random order, as LeRobot's sampler does")
+                    help="roboloop's shuffle buffer (frames; default its own, 256) for --sample-order windows")
+    ap.add_argument("--sample-order", choices=["auto", "windows", "uniform"], default="auto",
+                    help="roboloop's train.sample_order (auto, its default: uniform for ACT without a camera, as "
+                         "lerobot-train draws; windows with one)")
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--frames", type=int, default=120)
     ap.add_argument("--steps", type=int, default=20)
@@ -153,6 +155,7 @@ def main() -> None:
     print(json.dumps({
         "dataset": str(ds), "camera": None if args.state_only else f"{args.height}x{args.width}",
         "environment_state": args.state_only or None, "roboloop_shuffle_buffer": args.shuffle_buffer or 256,
+        "roboloop_sample_order": first["sample_order"],
         "steps": args.steps, "batch": args.batch,
         "policy": args.policy, "config": cfg, "device": device_name(args.device), "cpus": os.cpu_count(),
         "lerobot_video_backend": "torchcodec" if importlib.util.find_spec("torchcodec") else "pyav",
@@ -205,7 +208,7 @@ def roboloop_run(args, ds: Path, cwd: Path, lookahead: str, prec: str) -> dict:
                   "--policy-type", args.policy, "--policy-config", json.dumps(cfg), "--steps", str(args.steps),
                   "--max-samples", str(args.batch), *OPTIM[args.policy], "--device", args.device,
                   "--precision", prec, "--num-workers", str(args.workers), "--checkpoint-every-steps", "0",
-                  "--lookahead", lookahead, "--no-cache",
+                  "--lookahead", lookahead, "--no-cache", "--sample-order", args.sample_order,
                   *(["--shuffle-buffer", str(args.shuffle_buffer)] if args.shuffle_buffer else [])], cwd)
     metrics = [json.loads(line) for line in (cwd / "out" / "metrics.jsonl").read_text().splitlines()]
     timed = metrics[2:] or metrics
@@ -216,6 +219,7 @@ def roboloop_run(args, ds: Path, cwd: Path, lookahead: str, prec: str) -> dict:
     ran = metrics[0].get("run", {})
     return {"precision": ran.get("precision", prec), "conv_layout": ran.get("conv_layout"),
             "frozen_norms_folded": ran.get("frozen_norms_folded"), "lookahead": lookahead,
+            "sample_order": ran.get("sample_order", {}).get("sample_order"),
             "ran": metrics[0].get("pipeline"), "samples_per_s": round(mean("samples_per_s"), 2),
             "final_loss": round(sum(m["loss"] for m in metrics[-5:]) / len(metrics[-5:]), 4),
             "data_wait_fraction": round(mean("data_wait_fraction"), 3),

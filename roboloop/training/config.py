@@ -102,7 +102,7 @@ class TrainRecipe(BaseModel):
         "aux_target", "aux_weight", "deterministic", "device", "family", "fp8_backend", "grad_clip", "init_from",
         "lr", "max_samples", "max_tokens", "model_overrides", "policy_config", "policy_type", "precision", "preset",
         "seed", "shuffle_buffer", "steps", "strategy", "val_fraction", "warmup_steps", "weight_decay", "window",
-        "with_video", "lr_schedule", "ema_decay", "image_shift", "env_state_input"})
+        "with_video", "lr_schedule", "ema_decay", "image_shift", "env_state_input", "sample_order"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
         "lookahead", "resume", "frame_cache_mb", "host_memory"})
@@ -154,7 +154,14 @@ class TrainRecipe(BaseModel):
     fp8_backend: Literal["te", "torchao"] = Field("te", description="FP8 implementation when precision=fp8")
     seed: int = Field(0, description="seeds weights, data order and flow-matching noise")
     window: int = Field(32, gt=0, description="frames decoded per sequential video read")
-    shuffle_buffer: int = Field(256, gt=0, description="frames mixed across windows and episodes")
+    shuffle_buffer: int = Field(256, gt=0, description="frames mixed across windows and episodes (sample_order "
+                                "windows)")
+    sample_order: Literal["auto", "windows", "uniform"] = Field(
+        "auto", description="the order training draws frames in. windows: `window` consecutive frames enter a "
+        "`shuffle_buffer` together (video is decoded sequentially; a batch mixes fewer episodes); uniform: each "
+        "epoch a new permutation of every frame of the split, as LeRobot's shuffled DataLoader (with cameras, fast "
+        "only when the frame cache holds the split's frames); auto: uniform for LeRobot's policies when no camera "
+        "is fed (lerobot-train's order), windows otherwise. The run log says which")
     num_workers: int = Field(2, ge=1, description="video decode threads")
     frame_cache_mb: int = Field(2048, ge=0, description="decoded frames (at the model's image size) kept in memory "
                                 "across epochs, per rank: a training split whose frames fit is decoded once instead "

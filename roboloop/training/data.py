@@ -262,6 +262,8 @@ class SampleStream:
     windows of a whole pack decode in parallel (and the next pack can be prefetched). The
     key order depends only on the seed, so `state_dict()` (epoch, cursor, buffer, RNG) lets a
     restarted run continue with exactly the samples an uninterrupted run would have seen.
+    With `order="uniform"` each epoch is instead a seeded permutation of the split's frames (LeRobot's
+    shuffled DataLoader); the windows are still what is decoded and cached.
     """
 
     def __init__(self, ds: V3Dataset, image_size: tuple[int, int] | None, max_text_len: int, window: int = 32,
@@ -269,7 +271,8 @@ class SampleStream:
                  normalizer: Normalizer | None = None, with_video: bool = True, cache_windows: int = 256,
                  tokenizer: str | None = None, state_tokens: int = 1, episodes: list[int] | None = None,
                  depth_mm: dict[str, tuple[float, float]] | None = None, cameras: list[str] | None = None,
-                 history: int = 1, drop_last: int = 0, cache_mb: float = 0, env_state: bool = False):
+                 history: int = 1, drop_last: int = 0, cache_mb: float = 0, env_state: bool = False,
+                 order: str = "windows"):
         self.ds, self.image_size, self.max_text_len = ds, image_size, max_text_len  # image_size None: as stored
         if env_state and ds.env_state is None:
             raise ValueError(f"{ds.root}: the policy reads {ds.env_key or 'observation.environment_state'}, which "
@@ -300,7 +303,11 @@ class SampleStream:
         # the range each depth camera is scaled from: the model's own (continued training), else this dataset's
         self.depth_mm = depth_mm if depth_mm is not None else \
             ds.depth_ranges(ds.meta.dataset_stats()) if self.with_video else {}
+        if order not in ("windows", "uniform"):
+            raise ValueError(f"sample order {order!r}: windows or uniform")
+        self.order = order
         self.epoch, self.cursor = 0, 0
+        self._memo: tuple[tuple[str, int], list] | None = None  # the last epoch's order
         self.buffer: list[int] = []  # global frame indices
         self.rng = random.Random(seed * 7919)
         self._cache: OrderedDict[tuple[int, int], Future] = OrderedDict()
@@ -346,23 +353,58 @@ class SampleStream:
 
     def _windows(self, epoch: int) -> list[tuple[int, int, int]]:
         """(episode, first frame, count), shuffled per epoch."""
+        if self._memo is not None and self._memo[0] == ("windows", epoch):
+            return self._memo[1]
         wins = [(ep.episode_index, first, min(self.window, ep.length - self.drop_last - first))
                 for ep in self.ds.meta.episodes if self.episodes is None or ep.episode_index in self.episodes
                 for first in range(0, ep.length - self.drop_last, self.window)]
         random.Random(self.seed * 1_000_003 + epoch).shuffle(wins)
+        self._memo = (("windows", epoch), wins)
         return wins
+
+    def _permutation(self, epoch: int) -> list[int]:
+        """Every frame key of the split (drop_last frames excepted) in this epoch's seeded order."""
+        if self._memo is not None and self._memo[0] == ("uniform", epoch):
+            return self._memo[1]
+        keys = np.concatenate([np.arange(self.ds.ep_from[ep.episode_index],
+                                         self.ds.ep_from[ep.episode_index] + ep.length - self.drop_last)
+                               for ep in self.ds.meta.episodes
+                               if self.episodes is None or ep.episode_index in self.episodes])
+        perm = np.random.default_rng([self.seed, epoch, 0x5A3D]).permutation(keys).tolist()
+        self._memo = (("uniform", epoch), perm)
+        return perm
+
+    def order_record(self) -> dict:
+        """What the run record says about the order samples are drawn in."""
+        if self.order == "uniform":
+            return {"sample_order": "uniform"}
+        return {"sample_order": "windows", "window": self.window, "shuffle_buffer": self.shuffle_buffer}
+
+    def order_line(self) -> str:
+        if self.order == "uniform":
+            return (f"sample order: uniform, a new permutation of the split's {len(self._permutation(0))} frames "
+                    "every epoch (as LeRobot's shuffled DataLoader)")
+        return (f"sample order: windows of {self.window} consecutive frames mixed in a {self.shuffle_buffer}-frame "
+                "shuffle buffer (video decoded sequentially)")
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "cursor": self.cursor, "buffer": list(self.buffer),
-                "rng": self.rng.getstate()}
+                "rng": self.rng.getstate(), "order": self.order}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
         self.buffer = list(state["buffer"])
         rng = state["rng"]
         self.rng.setstate((rng[0], tuple(rng[1]), rng[2]))
+        # a run continues in the order it began with (checkpoints from before orders had names: windows)
+        self.order = str(state.get("order", "windows"))
 
     def next_key(self) -> int:
+        if self.order == "uniform":
+            while self.cursor >= len(self._permutation(self.epoch)):
+                self.epoch, self.cursor = self.epoch + 1, 0
+            self.cursor += 1
+            return int(self._permutation(self.epoch)[self.cursor - 1])
         while len(self.buffer) < self.shuffle_buffer:
             wins = self._windows(self.epoch)
             if self.cursor >= len(wins):

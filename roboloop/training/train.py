@@ -159,7 +159,7 @@ class Trainer:
                                    depth_mm=self.depth_mm,
                                    cameras=list(needs.camera_keys) if needs.camera_keys is not None else None,
                                    history=needs.history, drop_last=needs.drop_last, cache_mb=cfg.frame_cache_mb,
-                                   env_state=needs.env_state)
+                                   env_state=needs.env_state, order=sample_order(cfg, self.with_video))
         self.run_record["frame_cache"] = self.stream.cache_record()
         self.run_record["host_memory"] = host_memory
         self.ckpt_dir = self.out / "checkpoints"
@@ -168,6 +168,7 @@ class Trainer:
                              "would have to be sharded like the weights): use strategy=ddp or ema_decay=0")
         self.ema = ema.WeightAverage(self.model, cfg.ema_decay) if cfg.ema_decay else None
         self.start = self.resume()
+        self.run_record["sample_order"] = self.stream.order_record()  # after resume: a run keeps its order
         # a family that packs no backbone tokens (LeRobot's policies) takes max_samples per batch, whatever the
         # length of its task strings
         packer = Packer(self.stream, cfg.max_tokens if needs.token_budget else 2**62, cfg.max_samples,
@@ -187,6 +188,7 @@ class Trainer:
                 print(env_state_line(ds, needs.env_state, cfg.env_state_input), flush=True)
             print(precision.record_line(self.run_record), flush=True)
             print(self.stream.cache_line(), flush=True)
+            print(self.stream.order_line(), flush=True)
             print(f"host memory: {self.run_record['host_memory']}", flush=True)
 
     def resume(self) -> int:
@@ -342,6 +344,14 @@ def camera_line(ds: V3Dataset, with_video: bool, wanted: tuple[str, ...] | None 
     skipped = [c for c in ds.cameras if wanted is not None and c.key not in wanted]
     fed = [c for c in ds.cameras if c not in skipped]
     return f"cameras: {kinds(fed)}" + (f"; NOT USED by this policy family: {kinds(skipped)}" if skipped else "")
+
+
+def sample_order(cfg: TrainConfig, with_video: bool) -> str:
+    """The order `cfg.sample_order` means for this run (auto: lerobot-train's uniform order for LeRobot's
+    policies without a camera; the windows that decode video sequentially otherwise)."""
+    if cfg.sample_order != "auto":
+        return cfg.sample_order
+    return "uniform" if cfg.family == "lerobot" and not with_video else "windows"
 
 
 def env_state_line(ds: V3Dataset, read: bool, setting: str) -> str:

@@ -8,6 +8,8 @@ the scene's state; where none is observed the policy says so; `env_state_input` 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -101,6 +103,8 @@ def test_act_reads_the_scene_state_in_lerobot_offline_and_served(recorded, tmp_p
 
     out = tmp_path / "act"
     train(_cfg(recorded, out, val_fraction=0.34))
+    run = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["run"]
+    assert run["sample_order"] == {"sample_order": "uniform"}  # no camera: lerobot-train's order (auto)
     policy = ACTPolicy.from_pretrained(str(out))  # LeRobot's own loaders
     assert policy.config.env_state_feature is not None and policy.config.env_state_feature.shape == (E,)
     pre, post = make_pre_post_processors(policy.config, pretrained_path=str(out))

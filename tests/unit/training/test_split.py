@@ -67,3 +67,54 @@ def test_model_records_its_split_and_init_from_continues(v3, tmp_path):
     with pytest.raises(ModelMismatchError, match="dim"):
         train(_cfg(v3, tmp_path / "c", init_from=str(tmp_path / "a"),
                    model_overrides={"horizon": 4, "dim": 64, "head_dim_model": 32}))
+
+
+def test_uniform_order_is_a_seeded_permutation_of_the_split_every_epoch_and_resumes_exactly(v3):
+    ds = V3Dataset(v3, horizon=4)
+    tr, _ = split_episodes(list(range(6)), 0.34, seed=0)
+    ep = ds.episode_index.astype(int)
+    kept = [k for k in range(len(ds)) if ep[k] in tr and ds.frame_index[k] < ds.ep_to[ep[k]] - ds.ep_from[ep[k]] - 2]
+
+    def stream(order="uniform", seed=5):
+        return SampleStream(ds, None, 32, window=4, shuffle_buffer=8, with_video=False, episodes=tr, seed=seed,
+                            drop_last=2, order=order)
+
+    s = stream()
+    n = len(kept)
+    first, second = [s.next_key() for _ in range(n)], [s.next_key() for _ in range(n)]
+    assert sorted(first) == kept == sorted(second) and first != second  # every frame once an epoch, reshuffled
+    again, other = stream(), stream(seed=6)
+    assert [again.next_key() for _ in range(n)] == first and [other.next_key() for _ in range(n)] != first
+    assert s.order_record() == {"sample_order": "uniform"} and f"permutation of the split's {n} frames" in \
+        s.order_line()
+    w = stream("windows")  # the buffer spans epochs: the same frames, not one epoch per n keys
+    assert {w.next_key() for _ in range(3 * n)} == set(kept) and "windows of 4" in w.order_line()
+    # exact resume mid-epoch
+    full = stream()
+    want = [full.next_key() for _ in range(n + 20)]
+    a = stream()
+    head = [a.next_key() for _ in range(n - 3)]
+    b = stream()
+    b.load_state_dict(a.state_dict())
+    assert head + [b.next_key() for _ in range(23)] == want
+    # a checkpoint from before orders had names continues in the windows order it began with
+    w = stream("windows")
+    [w.next_key() for _ in range(10)]
+    old = w.state_dict()
+    del old["order"]
+    c = stream("uniform")
+    c.load_state_dict(old)
+    assert c.order == "windows" and [c.next_key() for _ in range(30)] == [w.next_key() for _ in range(30)]
+    with pytest.raises(ValueError, match="sample order 'random'"):
+        stream("random")
+
+
+def test_sample_order_auto_is_lerobot_trains_order_for_lerobots_policies_without_a_camera(v3):
+    from roboloop.training.train import sample_order
+
+    act = TrainConfig(dataset=str(v3), policy_type="act")
+    assert sample_order(act, with_video=False) == "uniform" and sample_order(act, with_video=True) == "windows"
+    vla = TrainConfig(dataset=str(v3))
+    assert sample_order(vla, with_video=False) == "windows"  # the VLA's recorded results were trained in this order
+    assert sample_order(vla.model_copy(update={"sample_order": "uniform"}), True) == "uniform"
+    assert sample_order(act.model_copy(update={"sample_order": "windows"}), False) == "windows"
