@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -307,7 +308,7 @@ class SampleStream:
             raise ValueError(f"sample order {order!r}: windows or uniform")
         self.order = order
         self.epoch, self.cursor = 0, 0
-        self._memo: tuple[tuple[str, int], list] | None = None  # the last epoch's order
+        self._memo: tuple[tuple[str, int], Any] | None = None  # the last epoch's order
         self.buffer: list[int] = []  # global frame indices
         self.rng = random.Random(seed * 7919)
         self._cache: OrderedDict[tuple[int, int], Future] = OrderedDict()
@@ -362,7 +363,7 @@ class SampleStream:
         self._memo = (("windows", epoch), wins)
         return wins
 
-    def _permutation(self, epoch: int) -> list[int]:
+    def _permutation(self, epoch: int) -> np.ndarray:
         """Every frame key of the split (drop_last frames excepted) in this epoch's seeded order."""
         if self._memo is not None and self._memo[0] == ("uniform", epoch):
             return self._memo[1]
@@ -370,7 +371,7 @@ class SampleStream:
                                          self.ds.ep_from[ep.episode_index] + ep.length - self.drop_last)
                                for ep in self.ds.meta.episodes
                                if self.episodes is None or ep.episode_index in self.episodes])
-        perm = np.random.default_rng([self.seed, epoch, 0x5A3D]).permutation(keys).tolist()
+        perm = np.random.default_rng([self.seed, epoch, 0x5A3D]).permutation(keys)  # int64: 8 bytes a frame
         self._memo = (("uniform", epoch), perm)
         return perm
 
