@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--shuffle-buffer", type=int, default=None,
                     help="roboloop's shuffle buffer (frames; default its own, 256) for --sample-order windows")
     ap.add_argument("--sample-order", choices=["auto", "windows", "uniform"], default="auto",
-                    help="roboloop's train.sample_order (auto, its default: uniform for ACT without a camera, as "
+                    help="roboloop's train.sample_order (auto, its default: uniform without a camera, as "
                          "lerobot-train draws; windows with one)")
     ap.add_argument("--episodes", type=int, default=8)
     ap.add_argument("--frames", type=int, default=120)

@@ -160,8 +160,8 @@ class TrainRecipe(BaseModel):
         "auto", description="the order training draws frames in. windows: `window` consecutive frames enter a "
         "`shuffle_buffer` together (video is decoded sequentially; a batch mixes fewer episodes); uniform: each "
         "epoch a new permutation of every frame of the split, as LeRobot's shuffled DataLoader (with cameras, fast "
-        "only when the frame cache holds the split's frames); auto: uniform for LeRobot's policies when no camera "
-        "is fed (lerobot-train's order), windows otherwise. The run log says which")
+        "only when the frame cache holds the split's frames); auto: uniform when no camera is fed, windows "
+        "otherwise. The run log says which")
     num_workers: int = Field(2, ge=1, description="video decode threads")
     frame_cache_mb: int = Field(2048, ge=0, description="decoded frames (at the model's image size) kept in memory "
                                 "across epochs, per rank: a training split whose frames fit is decoded once instead "

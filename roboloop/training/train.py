@@ -347,11 +347,11 @@ def camera_line(ds: V3Dataset, with_video: bool, wanted: tuple[str, ...] | None 
 
 
 def sample_order(cfg: TrainConfig, with_video: bool) -> str:
-    """The order `cfg.sample_order` means for this run (auto: lerobot-train's uniform order for LeRobot's
-    policies without a camera; the windows that decode video sequentially otherwise)."""
+    """The order `cfg.sample_order` means for this run (auto: lerobot-train's uniform order when no camera is fed;
+    the windows that decode video sequentially otherwise)."""
     if cfg.sample_order != "auto":
         return cfg.sample_order
-    return "uniform" if cfg.family == "lerobot" and not with_video else "windows"
+    return "windows" if with_video else "uniform"
 
 
 def env_state_line(ds: V3Dataset, read: bool, setting: str) -> str:

@@ -109,12 +109,12 @@ def test_uniform_order_is_a_seeded_permutation_of_the_split_every_epoch_and_resu
         stream("random")
 
 
-def test_sample_order_auto_is_lerobot_trains_order_for_lerobots_policies_without_a_camera(v3):
+def test_sample_order_auto_is_uniform_without_a_camera_and_windows_with_one(v3):
     from roboloop.training.train import sample_order
 
     act = TrainConfig(dataset=str(v3), policy_type="act")
     assert sample_order(act, with_video=False) == "uniform" and sample_order(act, with_video=True) == "windows"
     vla = TrainConfig(dataset=str(v3))
-    assert sample_order(vla, with_video=False) == "windows"  # the VLA's recorded results were trained in this order
+    assert sample_order(vla, with_video=False) == "uniform" and sample_order(vla, with_video=True) == "windows"
     assert sample_order(vla.model_copy(update={"sample_order": "uniform"}), True) == "uniform"
     assert sample_order(act.model_copy(update={"sample_order": "windows"}), False) == "windows"
