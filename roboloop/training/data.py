@@ -383,7 +383,8 @@ class SampleStream:
 
     def order_line(self) -> str:
         if self.order == "uniform":
-            return (f"sample order: uniform, a new permutation of the split's {len(self._permutation(0))} frames "
+            frames = len(self._permutation(self.epoch))  # the same every epoch; the memoised one, not a new one
+            return (f"sample order: uniform, a new permutation of the split's {frames} frames "
                     "every epoch (as LeRobot's shuffled DataLoader)")
         return (f"sample order: windows of {self.window} consecutive frames mixed in a {self.shuffle_buffer}-frame "
                 "shuffle buffer (video decoded sequentially)")
@@ -402,10 +403,12 @@ class SampleStream:
 
     def next_key(self) -> int:
         if self.order == "uniform":
-            while self.cursor >= len(self._permutation(self.epoch)):
+            perm = self._permutation(self.epoch)
+            while self.cursor >= len(perm):
                 self.epoch, self.cursor = self.epoch + 1, 0
+                perm = self._permutation(self.epoch)
             self.cursor += 1
-            return int(self._permutation(self.epoch)[self.cursor - 1])
+            return int(perm[self.cursor - 1])
         while len(self.buffer) < self.shuffle_buffer:
             wins = self._windows(self.epoch)
             if self.cursor >= len(wins):
