@@ -15,6 +15,9 @@ The two are timed in alternating blocks of 10 calls (fewer where a call takes lo
 0.3 s, at least one) while the server runs, so that a shared host's drift falls on both (measured alone, one after
 the other, the same ACT ran 29 to 46 ms p50 in-process from run to run; at 480x640 in blocks of 10, 3 s each, a
 40-request run once put the served p50 22.7 ms above the in-process one, and call by call 1 ms below it).
+`served_overhead_ms` is what serving adds within each call, free of that drift: the round trip less the server's
+own forward pass (`infer_ms`, timed around the model's `act` in the server), i.e. the wire, the event loop, the
+batcher and the hop to the compute thread.
 `--precision bf16`: the model acts under bf16 autocast in-process and in the server (`roboloop serve --precision
 bf16`; refused on a CPU without AMX or AVX512-BF16); the ONNX rows stay fp32.
 Both are also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-process and served.
@@ -199,7 +202,11 @@ def served_latency(model: Path, token_file: Path, token: str, n: int, state, ima
                 timed(served, block, warm=False)
         replies = replies[5:]
         row = {"block": block, "served_ms": pct([r.roundtrip_ms for r in replies]),
-               "served_infer_ms": pct([r.infer_ms for r in replies]), "server_threads": STARTED.get("threads")}
+               "served_infer_ms": pct([r.infer_ms for r in replies]),
+               # what serving adds to the same call: its round trip less the server's own forward pass (the
+               # wire, the event loop, the batcher and the hop to the compute thread), free of the pass's drift
+               "served_overhead_ms": pct([r.roundtrip_ms - r.infer_ms for r in replies]),
+               "server_threads": STARTED.get("threads")}
         return row | ({"in_process_ms": pct(here)} if local is not None else {})
     finally:
         server.terminate()
@@ -248,6 +255,7 @@ def bench(name: str, model: Path, args, work: Path) -> dict:
         ray_row["chunks_per_s_batched"] = chunks_per_s(model, token_file, token, 64, args, state, images, replicas)
         row[f"ray_serve_{replicas}_replicas"] = ray_row
     row["served_minus_in_process_p50_ms"] = round(row["served_ms"]["p50"] - row["in_process_ms"]["p50"], 2)
+    row["served_overhead_p50_ms"] = row["served_overhead_ms"]["p50"]
     row["served_p99_over_p50"] = round(row["served_ms"]["p99"] / row["served_ms"]["p50"], 2)
     if "8" in row["chunks_per_s_batched"]:
         row["batching_gain_at_8"] = round(row["chunks_per_s_batched"]["8"] / row["chunks_per_s_unbatched"]["8"], 2)
@@ -285,7 +293,8 @@ def main() -> None:
             r = rows[-1]
             print(f"{fam}: in-process p50 {r['in_process_ms']['p50']} ms p99 {r['in_process_ms']['p99']} | served "
                   f"p50 {r['served_ms']['p50']} ms p99 {r['served_ms']['p99']} (infer p50 "
-                  f"{r['served_infer_ms']['p50']}) | chunks/s batched {r['chunks_per_s_batched']} unbatched "
+                  f"{r['served_infer_ms']['p50']}, overhead p50 {r['served_overhead_ms']['p50']}) | chunks/s "
+                  f"batched {r['chunks_per_s_batched']} unbatched "
                   f"{r['chunks_per_s_unbatched']} (in-process ceiling at 8: {r['in_process_batching_gain_at_8']}x)",
                   file=sys.stderr)
     print(json.dumps({"bench": "serve", "baseline": "policy.act in the bench's own process", "cpu_threads":
