@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, model_validator
 from roboloop.datasets.config import ConvertConfig
 from roboloop.evaluation.config import CollectConfig, EvalRecipe, OfflineRecipe
 from roboloop.rl.config import RLRecipe
+from roboloop.serving.check import ServeCheckRecipe
 from roboloop.training.config import LaunchConfig, TrainRecipe
 
 
@@ -78,18 +79,28 @@ class LoopConfig(BaseModel):
         None, description="after the rounds, fine-tune the last model with RL (flow-noise PPO on Ray) in the task "
         "the loop evaluates in; the result is evaluated and put through the promotion gate like a round, its "
         "lineage naming the version it started from (empty: no RL)")
+    serve_check: ServeCheckRecipe | None = Field(
+        None, description="at the end, serve the version the loop registered (roboloop serve on 127.0.0.1, a child "
+        "process) and play the first episodes of its evaluation through the server, the simulator as the robot: the "
+        "summary says whether each ended as in-process and how long a chunk took (empty: no check)")
+
+    def _check_offline(self) -> None:
+        """evaluation 'offline': held-out episodes to score, and nothing that needs a simulator."""
+        if self.train.val_fraction <= 0:
+            raise ValueError("evaluation 'offline' scores the episodes training holds out: set train.val_fraction "
+                             "> 0 (e.g. 0.1)")
+        if self.rounds > 1:
+            raise ValueError("rounds > 1 (DAgger) needs a simulator and a scripted expert; evaluation 'offline' "
+                             "has neither")
+        for name, what in (("rl", "fine-tunes in a simulator"),
+                           ("serve_check", "drives the simulator through the server")):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} {what}; evaluation 'offline' has none (leave {name} empty)")
 
     @model_validator(mode="after")
     def _offline_needs_held_out_episodes(self) -> LoopConfig:
         if self.evaluation == "offline":
-            if self.train.val_fraction <= 0:
-                raise ValueError("evaluation 'offline' scores the episodes training holds out: set train.val_fraction "
-                                 "> 0 (e.g. 0.1)")
-            if self.rounds > 1:
-                raise ValueError("rounds > 1 (DAgger) needs a simulator and a scripted expert; evaluation 'offline' "
-                                 "has neither")
-            if self.rl is not None:
-                raise ValueError("rl fine-tunes in a simulator; evaluation 'offline' has none (leave rl empty)")
+            self._check_offline()
         if self.select is not None:
             if self.evaluation != "simulator":
                 raise ValueError("select plays checkpoints in the simulator; evaluation 'offline' has none (leave "
@@ -120,7 +131,8 @@ def demo() -> LoopConfig:
                                                        camera=False),
                       train=TrainRecipe(steps=1200, max_tokens=4096, max_samples=128, with_video=False,
                                         checkpoint_every_steps=200, model_overrides={"horizon": 8}),
-                      eval=EvalRecipe(episodes=48, num_envs=16, execute_steps=4))
+                      eval=EvalRecipe(episodes=48, num_envs=16, execute_steps=4),
+                      serve_check=ServeCheckRecipe(episodes=16))
 
 
 def vision() -> LoopConfig:
@@ -224,7 +236,8 @@ def for_source(cfg: LoopConfig, source: str, evaluation: Literal["simulator", "o
                                       "train": train.model_dump(), "select": None if evaluation == "offline"
                                       else cfg.select and cfg.select.model_dump(),
                                       "rounds": 1 if evaluation == "offline"
-                                      else cfg.rounds, "rl": None if evaluation == "offline" else cfg.rl})
+                                      else cfg.rounds, "rl": None if evaluation == "offline" else cfg.rl,
+                                      "serve_check": None if evaluation == "offline" else cfg.serve_check})
 
 
 # the loop itself (it imports LoopConfig from here, so it comes last)

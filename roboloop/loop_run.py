@@ -26,6 +26,7 @@ from roboloop.lineage import Lineage
 from roboloop.loop import LoopConfig
 from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
 from roboloop.rl.config import RLRecipe
+from roboloop.serving.check import ServeCheckRecipe, ServedCheck
 from roboloop.summary import Candidate, LoopSummary, RoundResult, Selection, training_line
 from roboloop.training.config import LaunchConfig, TrainRecipe
 
@@ -45,6 +46,8 @@ class Steps(Protocol):
     def aggregate(self, sources: list[DatasetRef], round_: int, track: bool) -> DatasetRef: ...
     def rl(self, parent: ModelRef, recipe: RLRecipe, track: bool) -> ModelRef: ...
     def candidates(self, model: ModelRef, track: bool) -> list[tuple[int, ModelRef]]: ...
+    def serve_check(self, decision: Decision, recipe: EvalRecipe, reference: EvalSummary,
+                    cfg: ServeCheckRecipe) -> ServedCheck: ...
 
 
 class LocalSteps:
@@ -104,6 +107,11 @@ class LocalSteps:
 
     def candidates(self, model, track):
         return candidates(model, track, self.cache)
+
+    def serve_check(self, decision, recipe, reference, cfg):
+        from roboloop.serving.check import served_check
+
+        return served_check(decision, recipe, reference, cfg, on_line=self.on_line)
 
 
 def candidates(model: ModelRef, track: bool, cache=None) -> list[tuple[int, ModelRef]]:
@@ -170,7 +178,10 @@ def run_loop(cfg: LoopConfig, steps: Steps) -> LoopSummary:
         decision = steps.register(model, rl_lineage(model, parent_model, evaluation, cfg.rl), cfg.model_name,
                                   cfg.margin)
         rounds.append(round_result(len(rounds), data, model, evaluation, decision, "rl"))
-    return summary(data, model, evaluation, baseline, decision, rounds, picks=picks, trained=trained)
+    # the last version registered, served and driven through its server (the RL round's execute_steps are in
+    # `evaluation`'s record)
+    served = steps.serve_check(decision, cfg.eval, evaluation, cfg.serve_check) if cfg.serve_check else None
+    return summary(data, model, evaluation, baseline, decision, rounds, picks=picks, trained=trained, served=served)
 
 
 def select(cfg: LoopConfig, model: ModelRef, steps: Steps, round_: int) -> tuple[ModelRef, Selection | None]:
@@ -257,7 +268,7 @@ def round_result(r: int, data: DatasetRef, model: ModelRef, ev: EvalSummary, d: 
 def summary(data: DatasetRef, model: ModelRef, ev: EvalSummary | None, baseline: EvalSummary | None,
             decision: Decision, rounds: list[RoundResult] | None = None,
             offline: OfflineSummary | None = None, picks: list[Selection] | None = None,
-            trained: ModelRef | None = None) -> LoopSummary:
+            trained: ModelRef | None = None, served: ServedCheck | None = None) -> LoopSummary:
     """`model` is what the loop carried on; `trained` the last training run (its loss and wall clock), which is
     `model` unless a checkpoint of it was picked."""
     run = trained or model
@@ -267,6 +278,6 @@ def summary(data: DatasetRef, model: ModelRef, ev: EvalSummary | None, baseline:
                        eval_run=ev.run_dir if ev else offline.run_dir if offline else "",
                        random_success_rate=baseline.success_rate if baseline else None, decision=decision,
                        rounds=rounds or [], offline=offline,
-                       training=training_line(run.metrics), selections=picks or [])
+                       training=training_line(run.metrics), selections=picks or [], served=served)
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from roboloop.receipts import Decision, OfflineSummary
+from roboloop.serving.check import ServedCheck
 
 
 class RoundResult(BaseModel):
@@ -119,6 +120,8 @@ class LoopSummary(BaseModel):
                                  "device")
     selections: list[Selection] = Field(default_factory=list, description="the checkpoint each training's pick "
                                         "carried on (LoopConfig.select)")
+    served: ServedCheck | None = Field(None, description="the registered version served and driven through its "
+                                       "server (LoopConfig.serve_check)")
 
     def markdown(self) -> str:
         d = self.decision
@@ -142,6 +145,8 @@ class LoopSummary(BaseModel):
             lines.append(f"| random policy | {self.random_success_rate:.1%} |")
         lines.append(f"| registry | `{d.name}` v{d.version} in `{d.registry}`; promoted: {d.promoted} |")
         lines.append(f"| gate | {d.reason} |")
+        if self.served is not None:
+            lines.append(f"| served | {self.served.line()} |")
         if len(self.rounds) > 1:
             lines += ["", "| round | kind | episodes | success (95% CI) | registry |", "|---|---|---|---|---|"]
             lines += [f"| {r.round} | {r.kind} | {r.episodes} | {r.success_rate:.1%} "
@@ -172,6 +177,8 @@ class LoopSummary(BaseModel):
             base = ", ".join(f"{k.replace('_', ' ')} {b['mse_norm']:.4f}" for k, b in sorted(o.baselines.items()))
             out.append(f"  offline (held-out):  normalised action-chunk MSE {o.mse_norm:.4f} on episodes {o.episodes}"
                        + (f"  vs baselines: {base}" if base else ""))
+        if self.served is not None:
+            out.append(f"  served:              {self.served.line()}")
         if r.promoted or r.champion is not None:  # the next stage: the champion to robots (roboloop.serving)
             from roboloop.registry import default_uri
 

@@ -11,6 +11,7 @@ from tasks.data import convert_task, ingest_task
 from tasks.evaluate import evaluate_offline_task, evaluate_task
 from tasks.register import register_task
 from tasks.rl import rl_task
+from tasks.serve import serve_check_task
 from tasks.sweep import loop_candidates_task
 from tasks.train import train_task
 
@@ -45,3 +46,6 @@ class PrefectSteps:
 
     def candidates(self, model, track):
         return loop_candidates_task(model, track)
+
+    def serve_check(self, decision, recipe, reference, cfg):
+        return serve_check_task(decision, recipe, reference, cfg)

@@ -15,6 +15,7 @@ from flows.closed_loop import closed_loop
 from roboloop.evaluation.config import CollectConfig, EvalRecipe
 from roboloop.loop import DaggerConfig, LoopConfig, SelectRecipe
 from roboloop.registry import Registry
+from roboloop.serving.check import ServeCheckRecipe
 from roboloop.training.config import TrainRecipe
 
 # The harness's server and client leave sockets for the GC to close (ResourceWarning, reported as unraisable).
@@ -27,6 +28,7 @@ def loop_env(dvc_repo, monkeypatch):
     monkeypatch.setenv("ROBOLOOP_REGISTRY", str(dvc_repo / "registry"))
     monkeypatch.setenv("ROBOLOOP_ARTIFACTS", str(dvc_repo / "artifacts"))
     monkeypatch.setenv("ROBOLOOP_CACHE_DIR", str(dvc_repo / ".roboloop" / "cache"))
+    monkeypatch.setenv("ROBOLOOP_SERVE_TOKEN_FILE", str(dvc_repo / ".roboloop" / "serve-token"))
     return dvc_repo
 
 
@@ -119,9 +121,22 @@ def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(lo
     root = loop_env
     shutil.copytree(reach_demos, root / "data")
     cfg = _cfg(root).model_copy(update={"rounds": 2, "baseline": False,
-                                        "dagger": DaggerConfig(episodes=6, num_envs=6, steps=10, warmup_steps=3)})
+                                        "dagger": DaggerConfig(episodes=6, num_envs=6, steps=10, warmup_steps=3),
+                                        "serve_check": ServeCheckRecipe(episodes=6)})
     s = closed_loop(cfg)
     assert [r.round for r in s.rounds] == [0, 1]
+    # the last version registered, served by `roboloop serve` (a child process) and driven through it: the same
+    # episodes end as they did in-process, answered by that version
+    sv = s.served
+    assert sv is not None and sv.ref == "registry:reach-vla@2" and sv.episodes == 6, sv
+    assert sv.same_outcomes == 6 and sv.successes == sv.in_process_successes, sv.line()
+    assert [v.split("+")[0] for v in sv.versions] == ["reach-vla@v2"] and sum(sv.versions.values()) == sv.chunks > 0
+    assert sv.roundtrip_ms_p50 is not None and sv.roundtrip_ms_p50 >= (sv.infer_ms_p50 or 0) > 0
+    assert "served:" in "\n".join(s.human()) and "every episode ended as in-process" in sv.line()
+    served = json.loads((Path(sv.eval_run) / "report.json").read_text())
+    assert served["episodes"] == 6 and served["served"]["url"].startswith("ws://127.0.0.1:")
+    check = Artifact.get("serve-check")
+    assert check is not None and "reach-vla@v2" in str(check.data)
     r0, r1 = s.rounds
     assert r1.episodes == r0.episodes + 6  # the round's 6 labelled rollouts joined the data (failures kept)
     assert r1.dataset_md5 != r0.dataset_md5 and r1.weights_sha256 != r0.weights_sha256

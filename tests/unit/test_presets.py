@@ -106,8 +106,34 @@ def test_a_users_dataset_runs_the_preset_offline_and_is_only_read(tmp_path, monk
     assert cfg.evaluation == "offline" and cfg.train.val_fraction == 0.1 and cfg.model_name == "my-robot-g1"
     assert cfg.train.with_video  # the user's cameras are fed (the demo's reach recipe trains without them)
     assert cfg.train.steps == demo().train.steps  # the preset's recipe otherwise
+    assert cfg.serve_check is None  # it drives the simulator through the server: offline has none
     s3 = for_source(demo(), "s3://bucket/lab/so101", "simulator", "arm")
     assert (s3.source, s3.evaluation, s3.model_name) == ("s3://bucket/lab/so101", "simulator", "arm")
+    assert s3.serve_check == demo().serve_check
+
+
+def test_the_served_check_is_refused_offline_and_says_what_it_saw():
+    import pytest
+    from pydantic import ValidationError
+
+    from roboloop.loop import demo
+    from roboloop.receipts import Decision
+    from roboloop.registry import default_uri
+    from roboloop.serving.check import ServedCheck, serve_ref
+
+    with pytest.raises(ValidationError, match="serve_check drives the simulator"):
+        LoopConfig.model_validate({**demo().model_dump(), "evaluation": "offline",
+                                   "train": {**demo().train.model_dump(), "val_fraction": 0.1}})
+    here = Decision(registry=default_uri(), name="reach-vla", version=3)
+    assert serve_ref(here) == "registry:reach-vla@3"
+    assert serve_ref(here.model_copy(update={"registry": "s3://b/reg"})) == "registry:s3://b/reg#reach-vla@3"
+    kw = dict(ref="registry:reach-vla@3", versions={"reach-vla@v3+abcd1234": 40}, episodes=16, successes=15,
+              in_process_successes=15, chunks=40, roundtrip_ms_p50=4.6, roundtrip_ms_p99=7.9, infer_ms_p50=3.5,
+              eval_run="/runs/e")
+    same = ServedCheck(same_outcomes=16, **kw).line()
+    assert "15/16 succeeded, every episode ended as in-process" in same and "p50 4.6 ms, p99 7.9 ms" in same
+    assert "reach-vla@v3+abcd1234 (40 chunks)" in same
+    assert "14 of 16 episodes (the rest differ: see /runs/e)" in ServedCheck(same_outcomes=14, **kw).line()
 
 
 def test_so101_deployment_runs_the_so101_preset():
