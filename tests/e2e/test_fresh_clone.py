@@ -52,4 +52,8 @@ def test_make_demo_on_a_fresh_clone_trains_a_policy_that_succeeds(tmp_path):
     assert "closed loop finished in" in out and "fresh-clone demo: OK" in out, tail
     summary = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
     assert summary["registry_version"] == 1 and summary["ci"][0] >= 0.7, summary
+    # the demo ends where a robot begins: the version it registered, served and driven through its server
+    served = summary["served"]
+    assert served and served["ref"] == "registry:reach-vla@1" and served["episodes"] == 16, summary
+    assert served["same_outcomes"] == 16 and served["roundtrip_ms_p50"] > 0, served
 
