@@ -30,6 +30,7 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
     # `collect --environment-state` records); another task either has it among its observations or the policy says
     overrides = {"privileged_obs": True} if cfg.task in ROBOLOOP_TASKS and reads_env_state(cfg.policy) else None
     env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=not blind, overrides=overrides)
+    policy = None
     try:
         policy = make_policy(cfg.policy, env, cfg.device, cfg.seed, cfg.precision)
         stop = None
@@ -58,6 +59,8 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
         Path(cfg.output_dir, "report.json").write_text(report.to_json(full=True))
         return report
     finally:
+        if callable(getattr(policy, "close", None)):  # a served policy: its connection closed, not dropped
+            policy.close()
         env.close()
 
 

@@ -58,8 +58,9 @@ class ServedCheck(Receipt):
         version = ", ".join(f"{v} ({n} chunks)" for v, n in self.versions.items()) or "no version"
         same = "every episode" if self.same_outcomes == self.episodes else \
             f"{self.same_outcomes} of {self.episodes} episodes (the rest differ: see {self.eval_run})"
-        lat = f"chunk round trip p50 {self.roundtrip_ms_p50} ms, p99 {self.roundtrip_ms_p99} ms (the model's pass " \
-              f"p50 {self.infer_ms_p50} ms)" if self.roundtrip_ms_p50 is not None else "no chunk timed"
+        lat = f"chunk round trip p50 {self.roundtrip_ms_p50:.1f} ms, p99 {self.roundtrip_ms_p99 or 0:.1f} ms (the " \
+              f"model's pass p50 {self.infer_ms_p50 or 0:.1f} ms)" if self.roundtrip_ms_p50 is not None else \
+            "no chunk timed"
         return (f"{self.ref} by roboloop serve on 127.0.0.1, answered by {version}: {self.successes}/{self.episodes} "
                 f"succeeded, {same} ended as in-process; {lat}")
 

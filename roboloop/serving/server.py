@@ -126,12 +126,17 @@ class Server:
         return None
 
     def _handler(self, batcher: Batcher) -> Callable:
+        from websockets.exceptions import ConnectionClosedError
+
         async def handle(ws: Any) -> None:
-            async for data in ws:
-                self.requests += 1
-                reply, ok = await respond(self.service, data, batcher.submit, self.cfg.max_message_bytes)
-                self.errors += not ok
-                await ws.send(reply)
+            try:
+                async for data in ws:
+                    self.requests += 1
+                    reply, ok = await respond(self.service, data, batcher.submit, self.cfg.max_message_bytes)
+                    self.errors += not ok
+                    await ws.send(reply)
+            except ConnectionClosedError as e:  # a client that died or lost its network: one line, not a traceback
+                log.info("%s went away without closing (%s)", ws.remote_address, e)
         return handle
 
     async def _main(self) -> None:

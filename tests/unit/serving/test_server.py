@@ -181,3 +181,24 @@ def test_the_model_loads_checks_and_acts_on_one_thread_and_swaps_load_on_a_passi
         assert acted and set(acted) == {compute}
         assert srv.service.swap_to(model, "again")
         assert len(loaded) == 2 and loaded[1] is not compute and not loaded[1].is_alive()
+
+
+def test_a_client_that_drops_its_connection_is_one_log_line_and_the_server_keeps_serving(server, caplog):
+    """A robot that loses power or its network closes no websocket: the server says so in one line (no traceback
+    from the connection handler) and serves everyone else."""
+    import logging
+    import socket
+
+    state, images = _obs(1)
+    with caplog.at_level(logging.INFO):
+        gone = PolicyClient(_url(server), token=TOKEN)
+        assert gone.act(state, images).actions.shape == (1, 8, 3)
+        gone.ws.socket.shutdown(socket.SHUT_RDWR)  # the TCP connection ends without a close frame
+        gone.ws.socket.close()
+        with PolicyClient(_url(server), token=TOKEN) as c:
+            for _ in range(20):
+                if any("went away without closing" in r.getMessage() for r in caplog.records):
+                    break
+                assert c.act(state, images).actions.shape == (1, 8, 3)
+    assert any("went away without closing" in r.getMessage() for r in caplog.records), caplog.text
+    assert not [r for r in caplog.records if r.name == "websockets.server" and r.levelno >= logging.ERROR]
