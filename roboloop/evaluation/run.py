@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from roboloop.evaluation.config import DEFAULT_EXECUTE_STEPS, ROBOLOOP_TASKS, CollectConfig, EvalConfig
 
@@ -30,7 +30,7 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
     # `collect --environment-state` records); another task either has it among its observations or the policy says
     overrides = {"privileged_obs": True} if cfg.task in ROBOLOOP_TASKS and reads_env_state(cfg.policy) else None
     env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=not blind, overrides=overrides)
-    policy = None
+    policy: Any = None
     try:
         policy = make_policy(cfg.policy, env, cfg.device, cfg.seed, cfg.precision)
         stop = None
