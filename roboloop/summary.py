@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from roboloop.receipts import Decision, OfflineSummary
-from roboloop.serving.check import ServedCheck
+from roboloop.serving.check import ServedCheck, serve_ref
 
 
 class RoundResult(BaseModel):
@@ -180,12 +180,8 @@ class LoopSummary(BaseModel):
         if self.served is not None:
             out.append(f"  served:              {self.served.line()}")
         if r.promoted or r.champion is not None:  # the next stage: the champion to robots (roboloop.serving)
-            from roboloop.registry import default_uri
-
-            ref = f"registry:{r.name}@champion" if r.registry in (default_uri(), str(Path(default_uri()).absolute())) \
-                else f"registry:{r.registry}#{r.name}@champion"
-            out.append(f"  serve the champion:  roboloop serve {ref}  (follows promotions; robots and simulators "
-                       "connect with roboloop robot / evaluate --policy serve://127.0.0.1:8765)")
+            out.append(f"  serve the champion:  roboloop serve {serve_ref(r, 'champion')}  (follows promotions; robots "
+                       "and simulators connect with roboloop robot / evaluate --policy serve://127.0.0.1:8765)")
         return out
 
     def report(self, elapsed_s: float) -> str:

@@ -65,12 +65,13 @@ class ServedCheck(Receipt):
                 f"succeeded, {same} ended as in-process; {lat}")
 
 
-def serve_ref(decision: Decision) -> str:
-    """The registered version as `roboloop serve` takes it (the registry named unless it is the default one)."""
+def serve_ref(decision: Decision, alias: str | None = None) -> str:
+    """The registered version (or `alias`, e.g. champion) as `roboloop serve` takes it: the registry named unless it
+    is the default one."""
     from roboloop.registry import default_uri
 
     here = decision.registry in (default_uri(), str(Path(default_uri()).absolute()))
-    return f"registry:{'' if here else decision.registry + '#'}{decision.name}@{decision.version}"
+    return f"registry:{'' if here else decision.registry + '#'}{decision.name}@{alias or decision.version}"
 
 
 def start_server(ref: str, seed: int, device: str, threads: int, precision: str, timeout_s: float,
