@@ -38,10 +38,13 @@ class WireError(ValueError):
 
 
 def pack_array(a: np.ndarray) -> dict[str, Any]:
-    a = np.ascontiguousarray(a)
+    """The array's bytes go to msgpack as a view, not a copy: a 480x640 frame's `tobytes()` beside the packed
+    message made two ~1 MB buffers per call, and freeing both let glibc hand the pages back, so the next call
+    faulted them in again (measured on 2 cores: 1.7 ms per frame to encode, 0.04 ms with the view)."""
+    a = np.asarray(a, order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
     if a.dtype.name not in DTYPES:
         raise WireError(f"dtype {a.dtype} is not sent over the wire (use one of {sorted(DTYPES)})")
-    return {ND: True, "dtype": a.dtype.name, "shape": list(a.shape), "data": a.tobytes()}
+    return {ND: True, "dtype": a.dtype.name, "shape": list(a.shape), "data": memoryview(a.reshape(-1).view(np.uint8))}
 
 
 def _to_wire(x: Any) -> Any:

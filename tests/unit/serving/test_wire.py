@@ -23,6 +23,16 @@ def test_arrays_and_fields_round_trip():
     assert back["images"]["cam"].shape == (2, 4, 5, 3) and back["images"]["cam"].dtype == np.uint8
 
 
+@pytest.mark.parametrize("a", [np.array(2.5, np.float32), np.zeros((0, 3), np.float32), np.array([[1, 0]], bool),
+                               np.arange(12, dtype=np.int64).reshape(3, 4)[:, ::2], np.float16([1.5, -2]),
+                               np.arange(24, dtype=np.uint8).reshape(2, 3, 4).transpose(2, 0, 1)])
+def test_any_shape_and_layout_round_trips(a):
+    """0-d, empty, strided and transposed arrays come back with their shape, dtype and values (the bytes are sent
+    from a view of the array, in C order)."""
+    back = wire.loads(wire.dumps({"type": "x", "a": a}))["a"]
+    assert back.dtype == a.dtype and back.shape == a.shape and np.array_equal(back, a)
+
+
 @pytest.mark.parametrize("bad, defect", [
     (b"", "not a msgpack message"),
     (msgpack.packb([1, 2]), "a message is a map"),
