@@ -18,6 +18,9 @@ the other, the same ACT ran 29 to 46 ms p50 in-process from run to run; at 480x6
 `served_overhead_ms` is what serving adds within each call, free of that drift: the round trip less the server's
 own forward pass (`infer_ms`, timed around the model's `act` in the server), i.e. the wire, the event loop, the
 batcher and the hop to the compute thread.
+`robot_client` is the same overhead seen from a client in a process of its own that does nothing else (no model in
+it, unlike this one: what `roboloop robot` is on an arm's computer), with glibc keeping freed blocks for the next
+request (`PolicyClient`'s default, host_memory auto) and with glibc's defaults, and its page faults per request.
 `--precision bf16`: the model acts under bf16 autocast in-process and in the server (`roboloop serve --precision
 bf16`; refused on a CPU without AMX or AVX512-BF16); the ONNX rows stay fp32.
 Both are also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-process and served.
@@ -159,6 +162,43 @@ def throughput(port: int, token: str, clients: int, seconds: float, state, image
     return sum(counts) / dt
 
 
+ROBOT_CLIENT = """
+import json, os, sys, time
+import numpy as np
+from roboloop.serving.client import PolicyClient
+port, token, mode, n, shapes = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5])
+def faults():
+    return int(open(f"/proc/{os.getpid()}/stat").read().split()[9]) if os.path.exists("/proc/self/stat") else 0
+rng = np.random.default_rng(0)
+state = rng.normal(size=(1, shapes.pop("state"))).astype(np.float32)
+images = {k: rng.integers(0, 256, (1, *v, 3), dtype=np.uint8) for k, v in shapes.items()}
+with PolicyClient(f"serve://127.0.0.1:{port}", token=token, host_memory=mode) as c:
+    for _ in range(5):
+        c.act(state, images, ["reach"])
+    f0, over = faults(), []
+    for _ in range(n):
+        r = c.act(state, images, ["reach"])
+        over.append(r.roundtrip_ms - r.infer_ms)
+    print(json.dumps({"host_memory": c.host_memory.split(" (")[0], "faults_per_request": (faults() - f0) // n,
+                      "served_overhead_ms": {"p50": round(float(np.percentile(over, 50)), 2),
+                                             "p99": round(float(np.percentile(over, 99)), 2)}}))
+"""
+
+
+def robot_client(port: int, token: str, n: int, state, images) -> dict:
+    """What serving adds for a client that does nothing else, as `roboloop robot` on an arm's computer: its own
+    process (no model in it, unlike this one), one observation per request, glibc's allocator keeping freed
+    blocks (the client's default, `PolicyClient(host_memory=)`) and with glibc's defaults."""
+    shapes = {"state": int(state.shape[-1]), **{k: list(v.shape[1:3]) for k, v in images.items()}}
+    out = {}
+    for mode in ("auto", "system"):
+        run = subprocess.run([sys.executable, "-c", ROBOT_CLIENT, str(port), token, mode, str(n), json.dumps(shapes)],
+                             capture_output=True, text=True, check=True, timeout=1800)
+        r = json.loads(run.stdout.strip().splitlines()[-1])
+        out[r.pop("host_memory")] = r
+    return out
+
+
 BLOCK = 10  # calls per block when in-process and served calls alternate (fewer for slow calls: `block_size`)
 BLOCK_S = 0.3
 
@@ -182,7 +222,7 @@ def timed(fn, n: int, warm: bool = True) -> list[float]:
 
 
 def served_latency(model: Path, token_file: Path, token: str, n: int, state, images, replicas: int = 0,
-                  local=None, precision: str | None = None) -> dict:
+                  local=None, precision: str | None = None, robot: bool = False) -> dict:
     """Round trip and server-side inference ms of one observation per request (a batching server, one client).
     With `local` (the in-process call), the two are timed in alternating blocks of BLOCK calls, so that what
     drifts on this machine (a shared host's load) falls on both."""
@@ -200,6 +240,7 @@ def served_latency(model: Path, token_file: Path, token: str, n: int, state, ima
                 if local is not None:
                     here += timed(local, block, warm=not here)
                 timed(served, block, warm=False)
+        robot_row = robot_client(port, token, min(n, 40), state, images) if robot else None
         replies = replies[5:]
         row = {"block": block, "served_ms": pct([r.roundtrip_ms for r in replies]),
                "served_infer_ms": pct([r.infer_ms for r in replies]),
@@ -207,6 +248,7 @@ def served_latency(model: Path, token_file: Path, token: str, n: int, state, ima
                # wire, the event loop, the batcher and the hop to the compute thread), free of the pass's drift
                "served_overhead_ms": pct([r.roundtrip_ms - r.infer_ms for r in replies]),
                "server_threads": STARTED.get("threads")}
+        row |= {"robot_client": robot_row} if robot else {}
         return row | ({"in_process_ms": pct(here)} if local is not None else {})
     finally:
         server.terminate()
@@ -234,7 +276,8 @@ def bench(name: str, model: Path, args, work: Path) -> dict:
     import torch
 
     row: dict = {"model": name, "precision": PRECISION}
-    row |= served_latency(model, token_file, token, args.requests, state, images, local=lambda: policy.act(obs))
+    row |= served_latency(model, token_file, token, args.requests, state, images, local=lambda: policy.act(obs),
+                          robot=True)
     row["in_process_threads"] = torch.get_num_threads()
     # what batching can give at most here: 8 observations in one in-process pass against 8 passes of one
     obs8 = observation(policy, 8)[0]
@@ -295,7 +338,9 @@ def main() -> None:
                   f"p50 {r['served_ms']['p50']} ms p99 {r['served_ms']['p99']} (infer p50 "
                   f"{r['served_infer_ms']['p50']}, overhead p50 {r['served_overhead_ms']['p50']}) | chunks/s "
                   f"batched {r['chunks_per_s_batched']} unbatched "
-                  f"{r['chunks_per_s_unbatched']} (in-process ceiling at 8: {r['in_process_batching_gain_at_8']}x)",
+                  f"{r['chunks_per_s_unbatched']} (in-process ceiling at 8: {r['in_process_batching_gain_at_8']}x) | "
+                  f"robot-side client overhead p50 {r['robot_client']['keep']['served_overhead_ms']['p50']} "
+                  f"(glibc's defaults: {r['robot_client']['system']['served_overhead_ms']['p50']})",
                   file=sys.stderr)
     print(json.dumps({"bench": "serve", "baseline": "policy.act in the bench's own process", "cpu_threads":
                       os.cpu_count(), "device": device_name(args.device), "act_camera": args.act_camera,

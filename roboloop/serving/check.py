@@ -89,13 +89,14 @@ def start_server(ref: str, seed: int, device: str, threads: int, precision: str,
 
     def pump() -> None:
         assert proc.stderr is not None
-        for line in proc.stderr:
-            line = line.rstrip()
-            seen.append(line)
-            on_line("[serve] " + line)
-            if not found and (m := LISTENING.search(line)):
-                found.append(int(m.group(1)))
-                ready.set()
+        with proc.stderr:  # closed when the server exits
+            for line in proc.stderr:
+                line = line.rstrip()
+                seen.append(line)
+                on_line("[serve] " + line)
+                if not found and (m := LISTENING.search(line)):
+                    found.append(int(m.group(1)))
+                    ready.set()
         ready.set()  # the server's stderr closed: it exited
 
     threading.Thread(target=pump, daemon=True, name="roboloop-serve-log").start()

@@ -6,6 +6,10 @@ faulted in page by page again on every step, each page zeroed by the kernel: ~20
 a quarter of the step's wall clock on two cores. "keep" turns that path off and raises the trim threshold, so a
 freed block stays in the heap and the next step reuses it (the process's RSS stays at its peak instead of
 returning between steps). Same arithmetic, same results; only where the bytes come from changes.
+
+The policy server and its clients apply it too (`ServeConfig.host_memory`, `PolicyClient(host_memory=)`): each
+request carries ~1 MB per 480x640 frame, copied a few times on each side (encoding, websocket framing and
+masking, decoding), and with glibc's defaults those buffers were returned and faulted in again on every request.
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 TRIM_AT = 1 << 30  # free memory at the heap's top returned to the system only above 1 GiB
 
 
-def apply(mode: str, device_type: str) -> str:
-    """Set the allocator for this process as `mode` asks (auto: keep when training on the CPU); returns what
-    it did, for the run record (never silent: where glibc is not there to keep memory, it says so)."""
-    if mode == "system" or (mode == "auto" and device_type != "cpu"):
-        return f"system (host_memory {mode}{', not a CPU run' if mode == 'auto' else ''})"
+def apply(mode: str, device_type: str, auto_keeps: bool | None = None) -> str:
+    """Set the allocator for this process as `mode` asks (auto: keep when training on the CPU, or as `auto_keeps`
+    says where the caller knows better); returns what it did, for the run record (never silent: where glibc is
+    not there to keep memory, it says so)."""
+    if mode not in ("auto", "keep", "system"):
+        raise ValueError(f"host_memory {mode!r}: one of auto, keep, system")
+    keeps = device_type == "cpu" if auto_keeps is None else auto_keeps
+    if mode == "system" or (mode == "auto" and not keeps):
+        return f"system (host_memory {mode}{', not a CPU run' if mode == 'auto' and auto_keeps is None else ''})"
     libc_name = platform.libc_ver()[0]
     if not sys.platform.startswith("linux") or libc_name != "glibc":
         return f"system (host_memory {mode}: the C library here is {libc_name or sys.platform}, not glibc)"
