@@ -28,11 +28,15 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
     blind = cfg.policy in ("random", "expert") and not cfg.videos and not cfg.save_rollouts
     # a policy that reads observation.environment_state: roboloop's tasks observe their scene's state for it (what
     # `collect --environment-state` records); another task either has it among its observations or the policy says
-    overrides = {"privileged_obs": True} if cfg.task in ROBOLOOP_TASKS and reads_env_state(cfg.policy) else None
-    env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=not blind, overrides=overrides)
     policy: Any = None
+    env: Any = None
     try:
-        policy = make_policy(cfg.policy, env, cfg.device, cfg.seed, cfg.precision)
+        if cfg.policy.startswith("serve://"):  # one connection: asked what the model reads, then acting
+            policy = make_policy(cfg.policy, None, cfg.device, cfg.seed, cfg.precision)
+        reads = bool(policy.env_state_dim) if policy is not None else reads_env_state(cfg.policy)
+        overrides = {"privileged_obs": True} if cfg.task in ROBOLOOP_TASKS and reads else None
+        env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=not blind, overrides=overrides)
+        policy = make_policy(cfg.policy, env, cfg.device, cfg.seed, cfg.precision, made=policy)
         stop = None
         if cfg.stop_against and not cfg.save_rollouts:
             from roboloop.binomial import early_decision
@@ -61,7 +65,8 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
     finally:
         if callable(getattr(policy, "close", None)):  # a served policy: its connection closed, not dropped
             policy.close()
-        env.close()
+        if env is not None:
+            env.close()
 
 
 def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:

@@ -62,3 +62,26 @@ def test_evaluation_through_the_server_equals_in_process(tmp_path):
     versions = served["served"]["versions"]
     assert len(versions) == 1 and next(iter(versions)).startswith("m+")
     assert served["served"]["chunks"] > 0 and served["served"]["roundtrip_ms_p50"] > 0
+
+
+def test_the_evaluator_acts_through_one_connection(tmp_path):
+    """It asks the server what the model reads (whether the task must observe its scene's state) and then acts on
+    the same connection: one session on the server, not one more for the question."""
+    from roboloop.serving.server import ServeConfig, Server
+    from roboloop.serving.token import read_token
+
+    dims = subprocess.run([sys.executable, "-c", "from roboloop.evaluation.isaac_tasks import make_cfg; "
+                           f"c = make_cfg({TASK!r}); s = c.action_space; "
+                           "print(int(c.observation_space), s if isinstance(s, int) else s.shape[-1])"],
+                          capture_output=True, text=True, timeout=300, check=True).stdout.split()
+    model = untrained_model(tmp_path / "m", int(dims[-2]), int(dims[-1]), 16, seed=4)
+    env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(tmp_path / "token"),
+           "ROBOLOOP_CACHE_DIR": str(tmp_path / "cache"), "ROBOLOOP_ARTIFACTS": str(tmp_path / "artifacts")}
+    with Server(ServeConfig(str(model), port=0), read_token(str(tmp_path / "token"), create=True)) as srv:
+        proc = subprocess.run([sys.executable, "-m", "roboloop.cli", "evaluate", "--policy",
+                               f"serve://127.0.0.1:{srv.port}", "--task", TASK, "--episodes", "2", "--num-envs", "2",
+                               "--videos", "0", "--output-dir", str(tmp_path / "served")],
+                              capture_output=True, text=True, timeout=900, env=env)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert srv.connections == 1 and srv.errors == 0
+    assert json.loads((tmp_path / "served" / "report.json").read_text())["episodes"] == 2
