@@ -155,7 +155,7 @@ class TrainRecipe(BaseModel):
     seed: int = Field(0, description="seeds weights, data order and flow-matching noise")
     window: int = Field(32, gt=0, description="frames decoded per sequential video read")
     shuffle_buffer: int = Field(256, gt=0, description="frames mixed across windows and episodes (sample_order "
-                                "windows)")
+                                "windows; another value than 256 is refused where the order is uniform)")
     sample_order: Literal["auto", "windows", "uniform"] = Field(
         "auto", description="the order training draws frames in. windows: `window` consecutive frames enter a "
         "`shuffle_buffer` together (video is decoded sequentially; a batch mixes fewer episodes); uniform: each "

@@ -121,6 +121,7 @@ class Trainer:
         self.model = pol.module
         ds.horizon = needs.horizon
         self.with_video = cfg.with_video and needs.cameras
+        order = sample_order(cfg, self.with_video)  # before anything is built from the data
         self.train_episodes, self.val_episodes = split_episodes([e.episode_index for e in ds.meta.episodes],
                                                                 cfg.val_fraction, cfg.seed)
         self.prec = precision.plan(cfg.precision, self.device.type, cfg.fp8_backend,
@@ -159,7 +160,7 @@ class Trainer:
                                    depth_mm=self.depth_mm,
                                    cameras=list(needs.camera_keys) if needs.camera_keys is not None else None,
                                    history=needs.history, drop_last=needs.drop_last, cache_mb=cfg.frame_cache_mb,
-                                   env_state=needs.env_state, order=sample_order(cfg, self.with_video))
+                                   env_state=needs.env_state, order=order)
         self.run_record["frame_cache"] = self.stream.cache_record()
         self.run_record["host_memory"] = host_memory
         self.ckpt_dir = self.out / "checkpoints"
@@ -348,10 +349,16 @@ def camera_line(ds: V3Dataset, with_video: bool, wanted: tuple[str, ...] | None 
 
 def sample_order(cfg: TrainConfig, with_video: bool) -> str:
     """The order `cfg.sample_order` means for this run (auto: lerobot-train's uniform order when no camera is fed;
-    the windows that decode video sequentially otherwise)."""
-    if cfg.sample_order != "auto":
-        return cfg.sample_order
-    return "windows" if with_video else "uniform"
+    the windows that decode video sequentially otherwise). A `shuffle_buffer` other than its default is refused
+    when the order is uniform: a permutation of every frame has no buffer, so the setting would do nothing."""
+    order = cfg.sample_order if cfg.sample_order != "auto" else "windows" if with_video else "uniform"
+    default = type(cfg).model_fields["shuffle_buffer"].default
+    if order == "uniform" and cfg.shuffle_buffer != default:
+        why = "sample_order uniform" if cfg.sample_order == "uniform" else "sample_order auto, no camera fed"
+        raise ValueError(f"shuffle_buffer {cfg.shuffle_buffer}: this run draws each epoch as one permutation of the "
+                         f"split's frames ({why}), which has no shuffle buffer; set sample_order windows to mix "
+                         f"windows in one, or leave shuffle_buffer at {default}")
+    return order
 
 
 def env_state_line(ds: V3Dataset, read: bool, setting: str) -> str:

@@ -118,3 +118,18 @@ def test_sample_order_auto_is_uniform_without_a_camera_and_windows_with_one(v3):
     assert sample_order(vla, with_video=False) == "uniform" and sample_order(vla, with_video=True) == "windows"
     assert sample_order(vla.model_copy(update={"sample_order": "uniform"}), True) == "uniform"
     assert sample_order(act.model_copy(update={"sample_order": "windows"}), False) == "windows"
+
+
+def test_a_shuffle_buffer_is_refused_where_the_order_has_none(v3):
+    """A uniform order is one permutation of the split's frames: a shuffle buffer set for it would do nothing."""
+    from roboloop.training.train import sample_order
+
+    vla = TrainConfig(dataset=str(v3), shuffle_buffer=1024)
+    with pytest.raises(ValueError, match=r"shuffle_buffer 1024: .*\(sample_order auto, no camera fed\).*"
+                                         "set sample_order windows"):
+        sample_order(vla, with_video=False)
+    with pytest.raises(ValueError, match=r"\(sample_order uniform\)"):
+        sample_order(vla.model_copy(update={"sample_order": "uniform"}), with_video=True)
+    assert sample_order(vla, with_video=True) == "windows"  # a camera is fed: the buffer mixes its windows
+    assert sample_order(vla.model_copy(update={"sample_order": "windows"}), with_video=False) == "windows"
+    assert sample_order(TrainConfig(dataset=str(v3)), with_video=False) == "uniform"  # the default buffer: fine
