@@ -79,6 +79,7 @@ def vla_model(dst: Path, dims: list[int] | None = None) -> Path:
 
 ACT_CAMERA = (96, 128)  # `--act-camera`
 SERVER_THREADS = 0  # `--server-threads`: roboloop serve's --threads (0: its default)
+MAX_WAIT_MS: float | None = None  # `--max-wait-ms`: roboloop serve's --max-wait-ms (None: its default)
 STARTED: dict[str, str] = {}  # what the last `roboloop serve` said of its torch threads
 
 
@@ -122,7 +123,8 @@ def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 
     STARTED.clear()
     p = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0", "--max-batch",
                           str(max_batch), "--device", DEVICE, "--threads", str(SERVER_THREADS), "--precision",
-                          precision or PRECISION, *engine],
+                          precision or PRECISION,
+                          *(["--max-wait-ms", str(MAX_WAIT_MS)] if MAX_WAIT_MS is not None else []), *engine],
                          stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -318,11 +320,13 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="torch device of the model in-process and in the server")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="what the model acts in, "
                     "in-process and served (bf16: autocast, where the device multiplies bf16 natively)")
+    ap.add_argument("--max-wait-ms", type=float, default=None, help="roboloop serve --max-wait-ms (default: its "
+                    "own)")
     ap.add_argument("--ray-replicas", type=int, nargs="*", default=[1, 2], help="also serve the VLA with "
                     "`--engine ray` at these replica counts (none: skip Ray Serve)")
     args = ap.parse_args()
-    global DEVICE, ACT_CAMERA, SERVER_THREADS, PRECISION
-    SERVER_THREADS = args.server_threads
+    global DEVICE, ACT_CAMERA, SERVER_THREADS, PRECISION, MAX_WAIT_MS
+    SERVER_THREADS, MAX_WAIT_MS = args.server_threads, args.max_wait_ms
     DEVICE, PRECISION = args.device, args.precision
     h, w = args.act_camera.lower().split("x")
     ACT_CAMERA = (int(h), int(w))

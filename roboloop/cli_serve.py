@@ -20,8 +20,10 @@ def add_parser(sub) -> None:
     s.add_argument("--max-batch", type=int, default=0, help="observations in one forward pass (1: no batching; 0: "
                    "64, except on a CPU where one pass over 8 observations, timed at start, is not 1.1x faster "
                    "per observation than 8 passes over one: then 1)")
-    s.add_argument("--max-wait-ms", type=float, default=0.0, help="how long a request waits for others to batch "
-                   "with (0: none; requests arriving during a forward pass still share the next one)")
+    s.add_argument("--max-wait-ms", type=float, default=None, help="how long the first request of a batch waits "
+                   "for the other sessions that are acting (asked in the last second) and have not asked yet; one "
+                   "robot never waits (default 5; 0: no wait; requests arriving during a forward pass still share "
+                   "the next one). --engine ray: Serve's batch wait, which every batch waits (default 0)")
     s.add_argument("--threads", type=int, default=0, help="torch threads for forward passes (0: on a CPU, cores "
                    "less one, left to the network side, or every core where the model's forward pass, timed at "
                    "start, is at least 1.2x faster on them)")
@@ -81,7 +83,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "put TLS in front (wss://) off a trusted network", file=sys.stderr)
     token = read_token(args.token_file, create=True)
     logging.getLogger("roboloop.serve").setLevel(logging.INFO)
-    cfg = ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch or 64, args.max_wait_ms,
+    cfg = ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch or 64,
+                      args.max_wait_ms if args.max_wait_ms is not None else 0.0 if args.engine == "ray" else 5.0,
                       follow_interval_s=args.follow_interval, threads=args.threads, precision=args.precision)
     if args.engine == "ray":
         return _serve_ray(cfg, args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -151,6 +152,17 @@ def test_concurrent_clients_are_batched(model):
             c.close()
     assert not errors and len(batches) == 32
     assert max(batches) > 1 and srv.batcher.passes < 32  # requests shared forward passes
+
+
+def test_a_lone_session_never_waits_for_company(model):
+    """The batch wait is for other sessions that are acting: one robot is answered at once, every time (a wait of
+    2 s would show in each round trip), and a second client that connected but stopped asking is no company."""
+    with Server(ServeConfig(str(model), port=0, max_batch=64, max_wait_ms=2000.0), TOKEN) as srv, \
+            PolicyClient(_url(srv), token=TOKEN) as c, PolicyClient(_url(srv), token=TOKEN) as idle:
+        idle.act(*_obs(1, 1))  # once, then idle for longer than a session counts as acting
+        time.sleep(1.2)
+        trips = [c.act(*_obs(1, seed)).roundtrip_ms for seed in range(5)]
+    assert max(trips) < 1500, trips
 
 
 def test_the_model_loads_checks_and_acts_on_one_thread_and_swaps_load_on_a_passing_one(model, monkeypatch):
