@@ -85,40 +85,39 @@ def reads_env_state(spec: str) -> bool:
     return ENV_STATE in features
 
 
-def make_policy(spec: str, env: BatchedEnv | None, device: str = "cpu", seed: int = 0, precision: str = "fp32",
-                made: Any = None):
-    """`expert`, `random`, a model folder, a registry reference (`registry:NAME@ALIAS|VERSION`) or a policy
-    server (`serve://HOST:PORT`, token from $ROBOLOOP_SERVE_TOKEN_FILE); a model acts in `precision`. `env` None:
-    a served policy connected before its environment is made (to ask what it reads), then passed back as `made`
-    with the environment, to be checked against it."""
-    if precision != "fp32" and (spec in ("expert", "random") or spec.startswith("serve://")):
-        raise ValueError(f"precision {precision}: " + ("a server acts in its own precision (roboloop serve "
-                                                       "--precision)" if spec.startswith("serve://") else
-                                                       f"the {spec} policy has no network to run in it"))
-    if env is None and not spec.startswith("serve://"):
-        raise ValueError(f"{spec}: only a served policy is made before its environment")
-    if spec == "expert":
-        return ExpertPolicy(env)  # type: ignore[arg-type]
-    if spec == "random":
-        return RandomPolicy(env, seed)  # type: ignore[arg-type]
-    from roboloop.policies import load_policy
+def served_policy(spec: str, precision: str = "fp32") -> Any:
+    """A connected client of the policy server `spec` (`serve://HOST:PORT`, token from $ROBOLOOP_SERVE_TOKEN_FILE),
+    made before any environment so that its model can be asked what it reads; `fits` checks it against one."""
+    if precision != "fp32":
+        raise ValueError(f"precision {precision}: a server acts in its own precision (roboloop serve --precision)")
+    from roboloop.serving.client import RemotePolicy
 
-    if made is not None:
-        policy: Any = made
-    elif spec.startswith("serve://"):
-        from roboloop.serving.client import RemotePolicy
+    return RemotePolicy(spec)
 
-        policy = RemotePolicy(spec)
-        if env is None:
-            return policy
-    elif spec.startswith("registry:"):
-        from roboloop.registry import resolve_model_ref
 
-        policy = load_policy(resolve_model_ref(spec), device, seed=seed, precision=precision)
-    else:
-        policy = load_policy(spec, device, seed=seed, precision=precision)
-    assert env is not None  # refused above for every policy but a served one, returned above without one
+def fits(policy: Any, env: BatchedEnv, spec: str) -> Any:
+    """`policy`, or ModelMismatchError when its actions are not the ones `env` takes."""
     if policy.action_dim != env.action_dim:
         raise ModelMismatchError(f"{spec}: the model outputs {policy.action_dim}-dim actions, {env.task} takes "
                                  f"{env.action_dim}: it was trained for another robot or task")
     return policy
+
+
+def make_policy(spec: str, env: BatchedEnv, device: str = "cpu", seed: int = 0, precision: str = "fp32"):
+    """`expert`, `random`, a model folder, a registry reference (`registry:NAME@ALIAS|VERSION`) or a policy
+    server (`serve://HOST:PORT`: `served_policy`); a model acts in `precision`."""
+    if spec.startswith("serve://"):
+        return fits(served_policy(spec, precision), env, spec)
+    if precision != "fp32" and spec in ("expert", "random"):
+        raise ValueError(f"precision {precision}: the {spec} policy has no network to run in it")
+    if spec == "expert":
+        return ExpertPolicy(env)
+    if spec == "random":
+        return RandomPolicy(env, seed)
+    from roboloop.policies import load_policy
+
+    if spec.startswith("registry:"):
+        from roboloop.registry import resolve_model_ref
+
+        return fits(load_policy(resolve_model_ref(spec), device, seed=seed, precision=precision), env, spec)
+    return fits(load_policy(spec, device, seed=seed, precision=precision), env, spec)

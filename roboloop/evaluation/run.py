@@ -18,7 +18,7 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
     from roboloop.evaluation.assets import hashes
     from roboloop.evaluation.evaluator import evaluate, progress_printer
     from roboloop.evaluation.gym_env import make_env
-    from roboloop.evaluation.policies import make_policy, reads_env_state
+    from roboloop.evaluation.policies import fits, make_policy, reads_env_state, served_policy
     from roboloop.policies.precision import require_acting_precision
 
     ran = require_acting_precision(cfg.precision, cfg.device)  # refused before any env is made
@@ -32,11 +32,12 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
     env: Any = None
     try:
         if cfg.policy.startswith("serve://"):  # one connection: asked what the model reads, then acting
-            policy = make_policy(cfg.policy, None, cfg.device, cfg.seed, cfg.precision)
+            policy = served_policy(cfg.policy, cfg.precision)
         reads = bool(policy.env_state_dim) if policy is not None else reads_env_state(cfg.policy)
         overrides = {"privileged_obs": True} if cfg.task in ROBOLOOP_TASKS and reads else None
         env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=not blind, overrides=overrides)
-        policy = make_policy(cfg.policy, env, cfg.device, cfg.seed, cfg.precision, made=policy)
+        policy = fits(policy, env, cfg.policy) if policy is not None else \
+            make_policy(cfg.policy, env, cfg.device, cfg.seed, cfg.precision)
         stop = None
         if cfg.stop_against and not cfg.save_rollouts:
             from roboloop.binomial import early_decision

@@ -12,6 +12,7 @@ nobody else's.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import threading
@@ -153,9 +154,7 @@ class Server:
         async def handle(ws: Any) -> None:
             self.connections += 1
             session = self.connections
-
-            def submit(obs: Obs) -> Any:
-                return batcher.submit(obs, session)
+            submit = functools.partial(batcher.submit, session=session)
             try:
                 async for data in ws:
                     self.requests += 1

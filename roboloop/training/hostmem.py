@@ -7,9 +7,10 @@ a quarter of the step's wall clock on two cores. "keep" turns that path off and 
 freed block stays in the heap and the next step reuses it (the process's RSS stays at its peak instead of
 returning between steps). Same arithmetic, same results; only where the bytes come from changes.
 
-The policy server and its clients apply it too (`ServeConfig.host_memory`, `PolicyClient(host_memory=)`): each
-request carries ~1 MB per 480x640 frame, copied a few times on each side (encoding, websocket framing and
-masking, decoding), and with glibc's defaults those buffers were returned and faulted in again on every request.
+The policy server's clients apply it too (`PolicyClient(host_memory=)`): each request carries ~1 MB per 480x640
+frame, copied a few times on its way out (encoding, websocket framing and masking), and with glibc's defaults a
+client that does nothing else returned those buffers and faulted them in again on every request. (The server's
+process is left at glibc's defaults: its model's larger freed blocks already make glibc keep frame-sized ones.)
 """
 
 from __future__ import annotations
