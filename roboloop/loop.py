@@ -182,7 +182,9 @@ def so101() -> LoopConfig:
     The exported weights are their average (`ema_decay` 0.999: with the checkpoint pick, 88.5%, 84.4% and 68.8%
     on the 96 test cubes for training seeds 0-2, against 80.2%, 78.1% and 60.4% raw; README, "The preset now
     averages"); they act with 2 Euler steps of the denoising, not 4, chosen on the validation cubes: the same
-    models then pick 93.8%, 86.5% and 75.0%; README, "Two denoising steps")."""
+    models then pick 93.8%, 86.5% and 75.0%; README, "Two denoising steps"). At the end the registered version is
+    served (`roboloop serve`, a child process) and the first 16 test cubes are played through it, both cameras'
+    frames crossing the wire, as a real arm's robot loop would be driven."""
     task = "Roboloop-SO101-PickCube-v0"
     return LoopConfig(source="data-so101", model_name="so101-pick",
                       collect_if_missing=CollectConfig(task=task, episodes=384, num_envs=16, noise=0.5,
@@ -193,7 +195,7 @@ def so101() -> LoopConfig:
                                                          "keypoints_to_state": 1, "image_size": [64, 96],
                                                          "inference_steps": 2}),
                       eval=EvalRecipe(task=task, episodes=48, num_envs=16, execute_steps=4),
-                      select=SelectRecipe(episodes=48, seed=1))
+                      select=SelectRecipe(episodes=48, seed=1), serve_check=ServeCheckRecipe(episodes=16))
 
 
 def so101_ci() -> LoopConfig:

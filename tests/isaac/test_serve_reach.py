@@ -1,5 +1,5 @@
-"""`roboloop serve` in its own process and `roboloop evaluate --policy serve://...` on the Isaac Lab reach task:
-the same per-episode outcomes as the same model evaluated in-process on the same episodes."""
+"""`roboloop serve` in its own process and `roboloop evaluate --policy serve://...` on the Isaac Lab reach task and
+the SO-101 (two cameras): the same per-episode outcomes as the same model evaluated in-process on the same episodes."""
 
 from __future__ import annotations
 
@@ -18,21 +18,30 @@ pytestmark = pytest.mark.isaac
 TASK = "Roboloop-Reach-Color-v0"
 
 
-def _evaluate(policy: str, out, env: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "roboloop.cli", "evaluate", "--policy", policy, "--task", TASK,
-                           "--episodes", "8", "--num-envs", "8", "--videos", "0", "--output-dir", str(out)],
-                          capture_output=True, text=True, timeout=900, env=env)
+def _evaluate(policy: str, task: str, episodes: int, out, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "roboloop.cli", "evaluate", "--policy", policy, "--task", task,
+                           "--episodes", str(episodes), "--num-envs", str(episodes), "--videos", "0",
+                           "--output-dir", str(out)], capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads((out / "report.json").read_text())
 
 
-def test_evaluation_through_the_server_equals_in_process(tmp_path):
+def _dims(task: str) -> tuple[int, int]:
     dims = subprocess.run([sys.executable, "-c", "from roboloop.evaluation.isaac_tasks import make_cfg; "
-                           f"c = make_cfg({TASK!r}); s = c.action_space; "
+                           f"c = make_cfg({task!r}); s = c.action_space; "
                            "print(int(c.observation_space), s if isinstance(s, int) else s.shape[-1])"],
                           capture_output=True, text=True, timeout=300, check=True).stdout.split()
-    state_dim, action_dim = int(dims[-2]), int(dims[-1])
-    model = untrained_model(tmp_path / "m", state_dim, action_dim, 16, seed=4)
+    return int(dims[-2]), int(dims[-1])
+
+
+# the demo's reach task (state + language), and the SO-101 with its two 96x128 cameras: every frame crosses the
+# wire, and the served episodes still end exactly as in-process (return and length too, so the same chunks)
+@pytest.mark.parametrize("task, cameras, episodes", [
+    (TASK, (), 8),
+    ("Roboloop-SO101-PickCube-v0", ("observation.images.front", "observation.images.wrist"), 2)])
+def test_evaluation_through_the_server_equals_in_process(tmp_path, task, cameras, episodes):
+    state_dim, action_dim = _dims(task)
+    model = untrained_model(tmp_path / "m", state_dim, action_dim, 16, cameras=cameras, seed=4)
     env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(tmp_path / "token"), "OMP_NUM_THREADS": "2",
            "ROBOLOOP_CACHE_DIR": str(tmp_path / "cache"), "ROBOLOOP_ARTIFACTS": str(tmp_path / "artifacts")}
     # --threads 2: as the in-process evaluation (OMP_NUM_THREADS=2), so both sum in the same order
@@ -49,13 +58,13 @@ def test_evaluation_through_the_server_equals_in_process(tmp_path):
         assert port, "".join(seen)
         assert re.search(r"batches of up to (64|1) \(", "".join(seen)), "".join(seen)  # measured at start, said
         assert oct((tmp_path / "token").stat().st_mode)[-3:] == "600"
-        local = _evaluate(str(model), tmp_path / "local", env)
-        served = _evaluate(f"serve://127.0.0.1:{port}", tmp_path / "served", env)
+        local = _evaluate(str(model), task, episodes, tmp_path / "local", env)
+        served = _evaluate(f"serve://127.0.0.1:{port}", task, episodes, tmp_path / "served", env)
     finally:
         server.terminate()
         server.wait(30)
         server.stderr.close()
-    assert served["episodes"] == local["episodes"] == 8
+    assert served["episodes"] == local["episodes"] == episodes
     keys = ("index", "success", "length", "ret")
     assert [{k: e[k] for k in keys} for e in served["per_episode"]] == \
         [{k: e[k] for k in keys} for e in local["per_episode"]]
@@ -70,11 +79,7 @@ def test_the_evaluator_acts_through_one_connection(tmp_path):
     from roboloop.serving.server import ServeConfig, Server
     from roboloop.serving.token import read_token
 
-    dims = subprocess.run([sys.executable, "-c", "from roboloop.evaluation.isaac_tasks import make_cfg; "
-                           f"c = make_cfg({TASK!r}); s = c.action_space; "
-                           "print(int(c.observation_space), s if isinstance(s, int) else s.shape[-1])"],
-                          capture_output=True, text=True, timeout=300, check=True).stdout.split()
-    model = untrained_model(tmp_path / "m", int(dims[-2]), int(dims[-1]), 16, seed=4)
+    model = untrained_model(tmp_path / "m", *_dims(TASK), 16, seed=4)
     env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(tmp_path / "token"),
            "ROBOLOOP_CACHE_DIR": str(tmp_path / "cache"), "ROBOLOOP_ARTIFACTS": str(tmp_path / "artifacts")}
     with Server(ServeConfig(str(model), port=0), read_token(str(tmp_path / "token"), create=True)) as srv:

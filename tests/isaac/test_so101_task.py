@@ -174,7 +174,8 @@ def test_dagger_labels_close_the_jaws_where_another_actor_reaches_the_cube_its_o
 def test_short_closed_loop_on_the_so101_registers_a_version(tmp_path):
     """`roboloop loop --preset so101_ci`: record, convert, validate, train on both cameras, play the kept checkpoint
     and the final model on validation cubes and carry the better on, evaluate it beside random on the same cube
-    positions, register (the gate decides; at this budget nothing picks)."""
+    positions, register (the gate decides; at this budget nothing picks), serve the version and play the first cubes
+    through the server."""
     import os
     import subprocess
     import sys
@@ -200,3 +201,8 @@ def test_short_closed_loop_on_the_so101_registers_a_version(tmp_path):
     assert "checkpoint picked:   step" in p.stdout + p.stderr
     meta = json.loads((tmp_path / summary["model"] / "policy.json").read_text())
     assert [c["key"] for c in meta["cameras"]] == ["observation.images.front", "observation.images.wrist"]
+    # the registered version served and driven through its server, both cameras' frames on the wire: the same
+    # episodes end as they did in-process
+    served = summary["served"]
+    assert served and served["ref"] == "registry:so101-ci@1" and served["episodes"] == 2, summary
+    assert served["same_outcomes"] == 2 and served["chunks"] > 0 and served["roundtrip_ms_p50"] > 0, served
