@@ -17,6 +17,7 @@ import torch
 from roboloop.training.config import TrainConfig
 from roboloop.training.train import train
 from tests.conformance.cases import LEROBOT_QUIET, lerobot_writer
+from tests.unit.policies.pairs import lerobot_batch, roboloop_batch
 
 pytestmark = LEROBOT_QUIET
 
@@ -40,26 +41,19 @@ def _cfg(ds, out, **kw) -> TrainConfig:
 
 
 def test_history_batches_are_lerobots(recorded):
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
     from roboloop.policies import family
-    from roboloop.training.data import SampleStream, V3Dataset
-    from roboloop.training.packing import collate
+    from roboloop.training.data import V3Dataset
     from roboloop.training.train import features_of
 
     ds = V3Dataset(recorded, horizon=8)
     trainable = family("lerobot").build(_cfg(recorded, "unused"), features_of(ds, True))
     assert trainable.needs.history == 2 and trainable.needs.horizon == 8
-    stream = SampleStream(ds, None, 1, num_workers=1, cameras=trainable.cameras, history=2)
     keys = [0, 1, 9, 20]  # an episode's first frame (history clamped), its second, one near an end (padded)
-    ours = trainable.batch(collate(stream.materialize(keys), 0))
-    stream.close()
+    ours = roboloop_batch(ds, trainable, keys, cameras=trainable.cameras, history=2)
     obs = [-1 / 30, 0.0]
-    lr = LeRobotDataset("conformance/writer", root=recorded, delta_timestamps={
-        "observation.state": obs, **{k: obs for k in trainable.cameras}, "action": [(i - 1) / 30 for i in range(8)]})
-    items = [lr[k] for k in keys]
-    theirs = {k: torch.stack([it[k] for it in items]) for k in ("observation.state", "action", "action_is_pad",
-                                                                   *trainable.cameras)}
+    theirs = lerobot_batch(recorded, keys, {"observation.state": obs, **{k: obs for k in trainable.cameras},
+                                            "action": [(i - 1) / 30 for i in range(8)]},
+                           ("observation.state", "action", "action_is_pad", *trainable.cameras))
     assert ours["observation.state"].shape == (4, 2, 6)
     assert torch.equal(ours["observation.state"], theirs["observation.state"])
     assert torch.equal(ours["action_is_pad"], theirs["action_is_pad"]) and bool(theirs["action_is_pad"].any())

@@ -24,6 +24,7 @@ from roboloop.training import checkpoint
 from roboloop.training.config import TrainConfig
 from roboloop.training.train import train
 from tests.conformance.cases import LEROBOT_QUIET, lerobot_writer
+from tests.unit.policies.pairs import assert_same_loss, lerobot_batch, roboloop_batch, seeded_loss
 
 pytestmark = LEROBOT_QUIET
 
@@ -52,26 +53,18 @@ def _losses(out) -> list[float]:
 
 
 def test_roboloop_batches_are_lerobots_and_give_the_same_loss(recorded):
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
     from roboloop.policies import family
-    from roboloop.training.data import SampleStream, V3Dataset
-    from roboloop.training.packing import collate
+    from roboloop.training.data import V3Dataset
     from roboloop.training.train import features_of
 
     ds = V3Dataset(recorded, horizon=5)
     torch.manual_seed(0)
     trainable = family("lerobot").build(_cfg(recorded, "unused"), features_of(ds, True))
     assert trainable.cameras == [*CAMS, *IMAGES]  # the depth map is not an ACT input
-    stream = SampleStream(ds, None, 1, num_workers=1, cameras=trainable.cameras)
     keys = [0, 7, 11, 20]  # the last is 1 frame before an episode's end: its chunk is padded
-    ours = trainable.batch(collate(stream.materialize(keys), 0))
-    stream.close()
-    lr = LeRobotDataset("conformance/writer", root=recorded, delta_timestamps={"action": [i / 30 for i in range(5)]})
-    items = [lr[k] for k in keys]
-    theirs = {k: torch.stack([it[k] for it in items]) for k in ("observation.state", "action", "action_is_pad",
-                                                                   *trainable.cameras)}
-    theirs["task"] = [it["task"] for it in items]
+    ours = roboloop_batch(ds, trainable, keys, cameras=trainable.cameras)
+    theirs = lerobot_batch(recorded, keys, {"action": [i / 30 for i in range(5)]},
+                           ("observation.state", "action", "action_is_pad", *trainable.cameras))
     assert torch.equal(ours["observation.state"], theirs["observation.state"])
     assert torch.equal(ours["action_is_pad"], theirs["action_is_pad"]) and bool(theirs["action_is_pad"].any())
     valid = ~theirs["action_is_pad"]
@@ -82,12 +75,8 @@ def test_roboloop_batches_are_lerobots_and_give_the_same_loss(recorded):
     policy = trainable.module.policy.eval()  # no dropout: the same weights on the same batch
     theirs["action"][~valid] = 0.0  # what is under the padding does not count
     ours["action"][~valid] = 0.0
-    with torch.no_grad():
-        torch.manual_seed(1)
-        a, _ = policy.forward(trainable.preprocessor(ours))
-        torch.manual_seed(1)
-        b, _ = policy.forward(trainable.preprocessor(theirs))
-    assert abs(float(a) - float(b)) <= 1e-3 * abs(float(b)), (float(a), float(b))
+    assert_same_loss(seeded_loss(policy, trainable.preprocessor, ours)[0],
+                     seeded_loss(policy, trainable.preprocessor, theirs)[0])
 
 
 def test_act_trains_and_lerobot_reads_the_folder_and_acts_on_its_own_frame(recorded, tmp_path):

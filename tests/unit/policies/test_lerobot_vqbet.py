@@ -19,6 +19,7 @@ import torch
 from roboloop.training.config import TrainConfig
 from roboloop.training.train import train
 from tests.conformance.cases import LEROBOT_QUIET, lerobot_writer
+from tests.unit.policies.pairs import assert_same_loss, lerobot_batch, roboloop_batch, seeded_loss
 
 pytestmark = LEROBOT_QUIET
 
@@ -48,11 +49,8 @@ def _rows(out) -> list[dict]:
 
 
 def test_vqbet_batches_are_lerobots_and_give_the_same_loss_in_both_phases(recorded):
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
     from roboloop.policies import family
-    from roboloop.training.data import SampleStream, V3Dataset
-    from roboloop.training.packing import collate
+    from roboloop.training.data import V3Dataset
     from roboloop.training.train import features_of
 
     ds = V3Dataset(recorded, horizon=len(WINDOW))
@@ -60,16 +58,12 @@ def test_vqbet_batches_are_lerobots_and_give_the_same_loss_in_both_phases(record
     trainable = family("lerobot").build(_cfg(recorded, "unused"), features_of(ds, True))
     assert trainable.needs.history == 3 and trainable.needs.horizon == len(WINDOW)
     assert trainable.needs.drop_last == 0  # as under lerobot-train: VQ-BeT's config has no drop_n_last_frames
-    stream = SampleStream(ds, None, 1, num_workers=1, cameras=trainable.cameras, history=3)
     keys = [0, 1, 9, 21]  # an episode's first frames (history clamped, actions before it padded), one near an end
-    ours = trainable.batch(collate(stream.materialize(keys), 0))
-    stream.close()
+    ours = roboloop_batch(ds, trainable, keys, cameras=trainable.cameras, history=3)
     obs = [-2 / 30, -1 / 30, 0.0]
-    lr = LeRobotDataset("conformance/writer", root=recorded, delta_timestamps={
-        "observation.state": obs, **{k: obs for k in CAMS}, "action": [i / 30 for i in WINDOW]})
-    items = [lr[k] for k in keys]
-    theirs = {k: torch.stack([it[k] for it in items]) for k in ("observation.state", "action", "action_is_pad", *CAMS)}
-    theirs["task"] = [it["task"] for it in items]
+    theirs = lerobot_batch(recorded, keys, {"observation.state": obs, **{k: obs for k in CAMS},
+                                            "action": [i / 30 for i in WINDOW]},
+                           ("observation.state", "action", "action_is_pad", *CAMS))
     assert ours["observation.state"].shape == (4, 3, 6) and ours["action"].shape == (4, 6, 6)
     assert torch.equal(ours["observation.state"], theirs["observation.state"])
     assert torch.equal(ours["action_is_pad"], theirs["action_is_pad"])
@@ -83,13 +77,9 @@ def test_vqbet_batches_are_lerobots_and_give_the_same_loss_in_both_phases(record
         if phase == "gpt":
             policy.vqbet.action_head.vqvae_model.discretized.fill_(True)
         other = copy.deepcopy(policy)
-        with torch.no_grad():
-            torch.manual_seed(1)
-            a, info = policy.forward(trainable.preprocessor(ours))
-            torch.manual_seed(1)
-            b, _ = other.forward(trainable.preprocessor(theirs))
+        a, info = seeded_loss(policy, trainable.preprocessor, ours)
         assert ("recon_l1_error" in info) == (phase == "vqvae")
-        assert abs(float(a) - float(b)) <= 1e-3 * abs(float(b)), (phase, float(a), float(b))
+        assert_same_loss(a, seeded_loss(other, trainable.preprocessor, theirs)[0], phase)
 
 
 def test_vqbet_trains_both_phases_lerobot_reads_it_and_roboloop_acts_with_its_past(recorded, tmp_path):
