@@ -21,13 +21,14 @@ import os
 # seconds each unit took in session 24's `make test` on the 2-core CI-like machine (bench runs: alone); the rest
 # are shorter and keep their collection order after these
 UNIT_SECONDS = {
-    "tests/isaac/test_so101_task.py": 612,
+    "tests/isaac/test_so101_task.py": 650,  # 612 in session 24, before its loop ended with the served check
     "tests/flows/test_closed_loop.py": 522,
     "tests/e2e/test_fresh_clone.py": 480,
     "tests/deploy": 300,
     "tests/isaac/test_act_loop.py": 198,
     "bench:so101": 175,
     "tests/isaac/test_reach_variants.py": 174,
+    "tests/isaac/test_serve_reach.py": 170,  # session 35's estimate, with the SO-101 served through two cameras
     "bench:dagger": 155,
     "tests/unit/evaluation/test_lerobot_envs.py": 138,
     "ray-serve": 135,
