@@ -64,6 +64,7 @@ bench: install  ## benchmarks against the reference tools (each prints one JSON 
 	$(PY) bench/overhead.py
 	$(PY) bench/so101.py
 	$(PY) bench/serve.py
+	$(PY) bench/optim.py
 
 MODEL ?= registry:reach-vla@champion
 serve: install  ## serve MODEL (default the demo's champion, followed on promotion) on 127.0.0.1:8765 (token: .roboloop/serve-token)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from roboloop import fsutil, policies
 from roboloop.datasets.layout import ENV_STATE
 from roboloop.errors import DiskFullError
-from roboloop.training import checkpoint, distributed, ema, hostmem, metrics, outdir, precision
+from roboloop.training import checkpoint, distributed, ema, hostmem, metrics, optim, outdir, precision
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import Normalizer, SampleStream, V3Dataset
 from roboloop.training.model import num_parameters
@@ -150,7 +150,7 @@ class Trainer:
                                                kernels)
         self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
         self.ddp_model = distributed.wrap(self.model, env, cfg.strategy)  # FSDP shards before the optimizer
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.opt, self.run_record["optimizer"] = optim.adamw(self.model.parameters(), cfg.lr, cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_at(s, cfg))
         self.stream = SampleStream(ds, needs.image_size, needs.max_text_len, window=cfg.window,
                                    shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.num_workers, seed=cfg.seed,
@@ -191,6 +191,7 @@ class Trainer:
             print(self.stream.cache_line(), flush=True)
             print(self.stream.order_line(), flush=True)
             print(f"host memory: {self.run_record['host_memory']}", flush=True)
+            print(f"optimizer: {self.run_record['optimizer']}", flush=True)
 
     def resume(self) -> int:
         """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""

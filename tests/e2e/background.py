@@ -70,6 +70,7 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
               {"rows", "baseline"},
               [pytest.mark.isaac]),
     "precision": (["--presets", "small", "--steps", "2"], {"device", "fp8_backend", "small"}, [pytest.mark.gpu]),
+    "optim": (["--models", "vla_tiny", "act256", "--steps", "3"], {"models", "baseline"}, []),
     "lerobot_train": (["--height", "32", "--width", "48", "--episodes", "2", "--frames", "24", "--steps", "3",
                        "--batch", "2", "--workers", "1", "--workdir", "{tmp}", "--precision", "native"],
                       {"ratio_samples_per_s", "final_loss_ratio", "rss_ratio"}, []),
@@ -79,7 +80,7 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
 # lerobot_train 77, sweep 64, eval 60, loader 58, the rest under 40 each), so what is left when the suite's own
 # tests end is short
 ORDER = ["so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "inference",
-         "so101_data", "precision", "convert", "packing", "overhead", "startup"]
+         "so101_data", "precision", "convert", "packing", "overhead", "startup", "optim"]
 RAY = ["rl", "serve"]  # one after the other, in the lane that opens when the suite's own tests are done
 NICE = 5
 RUN_TIMEOUT_S = 1800  # one run; a niced run beside busy tests takes up to ~3x its time alone

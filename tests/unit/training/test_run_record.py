@@ -27,6 +27,7 @@ def test_the_run_record_reaches_metrics_the_model_folder_and_the_receipt(small_v
     assert (rec["precision_requested"], rec["precision"], rec["fp8_linears"]) == ("auto", "fp32", 0)
     assert rec["attention"] == "sdpa" and "not on CUDA" in rec["attention_reason"]
     assert rec["device"] == "cpu" and rec["torch"] and rec["fp8_min_features"] == 1024
+    assert rec["optimizer"] == "AdamW, fused kernel"  # roboloop.training.optim: every parameter takes it here
     assert json.loads((out / "policy.json").read_text())["runtime"] == rec
     ref = stages.model_ref(out, dataset_md5="x")
     assert ref.metrics["run"]["precision"] == "fp32"  # the lineage's metrics are the receipt's
