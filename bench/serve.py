@@ -118,6 +118,8 @@ PRECISION = "fp32"  # --precision: what the model (not its ONNX export) acts in,
 def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 0,
                  precision: str | None = None) -> tuple[subprocess.Popen, int]:
     """`roboloop serve` in its own process (replicas > 0: the Ray Serve engine with that many replicas)."""
+    from roboloop.serving.check import LISTENING
+
     env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"}
     engine = ["--engine", "ray", "--replicas", str(replicas)] if replicas else []
     STARTED.clear()
@@ -131,7 +133,7 @@ def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 
         line = p.stderr.readline()  # type: ignore[union-attr]
         if m := re.search(r"; (\d+ torch threads \([^)]*\))", line):
             STARTED["threads"] = m.group(1)
-        if m := re.search(r"listening on ws://127\.0\.0\.1:(\d+)", line):
+        if m := LISTENING.search(line):
             threading.Thread(target=p.stderr.read, daemon=True).start()  # type: ignore[union-attr]
             return p, int(m.group(1))
         if not line and p.poll() is not None:

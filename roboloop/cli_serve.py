@@ -8,6 +8,14 @@ import logging
 import sys
 
 
+def _say(line: str) -> None:
+    """One line to stderr in a single write. `print` writes the text and its newline separately, and the server's
+    thread logs as soon as it starts: its line once landed between the two, so a reader of "listening on
+    ws://HOST:PORT" took the port's digits and the log's date as one number (a real SO-101 serve check)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def add_parser(sub) -> None:
     s = sub.add_parser("serve", help="serve a policy to robots and simulators over websocket + msgpack (token "
                        "required; follows the registry when REF is an alias such as registry:NAME@champion)")
@@ -79,8 +87,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from roboloop.serving.token import read_token, token_path
 
     if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"roboloop serve: binding {args.host}: anyone who reaches it and holds the token drives the robot; "
-              "put TLS in front (wss://) off a trusted network", file=sys.stderr)
+        _say(f"roboloop serve: binding {args.host}: anyone who reaches it and holds the token drives the robot; "
+             "put TLS in front (wss://) off a trusted network")
     token = read_token(args.token_file, create=True)
     logging.getLogger("roboloop.serve").setLevel(logging.INFO)
     cfg = ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch or 64,
@@ -112,13 +120,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     precision = slot.precision
     if slot.deviation is not None:
         precision += f", at most {slot.deviation[0]:.3g} from fp32 (actions up to {slot.deviation[1]:.3g})"
-    print(f"roboloop serve: {spec['version']} ({spec['state_dim']}-dim state, cameras {spec['camera_keys']}, "
-          f"chunks of {spec['horizon']}x{spec['action_dim']}); {precision}; {threads}; {batching}; "
-          f"token in {token_path(args.token_file)}"
-          + (f"; following {server.follow[1]}@{server.follow[2]}" if server.follow else ""), file=sys.stderr,
-          flush=True)
+    _say(f"roboloop serve: {spec['version']} ({spec['state_dim']}-dim state, cameras {spec['camera_keys']}, "
+         f"chunks of {spec['horizon']}x{spec['action_dim']}); {precision}; {threads}; {batching}; "
+         f"token in {token_path(args.token_file)}"
+         + (f"; following {server.follow[1]}@{server.follow[2]}" if server.follow else ""))
     server.start()
-    print(f"roboloop serve: listening on ws://{args.host}:{server.port}", file=sys.stderr, flush=True)
+    _say(f"roboloop serve: listening on ws://{args.host}:{server.port}")
     try:
         assert server.thread is not None
         server.thread.join()
@@ -141,8 +148,7 @@ def _serve_ray(cfg, args: argparse.Namespace) -> int:
             s.bind((cfg.host, 0))
             cfg.port = s.getsockname()[1]
     ray_serve.run(cfg, str(token_path(args.token_file).absolute()), args.replicas, args.ray_address)
-    print(f"roboloop serve: Ray Serve, {args.replicas} replica(s); listening on ws://{cfg.host}:{cfg.port}",
-          file=sys.stderr, flush=True)
+    _say(f"roboloop serve: Ray Serve, {args.replicas} replica(s); listening on ws://{cfg.host}:{cfg.port}")
     try:
         while True:
             time.sleep(3600)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from roboloop.evaluation.config import EvalRecipe
 from roboloop.receipts import Decision, EvalSummary, Receipt
 
-LISTENING = re.compile(r"listening on ws://127\.0\.0\.1:(\d+)")
+LISTENING = re.compile(r"listening on ws://127\.0\.0\.1:(\d+)$")  # the whole line: another one glued on is no port
 
 
 class ServeCheckRecipe(BaseModel):

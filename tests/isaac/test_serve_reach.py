@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from roboloop.serving.check import LISTENING
 from tests.models import untrained_model
 
 pytestmark = pytest.mark.isaac
@@ -52,7 +53,7 @@ def test_evaluation_through_the_server_equals_in_process(tmp_path, task, cameras
         while port is None and time.time() < deadline:
             line = server.stderr.readline()
             seen.append(line)
-            if m := re.search(r"listening on ws://127\.0\.0\.1:(\d+)", line):
+            if m := LISTENING.search(line):
                 port = int(m.group(1))
             assert line or server.poll() is None, "".join(seen)
         assert port, "".join(seen)

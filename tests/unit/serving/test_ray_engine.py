@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from websockets.exceptions import InvalidStatus
 from roboloop.evaluation.protocol import Obs
 from roboloop.policies import load_policy
 from roboloop.serving import wire
+from roboloop.serving.check import LISTENING
 from roboloop.serving.client import PolicyClient
 from roboloop.serving.token import read_token
 from tests.models import untrained_model
@@ -36,7 +36,7 @@ def test_ray_serve_engine_answers_like_in_process(tmp_path):
         while port is None and time.time() < deadline:
             line = proc.stderr.readline()
             seen.append(line)
-            if m := re.search(r"listening on ws://127\.0\.0\.1:(\d+)", line):
+            if m := LISTENING.search(line):
                 port = int(m.group(1))
             assert line or proc.poll() is None, "".join(seen[-30:])
         assert port, "".join(seen[-30:])
