@@ -65,6 +65,7 @@ bench: install  ## benchmarks against the reference tools (each prints one JSON 
 	$(PY) bench/so101.py
 	$(PY) bench/serve.py
 	$(PY) bench/optim.py
+	$(PY) bench/act_step.py
 
 MODEL ?= registry:reach-vla@champion
 serve: install  ## serve MODEL (default the demo's champion, followed on promotion) on 127.0.0.1:8765 (token: .roboloop/serve-token)
