@@ -79,7 +79,7 @@ def test_roboloop_batches_are_lerobots_and_give_the_same_loss(recorded):
                      seeded_loss(policy, trainable.preprocessor, theirs)[0])
 
 
-def test_act_trains_and_lerobot_reads_the_folder_and_acts_on_its_own_frame(recorded, tmp_path):
+def test_act_trains_and_lerobot_reads_the_folder_and_acts_on_its_own_frame(recorded, tmp_path, capsys):
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
     from lerobot.policies.act.modeling_act import ACTPolicy
     from lerobot.policies.factory import make_pre_post_processors
@@ -99,7 +99,9 @@ def test_act_trains_and_lerobot_reads_the_folder_and_acts_on_its_own_frame(recor
     batch = {k: v for k, v in item.items() if k.startswith("observation.") and k != "observation.images.depth"}
     action = post(policy.select_action(pre({**batch, "task": item["task"]})))
     assert action.shape == (1, 6) and torch.isfinite(action).all()
+    capsys.readouterr()
     ours = load_policy(out)  # and roboloop's, on a simulator-style observation (uint8 HWC frames)
+    assert capsys.readouterr().out == ""  # LeRobot's "Loading weights..." print goes to stderr: stdout is a result
     obs = Obs(item["observation.state"][None], {k: (item[k].permute(1, 2, 0)[None] * 255).to(torch.uint8)
                                                   for k in (*CAMS, *IMAGES)}, [item["task"]])
     chunk = ours.act(obs)
