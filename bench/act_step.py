@@ -36,16 +36,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CONFIG = {"dim_model": 256, "dim_feedforward": 1024, "n_encoder_layers": 2, "n_decoder_layers": 1,
-          "chunk_size": 20, "n_action_steps": 20}  # bench/lerobot_train.py's ACT
+from bench.lerobot_train import ACT as CONFIG  # noqa: E402  (the ACT that bench trains)
+
 CATEGORIES = {"convolutions": ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::_convolution",
                                "aten::convolution_overrideable", "aten::cudnn_convolution"),
               "dropout masks": ("aten::bernoulli_",),
               "matmuls": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
-              "optimizer": ("aten::_fused_adamw_", "aten::_foreach_mul_", "aten::_foreach_add_",
-                            "aten::_foreach_lerp_", "aten::_foreach_addcmul_", "aten::_foreach_addcdiv_",
-                            "aten::_foreach_sqrt", "aten::_foreach_div_", "aten::lerp_", "aten::addcmul_",
-                            "aten::addcdiv_", "aten::sqrt")}
+              "optimizer": ("aten::_fused_adamw_",)}  # roboloop's AdamW on CPU (roboloop.training.optim)
 
 
 def build(h: int, w: int, batch: int):

@@ -370,10 +370,10 @@ class LeRobotPolicy:
             cfg.vlm_model_name, cfg.load_vlm_weights = vlm, False  # (model.safetensors holds the VLM's weights)
             overrides["tokenizer_processor"] = {"tokenizer_name": vlm}
         self.cfg = cfg
-        with contextlib.redirect_stdout(sys.stderr):  # LeRobot prints "Loading weights from local directory", and a
-            # command's stdout is its result (`roboloop export ... | jq`)
-            self.policy = get_policy_class(cfg.type).from_pretrained(str(folder), config=cfg).eval() \
-                if weights else None
+        self.policy = None
+        if weights:  # LeRobot prints "Loading weights from local directory"; a command's stdout is its result
+            with contextlib.redirect_stdout(sys.stderr):
+                self.policy = get_policy_class(cfg.type).from_pretrained(str(folder), config=cfg).eval()
         if self.policy is not None:  # acting only: ACT's frozen norms folded into its convs for good, channels-last
             _fold_for_acting(self.policy)
         self.pre, self.post = make_pre_post_processors(cfg, pretrained_path=str(folder),
