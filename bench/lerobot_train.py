@@ -218,7 +218,8 @@ def roboloop_run(args, ds: Path, cwd: Path, lookahead: str, prec: str) -> dict:
 
     ran = metrics[0].get("run", {})
     return {"precision": ran.get("precision", prec), "conv_layout": ran.get("conv_layout"),
-            "frozen_norms_folded": ran.get("frozen_norms_folded"), "lookahead": lookahead,
+            "frozen_norms_folded": ran.get("frozen_norms_folded"), "relu_after_pool": ran.get("relu_after_pool"),
+            "lookahead": lookahead,
             "sample_order": ran.get("sample_order", {}).get("sample_order"),
             "ran": metrics[0].get("pipeline"), "samples_per_s": round(mean("samples_per_s"), 2),
             "final_loss": round(sum(m["loss"] for m in metrics[-5:]) / len(metrics[-5:]), 4),

@@ -350,6 +350,7 @@ def _fold_for_acting(policy: nn.Module) -> None:
 
     if convs.fold_for_inference(policy):
         convs.channels_last(policy)
+    convs.pool_before_relu(policy)
 
 
 class LeRobotPolicy:

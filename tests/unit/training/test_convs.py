@@ -57,7 +57,9 @@ def test_folded_channels_last_act_computes_what_lerobots_act_computes():
     reference = _act()
     fast = copy.deepcopy(reference)
     done = convs.speed_up(fast)
-    assert done == {"conv_layout": "channels_last", "frozen_norms_folded": 20}  # ResNet-18: 1 + 8 x 2 + 3
+    assert done == {"conv_layout": "channels_last", "frozen_norms_folded": 20,  # ResNet-18: 1 + 8 x 2 + 3
+                    "relu_after_pool": 1}  # the stem's
+    assert type(fast.model.backbone.maxpool) is convs.PoolThenReLU
     assert list(fast.state_dict()) == list(reference.state_dict())
     conv1 = fast.model.backbone.conv1
     assert type(conv1) is convs.FoldedConv2d and conv1.weight.is_contiguous(memory_format=torch.channels_last)
@@ -105,9 +107,42 @@ def test_only_a_conv_that_feeds_its_norm_is_folded():
 
     model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=True), FrozenBatchNorm2d(4), Crossed())  # a conv with a bias too
     assert convs.fold_frozen_norms(model) == 0
-    assert convs.speed_up(nn.Sequential(nn.Linear(3, 3))) == {"conv_layout": None, "frozen_norms_folded": 0}
+    assert convs.speed_up(nn.Sequential(nn.Linear(3, 3))) == {"conv_layout": None, "frozen_norms_folded": 0,
+                                                             "relu_after_pool": 0}
     seq = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), FrozenBatchNorm2d(4))
     assert convs.fold_frozen_norms(seq) == 1 and convs.fold_frozen_norms(seq) == 0  # never twice
+
+
+def test_the_stem_pools_before_its_relu_with_the_same_values_and_gradients_bit_for_bit():
+    """ACT's stem (an IntermediateLayerGetter) and Diffusion's (an nn.Sequential of a ResNet's children), in fp32
+    and bf16 autocast; a map with windows whose maximum is not positive, where the two orders pass no gradient."""
+    from torchvision.models.resnet import resnet18
+
+    stems = {"act": _act().model.backbone, "diffusion": nn.Sequential(*list(resnet18().children())[:-2])}
+    for name, stem in stems.items():
+        moved = copy.deepcopy(stem)
+        assert convs.pool_before_relu(moved) == 1 and convs.pool_before_relu(moved) == 0, name  # never twice
+        for bf16 in (False, True):
+            x = torch.randn(2, 3, 48, 64, generator=torch.Generator().manual_seed(3)) - 0.5
+            outs = []
+            for model in (stem, moved):
+                model.zero_grad(set_to_none=True)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    y = model(x)
+                y = y["feature_map"] if isinstance(y, dict) else y
+                (y.float() * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+                outs.append((y.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+            (ya, ga), (yb, gb) = outs
+            assert torch.equal(ya, yb), (name, bf16)
+            assert ga.keys() == gb.keys() and all(torch.equal(ga[n], gb[n]) for n in ga), (name, bf16)
+
+
+def test_a_relu_held_twice_or_a_pool_that_returns_indices_stays_where_it_is():
+    relu = nn.ReLU()
+    shared = nn.Sequential(nn.Conv2d(3, 4, 3), relu, nn.MaxPool2d(2), nn.Conv2d(4, 4, 3), relu)
+    assert convs.pool_before_relu(shared) == 0 and type(shared[1]) is nn.ReLU
+    indices = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2, return_indices=True))
+    assert convs.pool_before_relu(indices) == 0
 
 
 def test_bf16_on_cpu_runs_only_where_the_cpu_has_it(monkeypatch):
