@@ -4,9 +4,13 @@ roboloop's, and what the convolutions leave to any engine.
     python bench/act_step.py [--height 480 --width 640] [--batch 4] [--steps 8] [--precision bf16|fp32]
 
 The ACT of `bench/lerobot_train.py` (dim 256, ResNet-18 from scratch, one camera at HxW, chunk 20), one batch of
-random frames, each variant on its own copy of the same initial weights, timed in one process, step by step in
-turn (this VM's speed drifts between runs, less between neighbouring steps: each ratio is the median over rounds
-of the two variants' steps in the same round):
+random frames, each variant on its own copy of the same initial weights, timed step by step in turn (this VM's
+speed drifts between runs, less between neighbouring steps: each ratio is the median over rounds of the two
+variants' steps in the same round). LeRobot's variants run in a process of their own with glibc's allocator as
+`lerobot-train` has it, roboloop's in this one with the allocator as roboloop's trainer sets it on a CPU
+(`host_memory` keep, `roboloop.training.hostmem`: with glibc's defaults every activation above its mmap threshold
+is unmapped when freed and faulted in again, zeroed page by page, on the next step); the two processes never
+run at once:
 - `lerobot_fp32`: LeRobot's ACT as `lerobot-train` runs it by default (fp32, `torch.optim.AdamW`'s defaults);
 - `lerobot_bf16`: the same under bf16 autocast (`--policy.use_amp=true`);
 - `roboloop`: the model as roboloop's trainer runs it at `--precision` (frozen norms folded into their convs,
@@ -29,6 +33,7 @@ import argparse
 import contextlib
 import copy
 import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -71,6 +76,8 @@ class Variant:
         from roboloop.training import convs, optim
 
         self.name, self.policy, self.bf16, self.times = name, policy, bf16, []
+        if policy is None:  # stepped in the LeRobot process (`lerobot_process`); only its times are here
+            return
         if roboloop:
             self.done = convs.speed_up(policy)
             self.opt, self.optimizer = optim.adamw(policy.parameters(), 1e-5, 1e-4)
@@ -96,6 +103,16 @@ class Variant:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t
+
+
+def lerobot_process(conn, h: int, w: int, batch: int) -> None:
+    """LeRobot's two variants, in a process whose allocator is glibc's as lerobot-train has it: one step of each
+    per "step" received, their times sent back."""
+    base, data = build(h, w, batch)
+    variants = [Variant("lerobot_fp32", copy.deepcopy(base), False, False),
+                Variant("lerobot_bf16", copy.deepcopy(base), True, False)]
+    while conn.recv() == "step":
+        conn.send([v.step(data) for v in variants])
 
 
 def conv_flops(policy, data: dict) -> float:
@@ -145,18 +162,30 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
+    from roboloop.training import hostmem
+
+    lerobot_side, conn = multiprocessing.get_context("spawn").Pipe()
+    child = multiprocessing.get_context("spawn").Process(target=lerobot_process,
+                                                         args=(conn, args.height, args.width, args.batch))
+    child.start()
+    host_memory = hostmem.apply("auto", "cpu")  # as roboloop's trainer, before the model
     base, data = build(args.height, args.width, args.batch)
     bf16 = args.precision == "bf16"
-    variants = [Variant("lerobot_fp32", copy.deepcopy(base), False, False),
-                Variant("lerobot_bf16", copy.deepcopy(base), True, False),
-                Variant("roboloop", copy.deepcopy(base), bf16, True),
+    lerobot = [Variant("lerobot_fp32", None, False, False), Variant("lerobot_bf16", None, True, False)]
+    variants = [*lerobot, Variant("roboloop", copy.deepcopy(base), bf16, True),
                 Variant("roboloop_no_dropout", copy.deepcopy(base), bf16, True, dropout=False)]
-    for _ in range(2):
-        for v in variants:
-            v.step(data)
-    for _ in range(args.steps):
-        for v in variants:
-            v.times.append(v.step(data))
+    try:
+        for r in range(2 + args.steps):  # two warm-up rounds
+            lerobot_side.send("step")
+            times = lerobot_side.recv()
+            for v in variants[2:]:
+                times.append(v.step(data))
+            if r >= 2:
+                for v, t in zip(variants, times, strict=True):
+                    v.times.append(t)
+    finally:
+        lerobot_side.send("stop")
+        child.join()
     step_ms = {v.name: round(statistics.median(v.times) * 1e3, 1) for v in variants}
     ours = variants[2]
 
@@ -168,7 +197,8 @@ def main() -> None:
     flops = conv_flops(ours.policy, data)
     out = {"camera": f"{args.height}x{args.width}", "batch": args.batch, "precision": args.precision,
            "threads": torch.get_num_threads(), "config": CONFIG, "step_ms": step_ms,
-           "roboloop_did": {**ours.done, "optimizer": ours.optimizer},
+           "roboloop_did": {**ours.done, "optimizer": ours.optimizer, "host_memory": host_memory},
+           "lerobot_host_memory": "system (glibc's defaults, as lerobot-train runs; a process of its own)",
            "roboloop_vs_lerobot_fp32": round(paired(variants[0], ours), 2),
            "roboloop_vs_lerobot_bf16": round(paired(variants[1], ours), 2),
            "dropout_share": round(1 - paired(variants[3], ours), 3),
