@@ -239,17 +239,14 @@ def tail_origin(fn, n: int) -> dict:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     a = torch.randn(256, 256)
-    t0 = time.perf_counter()
-    fn()
-    reps = max(1, round((time.perf_counter() - t0) / 3.4e-4))  # a 256^3 matmul is ~0.3 ms on one core here
-
-    def dense() -> None:
-        for _ in range(reps):
-            a @ a
-
     try:
-        for _ in range(10):
-            fn()
+        # warm up, then size the matmul loop to the pass (medians of warm calls, not the first, cold one)
+        reps = max(1, round(float(np.median(timed(fn, 10))) / float(np.median(timed(lambda: a @ a, 10)))))
+
+        def dense() -> None:
+            for _ in range(reps):
+                a @ a
+
         wall, cpu, dwall = [], [], []
         for _ in range(n):
             w0, c0 = time.perf_counter(), time.thread_time()
@@ -264,11 +261,11 @@ def tail_origin(fn, n: int) -> dict:
     w, c = np.array(wall), np.array(cpu)
     slow = w > 1.5 * np.median(w)
     ratio = lambda x: round(float(np.percentile(x, 99) / np.percentile(x, 50)), 2)  # noqa: E731
+    ws, cs = w[slow], c[slow]
+    mean = lambda x: round(float(x.mean()), 2) if slow.any() else None  # noqa: E731
     return {"calls": n, "p99_over_p50": ratio(w), "slow_calls": int(slow.sum()),
-            "slow_wall_over_cpu": round(float((w[slow] / np.maximum(c[slow], 1e-9)).mean()), 2) if slow.any() else None,
-            "slow_cpu_over_median": round(float((c[slow] / np.median(c)).mean()), 2) if slow.any() else None,
-            "slow_wall_over_median": round(float((w[slow] / np.median(w)).mean()), 2) if slow.any() else None,
-            "dense_p99_over_p50": ratio(np.array(dwall))}
+            "slow_wall_over_cpu": mean(ws / np.maximum(cs, 1e-9)), "slow_cpu_over_median": mean(cs / np.median(c)),
+            "slow_wall_over_median": mean(ws / np.median(w)), "dense_p99_over_p50": ratio(np.array(dwall))}
 
 
 def served_latency(model: Path, token_file: Path, token: str, n: int, state, images, replicas: int = 0,
