@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     peak_tflops: float | None = Field(None, gt=0, description="peak TFLOP/s for MFU where the device is unknown")
     serve_token_file: str = Field(".roboloop/serve-token", description="the policy server's token (mode 600; "
                                   "created by the server's first start, read by its clients)")
+    policy_families: str = Field("", description="policy families beyond the built-in and installed ones that "
+                                 "recipes and model folders may name: comma-separated 'package.module:Class' (a "
+                                 "model folder never chooses code to import; roboloop.policies.trust)")
     demo_preset: str = Field("demo", description="the loop preset `make demo` runs (demo or ci)")
 
 

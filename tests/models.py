@@ -27,3 +27,29 @@ def untrained_model(path: Path, state_dim: int, action_dim: int, horizon: int, s
         "observation.state": {"mean": [0.0] * state_dim, "std": [state_std] * state_dim},
         "action": {"mean": [0.0] * action_dim, "std": [action_std] * action_dim}}))
     return path
+
+
+def lerobot_act_model(path: Path, state_dim: int = 6, action_dim: int = 3, chunk: int = 5,
+                      camera: str = "observation.images.front", seed: int = 0) -> Path:
+    """A randomly initialised tiny ACT saved by LeRobot's own `save_pretrained` (config.json, model.safetensors and
+    its processor files), as a `lerobot-train` checkpoint's pretrained_model folder is: a LeRobot-family folder."""
+    import torch
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.policies.act.configuration_act import ACTConfig
+    from lerobot.policies.act.modeling_act import ACTPolicy
+    from lerobot.policies.factory import make_pre_post_processors
+
+    torch.manual_seed(seed)
+    cfg = ACTConfig(input_features={"observation.state": PolicyFeature(FeatureType.STATE, (state_dim,)),
+                                    camera: PolicyFeature(FeatureType.VISUAL, (3, 32, 32))},
+                    output_features={"action": PolicyFeature(FeatureType.ACTION, (action_dim,))}, chunk_size=chunk,
+                    n_action_steps=chunk, dim_model=32, dim_feedforward=64, n_encoder_layers=1, n_decoder_layers=1,
+                    n_heads=2, latent_dim=8, pretrained_backbone_weights=None, device="cpu", push_to_hub=False)
+    stats = {"observation.state": {"mean": torch.zeros(state_dim), "std": torch.ones(state_dim)},
+             "action": {"mean": torch.zeros(action_dim), "std": torch.ones(action_dim)},
+             camera: {"mean": torch.zeros(3, 1, 1), "std": torch.ones(3, 1, 1)}}
+    pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
+    ACTPolicy(cfg).save_pretrained(path)
+    pre.save_pretrained(path)
+    post.save_pretrained(path)
+    return path

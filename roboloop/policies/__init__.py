@@ -2,12 +2,13 @@
 
 Training, simulator and offline evaluation, the registry, lineage and serving never ask which model
 they hold: they ask a family. roboloop's GR00T-style VLA (`roboloop.policies.vla`) is the first;
-a family is chosen by `TrainRecipe.family` (a built-in name, or `package.module:Class` for one of
-your own) and recorded in every model folder it writes (`policy.json`), so a folder is loaded back
-by the family that made it, in any process.
+a family is chosen by `TrainRecipe.family` (a built-in name, an installed package's entry point, or
+`package.module:Class` for one of your own that ROBOLOOP_POLICY_FAMILIES allows: `roboloop.policies.trust`)
+and recorded in every model folder it writes (`policy.json`), so a folder is loaded back by the family that
+made it, in any process (a folder names a family; it never chooses code to import).
 
 Adding a family (LeRobot's ACT, a linear baseline, ...) is implementing these methods; nothing
-outside the family's module changes. `tests/unit/test_policy_family.py` is a complete example.
+outside the family's module changes. `tests/isaac/test_policy_family.py` is a complete example.
 
     class MyFamily:                                   # implements PolicyFamily
         name = "mine"
@@ -147,12 +148,25 @@ _FAMILIES: dict[str, PolicyFamily] = {}
 
 
 def family(name: str) -> PolicyFamily:
-    """The family called `name`: a built-in (`vla`) or `package.module:Class` (imported, instantiated once)."""
+    """The family called `name`: a built-in (`vla`, `lerobot`), one an installed package offers (entry point group
+    `roboloop.policy_families`), or `package.module:Class` that the operator allows (ROBOLOOP_POLICY_FAMILIES).
+    A name from anywhere else, a model folder's policy.json above all, is refused before anything is imported."""
     if name not in _FAMILIES:
-        path = BUILTIN.get(name, name)
-        if ":" not in path:
-            raise UnknownFamilyError(f"unknown policy family {name!r}: use one of {sorted(BUILTIN)} or "
-                                     "'package.module:Class' of a PolicyFamily")
+        from roboloop.policies.trust import allowed_families, installed_families
+
+        installed = installed_families()
+        path = BUILTIN.get(name) or installed.get(name)
+        if path is None and ":" in name:
+            if name not in allowed_families():
+                raise UnknownFamilyError(
+                    f"policy family {name!r} is not allowed: families come from roboloop ({sorted(BUILTIN)}), "
+                    "from installed packages (entry points 'roboloop.policy_families'), or from the operator's "
+                    "ROBOLOOP_POLICY_FAMILIES (comma-separated 'package.module:Class'); a recipe or a model folder "
+                    "naming code does not import it")
+            path = name
+        if path is None:
+            raise UnknownFamilyError(f"unknown policy family {name!r}: use one of {sorted({*BUILTIN, *installed})} "
+                                     "or an allowed 'package.module:Class' of a PolicyFamily")
         mod, _, cls = path.partition(":")
         try:
             obj = getattr(importlib.import_module(mod), cls)()

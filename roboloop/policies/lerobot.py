@@ -361,8 +361,11 @@ class LeRobotPolicy:
         from lerobot.configs.policies import PreTrainedConfig
         from lerobot.policies.factory import get_policy_class, make_pre_post_processors
 
+        from roboloop.policies.trust import check_processor_steps
+
         self.dir = folder
         info = model_info(folder)
+        check_processor_steps(folder)  # before LeRobot's loader would import what a step's "class" names
         cfg = PreTrainedConfig.from_pretrained(str(folder))
         cfg.device = device
         overrides: dict = {"device_processor": {"device": device}}

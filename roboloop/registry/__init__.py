@@ -126,6 +126,12 @@ class Registry:
                        and not any(part.startswith(".") for part in p.relative_to(src).parts))
         if not files:
             raise RegistryError(f"{src}: no model files")
+        from roboloop.policies.trust import UntrustedFolderError, check_processor_steps
+
+        try:  # never write what a server would refuse to load
+            check_processor_steps(src)
+        except UntrustedFolderError as e:
+            raise RegistryError(f"refusing to register {name}: {e}") from e
         v = (max(self._claimed(name), default=0)) + 1
         while True:  # claim the next free number (If-None-Match), racing other registrants
             try:
