@@ -151,22 +151,8 @@ def family(name: str) -> PolicyFamily:
     """The family called `name`: a built-in (`vla`, `lerobot`), one an installed package offers (entry point group
     `roboloop.policy_families`), or `package.module:Class` that the operator allows (ROBOLOOP_POLICY_FAMILIES).
     A name from anywhere else, a model folder's policy.json above all, is refused before anything is imported."""
+    path = BUILTIN.get(name) or _allowed_path(name)  # checked at every call: the allow-list can change
     if name not in _FAMILIES:
-        from roboloop.policies.trust import allowed_families, installed_families
-
-        installed = installed_families()
-        path = BUILTIN.get(name) or installed.get(name)
-        if path is None and ":" in name:
-            if name not in allowed_families():
-                raise UnknownFamilyError(
-                    f"policy family {name!r} is not allowed: families come from roboloop ({sorted(BUILTIN)}), "
-                    "from installed packages (entry points 'roboloop.policy_families'), or from the operator's "
-                    "ROBOLOOP_POLICY_FAMILIES (comma-separated 'package.module:Class'); a recipe or a model folder "
-                    "naming code does not import it")
-            path = name
-        if path is None:
-            raise UnknownFamilyError(f"unknown policy family {name!r}: use one of {sorted({*BUILTIN, *installed})} "
-                                     "or an allowed 'package.module:Class' of a PolicyFamily")
         mod, _, cls = path.partition(":")
         try:
             obj = getattr(importlib.import_module(mod), cls)()
@@ -177,6 +163,24 @@ def family(name: str) -> PolicyFamily:
             raise UnknownFamilyError(f"policy family {name!r} lacks {', '.join(missing)}")
         _FAMILIES[name] = obj
     return _FAMILIES[name]
+
+
+def _allowed_path(name: str) -> str:
+    from roboloop.policies.trust import allowed_families, installed_families
+
+    installed = installed_families()
+    if name in installed:
+        return installed[name]
+    if ":" not in name:
+        raise UnknownFamilyError(f"unknown policy family {name!r}: use one of {sorted({*BUILTIN, *installed})} "
+                                 "or an allowed 'package.module:Class' of a PolicyFamily")
+    if name not in allowed_families():
+        raise UnknownFamilyError(
+            f"policy family {name!r} is not allowed: families come from roboloop ({sorted(BUILTIN)}), from "
+            "installed packages (entry points 'roboloop.policy_families'), or from the operator's "
+            "ROBOLOOP_POLICY_FAMILIES (comma-separated 'package.module:Class'); a recipe or a model folder naming "
+            "code does not import it")
+    return name
 
 
 @dataclass
