@@ -41,7 +41,10 @@ def init_repo(root: str | Path, remote: str = LOCAL_REMOTE) -> Path:
     """Make `root` a DVC repo (inside git when there is one) with a default local remote."""
     from dvc.repo import Repo
 
+    from roboloop import fsutil
+
     root = Path(root).resolve()
+    fsutil.private_dir(root / fsutil.STATE_ROOT)  # before DVC makes its site cache there with mode 0777
     if not (root / ".dvc").is_dir():
         with _quiet():
             Repo.init(str(root), no_scm=not (root / ".git").exists())
@@ -69,6 +72,10 @@ def track(path: str | Path, push: bool = True, repo_root: str | Path | None = No
     root = Path(repo_root).resolve() if repo_root else find_root(path)
     if root is None:
         raise ValueError(f"{path} is not inside a DVC repository (run `dvc init` or roboloop.dvc.init_repo)")
+    from roboloop import fsutil
+
+    if (root / fsutil.STATE_ROOT).exists():
+        fsutil.private_dir(root / fsutil.STATE_ROOT)
     with Repo(str(root)) as repo, _quiet():
         stages = repo.add([str(path)])
         out = stages[0].outs[0]

@@ -57,6 +57,52 @@ def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Pat
     return atomic_write_bytes(path, (json.dumps(obj, indent=indent) + "\n").encode())
 
 
+# ---------------------------------------------------------------- private state
+STATE_ROOT = ".roboloop"  # roboloop's own state folder: the token, the local registry, caches, DVC's site cache
+
+
+def private_dir(path: str | Path) -> Path:
+    """A folder that holds secrets or a registry: created owner-only (0700). One that exists is refused when it is a
+    link or another user's; when others may write it, it is made owner-only if it is roboloop's state folder
+    (DVC, which creates its site cache under it with mode 0777, left `.roboloop/` world-writable in a fresh clone),
+    and refused otherwise (it is the user's folder: they choose its mode)."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    if os.path.islink(path) or not os.path.isdir(path):
+        raise PermissionError(f"{path}: a link or not a folder where roboloop keeps private state; refused")
+    if st.st_uid != os.geteuid():
+        raise PermissionError(f"{path} belongs to user {st.st_uid}, not to this one ({os.geteuid()}): roboloop does "
+                              "not keep its private state in another user's folder")
+    if st.st_mode & 0o022:
+        if path.name != STATE_ROOT:
+            raise PermissionError(f"{path}: mode {st.st_mode & 0o777:o} lets other users replace what it holds; "
+                                  f"chmod go-w {path}")
+        os.chmod(path, 0o700)
+    return path
+
+
+def check_private_file(path: str | Path, what: str) -> Path:
+    """A file roboloop reads a secret from: a regular file (not a link) of this user, readable by no one else, in
+    a folder no one else can write."""
+    path = Path(path)
+    st = os.lstat(path)
+    if os.path.islink(path) or not os.path.isfile(path):
+        raise PermissionError(f"{path}: {what} must be a regular file, not a link")
+    if st.st_uid != os.geteuid():
+        raise PermissionError(f"{path}: {what} belongs to user {st.st_uid}, not to this one ({os.geteuid()})")
+    if st.st_mode & 0o077:
+        raise PermissionError(f"{path}: mode {st.st_mode & 0o777:o} lets other users read {what}; chmod 600 {path}")
+    parent = os.stat(path.parent)
+    if parent.st_mode & 0o022 and not parent.st_mode & 0o1000:  # (a sticky folder, /tmp, keeps files their owner's)
+        raise PermissionError(f"{path.parent}: mode {parent.st_mode & 0o777:o} lets other users replace {what}; "
+                              f"chmod go-w {path.parent}")
+    return path
+
+
 # ---------------------------------------------------------------- ownership
 def read_marker(path: str | Path) -> dict | None:
     """The marker roboloop leaves in every folder it creates, or None (not ours, or unreadable)."""

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from roboloop import fsutil
-from roboloop.fsutil import check_relative
+from roboloop.fsutil import STATE_ROOT, check_relative, private_dir
 
 
 class PreconditionFailed(Exception):
@@ -28,6 +28,8 @@ class LocalStore:
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser().resolve()  # created by the first write: reading makes no folder
         self.uri = str(self.root)
+        if self.root.parent.name == STATE_ROOT and self.root.parent.exists():
+            private_dir(self.root.parent)  # the default registry: in roboloop's owner-only state folder
 
     def _path(self, key: str) -> Path:
         check_relative(key)
@@ -35,6 +37,8 @@ class LocalStore:
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
+        if self.root.parent.name == STATE_ROOT:
+            private_dir(self.root.parent)
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / ".lock", "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)

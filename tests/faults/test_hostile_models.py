@@ -123,3 +123,39 @@ def test_a_server_following_the_registry_refuses_a_hostile_version_and_keeps_ser
             time.sleep(0.1)
         assert r.version.startswith("arm@v1+") and "names the class 'os.system'" in r.note
     assert not marker.exists()
+
+
+def test_state_folder_is_owner_only_and_the_token_is_checked_for_owner_and_links(tmp_path, monkeypatch):
+    """DVC creates its site cache under .roboloop/ with mode 0777 (umask 0 here, as it was in a fresh clone): the
+    folder is made owner-only before DVC writes there, and the token file is refused when it is a link, another
+    user's, or in a folder others can write."""
+    from roboloop.dvc import init_repo
+    from roboloop.serving.token import read_token
+
+    old = os.umask(0)
+    try:
+        init_repo(tmp_path)
+        read_token(tmp_path / ".roboloop" / "serve-token", create=True)
+    finally:
+        os.umask(old)
+    state = tmp_path / ".roboloop"
+    assert state.stat().st_mode & 0o777 == 0o700
+    os.chmod(state, 0o777)  # as a checkout from before this fix has it: tightened on the next read
+    read_token(state / "serve-token")
+    assert state.stat().st_mode & 0o777 == 0o700
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    (elsewhere / "tok").write_text("x" * 32)
+    os.chmod(elsewhere / "tok", 0o600)
+    link = state / "linked-token"
+    link.symlink_to(elsewhere / "tok")
+    with pytest.raises(PermissionError, match="must be a regular file, not a link"):
+        read_token(link)
+    os.chmod(elsewhere, 0o777)
+    with pytest.raises(PermissionError, match="lets other users replace the policy-server token"):
+        read_token(elsewhere / "tok")
+    os.chmod(elsewhere, 0o755)
+    if os.geteuid() == 0:  # root can hand the file to another user, as a local attacker's would be
+        os.chown(elsewhere / "tok", 65534, 65534)
+        with pytest.raises(PermissionError, match="belongs to user 65534"):
+            read_token(elsewhere / "tok")
