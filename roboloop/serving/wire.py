@@ -21,6 +21,7 @@ Messages (one websocket binary frame each; the client's token travels in the HTT
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgpack
@@ -28,9 +29,16 @@ import numpy as np
 
 # what the server decodes; anything else is refused before allocation
 DTYPES = {"uint8", "float32", "float64", "float16", "int32", "int64", "bool"}
-MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # a batch of 64 envs with two 480x640 cameras fits
+# 32 MiB: 36 frames of 480x640x3 (921,600 bytes each), e.g. 16 envs with two such cameras or 36 robots with one;
+# a larger batch raises `roboloop serve --max-message-mb` (and the client's max_size) or sends fewer rows a request
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 MAX_DIMS = 6
 ND = "__nd__"
+# containers (maps, lists) and their items in one message: a real request (64 past frames of a few cameras) has
+# a few hundred. Without a budget, 16 MB of empty msgpack lists (one byte each) decoded into 16 million Python
+# lists: +2.25 GB and 37.6 s on the server's event loop. Counted as they are decoded, so decoding stops early.
+MAX_CONTAINERS = 4096
+MAX_ITEMS = 65536
 
 
 class WireError(ValueError):
@@ -72,7 +80,7 @@ def unpack_array(d: dict[str, Any], what: str) -> np.ndarray:
         raise WireError(f"{what}: shape {shape!r} is not a list of at most {MAX_DIMS} non-negative ints")
     if not isinstance(data, bytes):
         raise WireError(f"{what}: data is {type(data).__name__}, not bytes")
-    expect = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    expect = math.prod(shape) * np.dtype(dtype).itemsize  # Python ints: a product of six 2**31 never wraps
     if expect != len(data):
         raise WireError(f"{what}: {len(data)} bytes for shape {shape} {dtype} (expects {expect})")
     return np.frombuffer(data, dtype=dtype).reshape(shape)
@@ -96,15 +104,45 @@ def loads(data: bytes | str, max_bytes: int = MAX_MESSAGE_BYTES) -> dict[str, An
         raise WireError("text frame: messages are msgpack in binary frames")
     if len(data) > max_bytes:
         raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
+    budget = _Budget()
     try:
         # strict_map_key: only str/bytes keys; no ext_hook: an ExtType stays inert and is refused below
-        msg = msgpack.unpackb(data, raw=False, strict_map_key=True,
-                              max_str_len=1 << 20, max_bin_len=max_bytes, max_array_len=1 << 16,
+        msg = msgpack.unpackb(data, raw=False, strict_map_key=True, list_hook=budget.list, object_hook=budget.map,
+                              max_str_len=1 << 20, max_bin_len=max_bytes, max_array_len=MAX_ITEMS,
                               max_map_len=1 << 12, max_ext_len=0)
+    except WireError:
+        raise
     except Exception as e:  # msgpack raises several unrelated types for truncated or malformed input
         raise WireError(f"not a msgpack message ({type(e).__name__}: {e})") from None
     if not isinstance(msg, dict):
         raise WireError(f"a message is a map, got {type(msg).__name__}")
     if not isinstance(msg.get("type"), str):
         raise WireError("a message needs a string field 'type'")
+    rid, ts = msg.get("id"), msg.get("timestamp")
+    if rid is not None and (not isinstance(rid, int) or isinstance(rid, bool) or not -2**63 <= rid < 2**63):
+        raise WireError(f"id: expected an integer, got {type(rid).__name__}")  # replies echo it: nothing large
+    if ts is not None and (not isinstance(ts, (int, float)) or isinstance(ts, bool)):
+        raise WireError(f"timestamp: expected a number, got {type(ts).__name__}")
     return _from_wire(msg, "message")
+
+
+class _Budget:
+    """Counts the containers and items msgpack builds while it decodes, and stops it past the limits."""
+
+    def __init__(self) -> None:
+        self.containers = self.items = 0
+
+    def _count(self, n: int) -> None:
+        self.containers += 1
+        self.items += n
+        if self.containers > MAX_CONTAINERS or self.items > MAX_ITEMS:
+            raise WireError(f"a message holds more than {MAX_CONTAINERS} maps and lists or {MAX_ITEMS} items in "
+                            "them; send arrays as arrays")
+
+    def list(self, x: list) -> list:
+        self._count(len(x))
+        return x
+
+    def map(self, x: dict) -> dict:
+        self._count(len(x))
+        return x

@@ -92,3 +92,39 @@ def test_nothing_on_the_serving_path_can_execute_network_bytes():
                 continue
             assert not names & (banned | {"torch.load", "pickle.loads", "np.load", "numpy.load", "eval", "exec"}), \
                 f"{f.name}:{node.lineno} uses {names}"
+
+
+def test_amplifying_messages_stop_early_and_small():
+    """16 MB of empty lists decoded into 16 million Python lists (+2.25 GB, 37.6 s on the event loop): decoding now
+    stops at a container budget, in about the time it takes to read the first few thousand."""
+    import time
+    import tracemalloc
+
+    head = b"\x82\xa4type\xa3act\xa1x\xdd" + (1 << 16).to_bytes(4, "big")  # {"type": "act", "x": [65536 items]}
+    flat = head + b"\x90" * (1 << 16)  # empty lists
+    many = head + (b"\xdc\x00\x10" + b"\x90" * 16) * (1 << 16)  # lists of 16 empty lists: 1.1 million lists
+    deep = b"\x82\xa4type\xa3act\xa1x" + (b"\x91" * 4000) + b"\x90"  # nesting (msgpack's own stack limit)
+    for blob, why in ((flat, "more than 4096 maps and lists"), (many, "more than 4096 maps and lists"),
+                      (deep, "not a msgpack message")):
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        with pytest.raises(wire.WireError, match=why):
+            wire.loads(blob)
+        took, peak = time.perf_counter() - t0, tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 8 << 20 and took < 2.0, (len(blob), peak, took)
+
+
+@pytest.mark.parametrize("field, value", [("id", "x" * 1000), ("id", [1] * 100), ("id", 1.5), ("id", 2**63),
+                                          ("timestamp", "now"), ("timestamp", {"a": b"x"}), ("timestamp", True)])
+def test_echoed_fields_must_be_numbers(field, value):
+    """A reply echoes `id` and `timestamp`: a client that sent megabytes there was answered with them."""
+    with pytest.raises(wire.WireError, match=field):
+        wire.loads(msgpack.packb({"type": "info", field: value}))
+
+
+def test_a_shape_whose_product_overflows_int64_is_refused():
+    shape = [2**31 - 1] * 6
+    with pytest.raises(wire.WireError, match="8 bytes for shape"):
+        wire.loads(msgpack.packb({"type": "act", "s": {"__nd__": True, "dtype": "uint8", "shape": shape,
+                                                       "data": b"\0" * 8}}))
