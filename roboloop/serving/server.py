@@ -50,6 +50,14 @@ class ServeConfig:
     cache: str = ".roboloop/serve-cache"
     # what forward passes run in: fp32, or bf16 autocast where the device multiplies bf16 natively (refused elsewhere)
     precision: str = "fp32"
+    # resource limits (docs: "Serving limits"). Connections past `max_connections` (all holders of the token) are
+    # refused at the handshake (HTTP 503); a connection that sends nothing for `idle_timeout_s` is closed (1001);
+    # one that does not take a reply within `send_timeout_s` (a client that sends but never reads) is dropped, and
+    # at most `max_queue` received messages wait per connection, so one costs at most (max_queue + 1) messages.
+    max_connections: int = 64
+    idle_timeout_s: float = 300.0
+    send_timeout_s: float = 10.0
+    max_queue: int = 2
 
 
 ACTIVE_S = 1.0  # a session is acting when its last request came this recently
@@ -133,6 +141,8 @@ class Server:
         self.service = PolicyService.load(folder, version, cfg.device, cfg.seed, cfg.precision)
         self.port = cfg.port
         self.requests = self.errors = self.connections = 0  # connections: sessions that passed the token check
+        self.open_connections = 0
+        self.dropped = 0  # connections closed by a limit (idle, not reading, too many)
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -141,31 +151,62 @@ class Server:
 
     # ------------------------------------------------------------------ connection handling
     def _auth(self, connection: Any, request: Any) -> Any:
-        got = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(got.encode(), f"Bearer {self._token}".encode()):
+        got = request.headers.get_all("Authorization")
+        try:  # one header, compared as bytes: a duplicate or undecodable one is a refusal, not a server error
+            ok = len(got) == 1 and hmac.compare_digest(got[0].encode("utf-8", "surrogateescape"),
+                                                       f"Bearer {self._token}".encode())
+        except (UnicodeError, TypeError):
+            ok = False
+        if not ok:
             self.errors += 1
             log.warning("refused a connection from %s: no valid token", connection.remote_address)
             return connection.respond(HTTPStatus.UNAUTHORIZED, "a valid token is required (Authorization: Bearer)\n")
+        if self.open_connections >= self.cfg.max_connections:
+            self.dropped += 1
+            log.warning("refused a connection from %s: %d connections open (max_connections)",
+                        connection.remote_address, self.open_connections)
+            return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE,
+                                      f"the server holds its limit of {self.cfg.max_connections} connections\n")
         return None
 
     def _handler(self, batcher: Batcher) -> Callable:
-        from websockets.exceptions import ConnectionClosedError
+        from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK
 
         async def handle(ws: Any) -> None:
             self.connections += 1
+            self.open_connections += 1
             session = self.connections
             submit = functools.partial(batcher.submit, session=session)
             try:
-                async for data in ws:
+                while True:
+                    try:
+                        data = await asyncio.wait_for(ws.recv(), self.cfg.idle_timeout_s)
+                    except TimeoutError:
+                        why = self._drop(ws, f"sent nothing for {self.cfg.idle_timeout_s:g} s (idle_timeout_s)")
+                        await ws.close(1001, why)
+                        return
                     self.requests += 1
                     reply, ok = await respond(self.service, data, submit, self.cfg.max_message_bytes)
                     self.errors += not ok
-                    await ws.send(reply)
+                    try:
+                        await asyncio.wait_for(ws.send(reply), self.cfg.send_timeout_s)
+                    except TimeoutError:  # closed at once: what it holds in buffers is freed now, not after
+                        self._drop(ws, f"took no reply for {self.cfg.send_timeout_s:g} s (send_timeout_s)")
+                        ws.transport.abort()  # a closing handshake it would never answer
+                        return
+            except ConnectionClosedOK:
+                pass
             except ConnectionClosedError as e:  # a client that died or lost its network: one line, not a traceback
                 log.info("%s went away without closing (%s)", ws.remote_address, e)
             finally:
+                self.open_connections -= 1
                 batcher.closed(session)
         return handle
+
+    def _drop(self, ws: Any, why: str) -> str:
+        self.dropped += 1
+        log.warning("closed the connection of %s: it %s", ws.remote_address, why)
+        return why[:120]
 
     async def _main(self) -> None:
         from websockets.asyncio.server import serve
@@ -175,7 +216,8 @@ class Server:
         task = asyncio.create_task(batcher.run())
         self._stop = asyncio.Event()
         async with serve(self._handler(batcher), self.cfg.host, self.cfg.port, process_request=self._auth,
-                         max_size=self.cfg.max_message_bytes, compression=None, ping_interval=20) as srv:
+                         max_size=self.cfg.max_message_bytes, max_queue=max(1, self.cfg.max_queue), compression=None,
+                         ping_interval=20) as srv:
             self.port = srv.sockets[0].getsockname()[1]
             self._ready.set()
             log.warning("serving %s on ws://%s:%d", self.service.slot.version, self.cfg.host, self.port)
