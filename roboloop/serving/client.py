@@ -69,6 +69,18 @@ class PolicyClient:
         self.ws = connect(self.url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=max_size,
                           compression=None, open_timeout=timeout)
         self.ids = itertools.count(1)
+        self.spec = self.info()  # what this connection is served: every chunk is checked against it
+
+    def _check(self, actions: Any, rows: int, version: str) -> np.ndarray:
+        """A chunk as the connection promised it ((rows, horizon, action size), finite), or ServerError: a robot
+        must never execute a chunk of another shape or a NaN target."""
+        want = (rows, int(self.spec["horizon"]), int(self.spec["action_dim"]))
+        if not isinstance(actions, np.ndarray) or tuple(actions.shape) != want:
+            raise ServerError(f"{self.url} sent a chunk of shape {getattr(actions, 'shape', None)} from {version}; "
+                              f"this connection was opened for {want} ({self.spec['version']}): reconnect")
+        if not np.isfinite(actions).all():
+            raise ServerError(f"{self.url} sent a non-finite chunk from {version}: not executed")
+        return actions
 
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
         msg = {"id": next(self.ids), **msg}
@@ -99,7 +111,8 @@ class PolicyClient:
             msg["past"] = past
         t0 = time.perf_counter()
         r = self.request(msg)
-        return Reply(r["actions"], r["version"], float(r["infer_ms"]), (time.perf_counter() - t0) * 1e3,
+        actions = self._check(r.get("actions"), len(state), str(r.get("version")))
+        return Reply(actions, r["version"], float(r["infer_ms"]), (time.perf_counter() - t0) * 1e3,
                      int(r.get("batch", 1)), str(r.get("note", "")))
 
     def close(self) -> None:
@@ -125,8 +138,7 @@ class RemotePolicy:
 
     def __init__(self, url: str, token: str | None = None, token_file: str | None = None):
         self.client = PolicyClient(url, token, token_file)
-        spec = self.client.info()
-        self.spec = spec
+        spec = self.spec = self.client.spec
         self.name = f"serve:{spec['version']}"
         self.state_dim, self.action_dim, self.horizon = spec["state_dim"], spec["action_dim"], spec["horizon"]
         self.state_key, self.action_key = spec["state_key"], "action"

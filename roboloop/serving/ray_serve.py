@@ -29,23 +29,25 @@ def _make_service(cfg: ServeConfig) -> Any:
     folder, version, follow = resolve(cfg.ref, Path(cfg.cache))
     service = PolicyService.load(folder, version, cfg.device, cfg.seed, cfg.precision)
     if follow is not None:
-        f = Follower(service, follow[0], follow[1], follow[2], Path(cfg.cache), cfg.follow_interval_s)
+        f = Follower(service, follow[0], follow[1], follow[2], Path(cfg.cache), cfg.follow_interval_s,
+                     cfg.follow_retry_s)
         f.seen = int(version.split("@v")[1])
         f.start()
     return service
 
 
-async def _forward(service: Any, batch: list[Any]) -> list[tuple]:
-    """`@serve.batch`'s requests in forward passes of equal camera shapes, off the replica's event loop."""
+async def _forward(service: Any, batch: list[tuple[Any, Any]]) -> list[tuple]:
+    """`@serve.batch`'s (observation, slot) requests in forward passes of one version and equal camera shapes, off
+    the replica's event loop."""
     from roboloop.serving.service import signature
 
     groups: dict[tuple, list[int]] = {}
-    for i, obs in enumerate(batch):
-        groups.setdefault(signature(obs), []).append(i)
+    for i, (obs, slot) in enumerate(batch):
+        groups.setdefault((id(slot), signature(obs)), []).append(i)
     out: list[Any] = [None] * len(batch)
     for idx in groups.values():
         chunks, version, ms = await asyncio.get_running_loop().run_in_executor(
-            service.compute, service.act, [batch[i] for i in idx])
+            service.compute, service.act, [batch[i][0] for i in idx], batch[idx[0]][1])
         for i, c in zip(idx, chunks, strict=True):
             out[i] = (c, version, ms, len(idx))
     return out
@@ -58,16 +60,23 @@ async def _session(ws: WebSocket, token: str, service: Any, submit: Any, max_byt
         await ws.close(code=1008)  # before accept: the handshake is refused (HTTP 403)
         return
     await ws.accept()
+    iface = service.open_session()
+
+    async def submit_one(obs: Any, slot: Any) -> tuple:
+        return await submit((obs, slot))
+
     try:
         while True:
             m = await ws.receive()
             if m["type"] == "websocket.disconnect":
                 return
             data = m["bytes"] if m.get("bytes") is not None else (m.get("text") or "")
-            reply, _ = await respond(service, data, submit, max_bytes)
+            reply, _ = await respond(service, data, submit_one, max_bytes, iface)
             await ws.send_bytes(reply)
     except WebSocketDisconnect:
         return
+    finally:
+        service.close_session(iface)
 
 
 def build_app(cfg: ServeConfig, token_file: str, replicas: int = 1) -> Any:

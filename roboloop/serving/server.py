@@ -25,7 +25,7 @@ from typing import Any
 
 from roboloop.evaluation.protocol import Obs
 from roboloop.serving import wire
-from roboloop.serving.service import Follower, PolicyService, resolve, respond, signature
+from roboloop.serving.service import Follower, ModelSlot, PolicyService, resolve, respond, signature
 
 log = logging.getLogger("roboloop.serve")
 
@@ -44,6 +44,7 @@ class ServeConfig:
     max_wait_ms: float = 5.0
     max_message_bytes: int = wire.MAX_MESSAGE_BYTES
     follow_interval_s: float = 2.0
+    follow_retry_s: float = 60.0  # a refused version is tried again after this long (0: at every look)
     # torch threads for forward passes, set by `roboloop serve` for its process (0: this machine's cores less one,
     # left to the event loop, the (de)coding and a local client)
     threads: int = 0
@@ -83,13 +84,13 @@ class Batcher:
     def closed(self, session: int) -> None:
         self.last_seen.pop(session, None)
 
-    async def submit(self, obs: Obs, session: int = 0) -> tuple[Any, str, float, int]:
+    async def submit(self, obs: Obs, slot: ModelSlot | None = None, session: int = 0) -> tuple[Any, str, float, int]:
         self.last_seen[session] = time.perf_counter()
         fut = asyncio.get_running_loop().create_future()
-        await self.queue.put((obs, fut, session))
+        await self.queue.put((obs, fut, session, slot))
         return await fut
 
-    async def _collect(self) -> list[tuple[Obs, asyncio.Future, int]]:
+    async def _collect(self) -> list[tuple[Obs, asyncio.Future, int, ModelSlot | None]]:
         items = [await self.queue.get()]
         rows = items[0][0].state.shape[0]
         deadline = time.perf_counter() + self.max_wait
@@ -114,22 +115,22 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             items = await self._collect()
-            groups: dict[tuple, list[tuple[Obs, asyncio.Future, int]]] = {}
-            for it in items:
-                groups.setdefault(signature(it[0]), []).append(it)
+            groups: dict[tuple, list[tuple[Obs, asyncio.Future, int, ModelSlot | None]]] = {}
+            for it in items:  # one pass per version and camera shapes
+                groups.setdefault((id(it[3]), signature(it[0])), []).append(it)
             for group in groups.values():
                 try:
                     chunks, version, ms = await loop.run_in_executor(self.service.compute, self.service.act,
-                                                                     [o for o, _, _ in group])
+                                                                     [it[0] for it in group], group[0][3])
                     self.passes += 1
-                    for (_, fut, _), c in zip(group, chunks, strict=True):
-                        if not fut.done():
-                            fut.set_result((c, version, ms, len(group)))
+                    for it, c in zip(group, chunks, strict=True):
+                        if not it[1].done():
+                            it[1].set_result((c, version, ms, len(group)))
                 except Exception as e:  # a failing forward pass fails its requests, not the server
                     log.exception("forward pass failed")
-                    for _, fut, _ in group:
-                        if not fut.done():
-                            fut.set_exception(e)
+                    for it in group:
+                        if not it[1].done():
+                            it[1].set_exception(e)
 
 
 class Server:
@@ -176,6 +177,7 @@ class Server:
             self.connections += 1
             self.open_connections += 1
             session = self.connections
+            iface = self.service.open_session()  # the version's interface it is served for as long as it is open
             submit = functools.partial(batcher.submit, session=session)
             try:
                 while True:
@@ -186,7 +188,7 @@ class Server:
                         await ws.close(1001, why)
                         return
                     self.requests += 1
-                    reply, ok = await respond(self.service, data, submit, self.cfg.max_message_bytes)
+                    reply, ok = await respond(self.service, data, submit, self.cfg.max_message_bytes, iface)
                     self.errors += not ok
                     try:
                         await asyncio.wait_for(ws.send(reply), self.cfg.send_timeout_s)
@@ -200,6 +202,7 @@ class Server:
                 log.info("%s went away without closing (%s)", ws.remote_address, e)
             finally:
                 self.open_connections -= 1
+                self.service.close_session(iface)
                 batcher.closed(session)
         return handle
 
@@ -228,7 +231,8 @@ class Server:
     def _start_follower(self) -> None:
         if self.follow is not None:
             uri, name, alias = self.follow
-            self.follower = Follower(self.service, uri, name, alias, Path(self.cfg.cache), self.cfg.follow_interval_s)
+            self.follower = Follower(self.service, uri, name, alias, Path(self.cfg.cache), self.cfg.follow_interval_s,
+                                     self.cfg.follow_retry_s)
             self.follower.seen = int(self.service.slot.version.split("@v")[1].split("+")[0])
             self.follower.start()
 

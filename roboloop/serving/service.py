@@ -59,6 +59,13 @@ class ModelSlot:
     # bf16: the largest |bf16 - fp32| action on the check observation, and that chunk's largest |action|
     deviation: tuple[float, float] | None = None
 
+    def interface(self) -> tuple:
+        """What a client relies on: the inputs it sends and the chunk it gets. Versions with equal interfaces can
+        replace one another under a connected client; others are served to new connections only."""
+        p = self.policy
+        return (int(p.state_dim), tuple(p.camera_keys), int(getattr(p, "history", 1)),
+                int(getattr(p, "env_state_dim", 0)), int(p.action_dim), int(p.horizon))
+
     def spec(self) -> dict[str, Any]:
         p = self.policy
         runtime = type(p.policy if isinstance(p, AutocastPolicy) else p).__name__
@@ -265,18 +272,30 @@ def concat(batch: list[Obs]) -> Obs:
                past=past)
 
 
+class NonFiniteChunk(WireError):
+    """The model's chunk for a request is not finite: it is not sent (a robot must never get NaN targets)."""
+
+
 @dataclass
 class PolicyService:
-    """The server's state: the current slot, and what it refused (surfaced in replies and the log)."""
+    """The server's state: the newest checked slot of each interface that connected sessions use, what it refused
+    (surfaced in replies and the log), and the probe a new version is checked on."""
 
-    slot: ModelSlot
+    slot: ModelSlot  # the newest version: what a new session gets
     device: str = "cpu"
     seed: int = 0
     precision: str = "fp32"  # what every version it loads acts in ("fp32" or "bf16")
-    refused: str = ""  # the last version that failed its check, and why
-    probe: Obs | None = None
+    refused: str = ""  # the last version that failed its check, and why (no server paths: clients read it)
+    probe: Obs | None = None  # the last request whose chunk was finite (a NaN-making one never becomes the probe)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one forward pass at a time; swaps between
     compute: ThreadPoolExecutor = field(default_factory=compute_thread)  # where forward passes run (`compute_thread`)
+    # interface -> the newest slot with it, kept while sessions that connected to it are open
+    lanes: dict[tuple, ModelSlot] = field(default_factory=dict)
+    sessions: dict[tuple, int] = field(default_factory=dict)  # interface -> open sessions that use it
+    follow_note: str = ""  # the followed alias's state when it is not what it should be (deleted, say)
+
+    def __post_init__(self) -> None:
+        self.lanes.setdefault(self.slot.interface(), self.slot)
 
     @classmethod
     def load(cls, folder: Path, version: str, device: str = "cpu", seed: int = 0,
@@ -286,69 +305,133 @@ class PolicyService:
         slot = compute.submit(load_slot, folder, version, device, seed, None, precision).result()
         return cls(slot, device, seed, precision, compute=compute)
 
-    def act(self, batch: list[Obs]) -> tuple[list[torch.Tensor], str, float]:
-        """One forward pass for requests of equal signature: their chunks, the version, inference ms. It runs in
-        torch's inference mode, which skips the autograd bookkeeping `no_grad` still does (version counters, view
-        tracking): the demo's VLA, ~2,800 small ops a pass, acted 10% faster on 2 cores (5.10 -> 4.59 ms p50)."""
+    # ------------------------------------------------------------------ sessions
+    def open_session(self) -> tuple:
+        """A new connection: it is served the newest version's interface for as long as it stays open."""
+        with self.lock:
+            iface = self.slot.interface()
+            self.sessions[iface] = self.sessions.get(iface, 0) + 1
+            return iface
+
+    def close_session(self, iface: tuple) -> None:
+        with self.lock:
+            self.sessions[iface] = self.sessions.get(iface, 1) - 1
+            if self.sessions[iface] <= 0:
+                del self.sessions[iface]
+                if iface != self.slot.interface():  # nobody uses that interface any more: free its model
+                    self.lanes.pop(iface, None)
+
+    def slot_for(self, iface: tuple | None) -> ModelSlot:
+        """The newest slot a session with interface `iface` may be served by (None: the newest)."""
+        with self.lock:
+            return self.slot if iface is None else self.lanes.get(iface, self.slot)
+
+    # ------------------------------------------------------------------ forward passes
+    def act(self, batch: list[Obs], slot: ModelSlot | None = None) -> tuple[list[torch.Tensor], str, float]:
+        """One forward pass for requests of equal signature, by `slot` (default the newest): their chunks, the
+        version, inference ms. It runs in torch's inference mode, which skips the autograd bookkeeping `no_grad`
+        still does (version counters, view tracking): the demo's VLA, ~2,800 small ops a pass, acted 10% faster
+        on 2 cores (5.10 -> 4.59 ms p50). A request whose chunk is not finite gets `NonFiniteChunk` in its place."""
         obs = concat(batch)
         with self.lock:
-            slot = self.slot
+            slot = slot or self.slot
             t0 = time.perf_counter()
             with torch.inference_mode():  # nothing a server computes is ever differentiated (see `act`'s doc)
                 out = slot.policy.act(obs).detach().float().cpu()
             ms = (time.perf_counter() - t0) * 1e3
         if out.ndim == 2:
             out = out[:, None]
-        self.probe = batch[-1]
         sizes = [o.state.shape[0] for o in batch]
-        return list(torch.split(out, sizes)), slot.version, ms
+        chunks: list[Any] = list(torch.split(out, sizes))
+        for i, c in enumerate(chunks):
+            if not torch.isfinite(c).all():
+                chunks[i] = NonFiniteChunk(f"{slot.version} gave a non-finite chunk for this observation (a state "
+                                           "far outside what it was trained on?): not sent")
+            elif slot is self.slot:
+                self.probe = batch[i]
+        return chunks, slot.version, ms
 
+    # ------------------------------------------------------------------ new versions
     def swap_to(self, folder: Path, version: str) -> bool:
-        """Load and check `folder` beside the serving model, then swap; on failure keep serving the old one."""
+        """Load and check `folder` beside the serving model, then swap: sessions whose interface it keeps move to it
+        between two forward passes; sessions connected to another interface (a new action size or chunk length,
+        other inputs) keep their version until they close, and new sessions get the new one. On failure keep
+        serving the old one."""
         try:
             new = on_passing_thread(load_slot, folder, version, self.device, self.seed, self.probe,
                                     self.precision)
         except Exception as e:  # any failure of the new version keeps the old one serving
-            self.refused = f"{version} refused: {type(e).__name__}: {e}"[:500]
-            log.error("keeping %s: %s", self.slot.version, self.refused)
-            return False
-        if new.policy.state_dim != self.slot.policy.state_dim or \
-                list(new.policy.camera_keys) != list(self.slot.policy.camera_keys):
-            self.refused = (f"{version} refused: it reads other inputs ({new.policy.state_dim}-dim state, cameras "
-                            f"{list(new.policy.camera_keys)}) than the clients send")
-            log.error("keeping %s: %s", self.slot.version, self.refused)
+            self.refused = redact(f"{version} refused: {type(e).__name__}: {e}")[:500]
+            log.error("keeping %s: %s: %s", self.slot.version, version, e)
             return False
         with self.lock:
-            old, self.slot, self.refused = self.slot.version, new, ""
-        log.warning("now serving %s (was %s)", new.version, old)
+            old, iface = self.slot, new.interface()
+            self.slot, self.lanes[iface], self.refused = new, new, ""
+            if old.interface() != iface and not self.sessions.get(old.interface()):
+                self.lanes.pop(old.interface(), None)
+        if old.interface() != iface:
+            log.warning("now serving %s to new connections (was %s: %s, kept for the %d connected to it)",
+                        new.version, old.version, describe_change(old, new), self.sessions.get(old.interface(), 0))
+        else:
+            log.warning("now serving %s (was %s)", new.version, old.version)
         return True
 
+    def note_for(self, iface: tuple | None) -> str:
+        """What a session's replies say beside the chunk: a refused version, or a newer one it is not served."""
+        notes = [n for n in (self.refused, self.follow_note) if n]
+        current = self.slot
+        if iface is not None and iface != current.interface():
+            change = describe_change(self.lanes.get(iface, current), current)
+            notes.append(f"{current.version} is served to new connections only ({change}): reconnect to use it")
+        return "; ".join(notes)
 
-async def respond(service: PolicyService, data: bytes | str, submit: Callable[[Obs], Awaitable[tuple]],
-                  max_bytes: int) -> tuple[bytes, bool]:
+
+def describe_change(old: ModelSlot, new: ModelSlot) -> str:
+    o, n = old.interface(), new.interface()
+    names = ("state size", "cameras", "history", "scene-state size", "action size", "chunk length")
+    return ", ".join(f"{k} {a} -> {b}" for k, a, b in zip(names, o, n, strict=True) if a != b) or "the same interface"
+
+
+def redact(text: str) -> str:
+    """`text` with absolute paths cut to their last part: replies go to clients, who need not learn the server's
+    folders (the log keeps the whole text)."""
+    import re
+
+    return re.sub(r"(?<![\w.])/(?:[^\s'\":,)]+/)+([^\s'\":,)]*)", r".../\1", text)
+
+
+async def respond(service: PolicyService, data: bytes | str, submit: Callable[..., Awaitable[tuple]],
+                  max_bytes: int, session: tuple | None = None) -> tuple[bytes, bool]:
     """One request's reply (encoded) and whether it was served; whatever carries the messages (the single-process
-    server, a Ray Serve replica) calls this. `submit(obs)` returns (chunk, version, infer ms, batch size)."""
+    server, a Ray Serve replica) calls this. `session`: the interface the connection was opened on
+    (`PolicyService.open_session`). `submit(obs, slot)` returns (chunk or an exception, version, infer ms,
+    batch size)."""
     rid = None
     try:
         msg = wire.loads(data, max_bytes)
         rid = msg.get("id")
         kind = msg["type"]
+        slot = service.slot_for(session)
         if kind == "info":
-            info = {"type": "info", "id": rid, "model": service.slot.spec(), "refused": service.refused}
+            info = {"type": "info", "id": rid, "model": slot.spec(), "refused": service.refused,
+                    "note": service.note_for(session)}
             return wire.dumps(info), True
         if kind != "act":
             raise WireError(f"unknown message type {kind!r} (act or info)")
-        chunk, version, ms, n = await submit(to_obs(msg, service.slot))
+        chunk, version, ms, n = await submit(to_obs(msg, slot), slot)
+        if isinstance(chunk, Exception):
+            raise chunk
         out = {"type": "chunk", "id": rid, "timestamp": msg.get("timestamp"), "actions": chunk.numpy(),
                "version": version, "infer_ms": ms, "batch": n}
-        if service.refused:
-            out["note"] = service.refused
+        note = service.note_for(session)
+        if note:
+            out["note"] = note
         return wire.dumps(out), True
     except WireError as e:
         return wire.dumps({"type": "error", "id": rid, "error": str(e)}), False
     except Exception as e:  # the server keeps serving; the client learns what happened
         log.exception("request failed")
-        why = f"internal error: {type(e).__name__}: {e}"[:500]
+        why = redact(f"internal error: {type(e).__name__}: {e}")[:500]
         return wire.dumps({"type": "error", "id": rid, "error": why}), False
 
 
@@ -370,34 +453,68 @@ def resolve(ref: str, cache: Path) -> tuple[Path, str, tuple[str | None, str, st
 
 
 class Follower(threading.Thread):
-    """Polls a registry alias (default `champion`); a new version is loaded, checked and swapped in."""
+    """Polls a registry alias (default `champion`); a new version is loaded, checked and swapped in. A refused
+    version is tried again after `retry_s` (a download that failed, a check that met a bad moment); the cached
+    folders of versions no session uses any more are removed (only what roboloop downloaded there)."""
 
     def __init__(self, service: PolicyService, uri: str | None, name: str, alias: str, cache: Path,
-                 interval: float = 2.0):
+                 interval: float = 2.0, retry_s: float = 60.0):
         super().__init__(daemon=True, name="roboloop-serve-follow")
         self.service, self.uri, self.name, self.alias, self.cache = service, uri, name, alias, cache
-        self.interval, self.stop_event = interval, threading.Event()
+        self.interval, self.retry_s, self.stop_event = interval, retry_s, threading.Event()
         self.seen: int | None = None
+        self.failed: tuple[int, float] | None = None  # the refused version and when
+        self.kept: set[Path] = set()  # the cached folders the last prune kept
 
     def poll(self) -> bool:
         from roboloop.registry import Registry, _vname
 
+        self.prune()
         reg = Registry(self.uri)
         v = reg.aliases(self.name)[0].get(self.alias)
-        if v is None or v == self.seen:
+        if v is None:
+            if not self.service.follow_note:
+                self.service.follow_note = (f"{self.name}@{self.alias} is no longer in the registry (deleted?): "
+                                            f"still serving {self.service.slot.version}")
+                log.error("%s (registry %s)", self.service.follow_note, reg.uri)
             return False
-        self.seen = int(v)
+        self.service.follow_note = ""
+        v = int(v)
+        retry = self.failed is not None and self.failed[0] == v and time.monotonic() - self.failed[1] >= self.retry_s
+        if v == self.seen and not retry:
+            return False
+        self.seen = v
         label = f"{self.name}@v{v}"
         if self.service.slot.version.startswith(label + "+"):
             return False
         log.warning("%s@%s moved to v%s: loading it beside %s", self.name, self.alias, v, self.service.slot.version)
+        folder = self.cache / self.name / _vname(v)
         try:
-            folder = reg.download(self.name, int(v), self.cache / self.name / _vname(int(v)), overwrite=True)
+            reg.download(self.name, v, folder, overwrite=True)
+            ok = self.service.swap_to(folder, label)
         except Exception as e:  # a version that cannot be downloaded is refused like one that does not load
-            self.service.refused = f"{label} refused: {type(e).__name__}: {e}"[:500]
-            log.error("keeping %s: %s", self.service.slot.version, self.service.refused)
-            return False
-        return self.service.swap_to(folder, label)
+            self.service.refused = redact(f"{label} refused: {type(e).__name__}: {e}")[:500]
+            log.error("keeping %s: %s: %s", self.service.slot.version, label, e)
+            ok = False
+        self.failed = None if ok else (v, time.monotonic())
+        self.kept = set()  # a new folder, or a refused one: look again
+        self.prune()
+        return ok
+
+    def prune(self) -> None:
+        """Remove cached versions (and the copies a re-download moved aside) that no lane serves."""
+        import shutil
+
+        from roboloop import fsutil
+
+        keep = {slot.folder.resolve() for slot in self.service.lanes.values()} | {self.service.slot.folder.resolve()}
+        if keep == self.kept:
+            return
+        self.kept = keep
+        root = self.cache / self.name
+        for d in sorted(root.iterdir()) if root.is_dir() else []:
+            if d.is_dir() and not d.is_symlink() and d.resolve() not in keep and fsutil.is_ours(d, "model"):
+                shutil.rmtree(d, ignore_errors=True)  # roboloop's own download (its marker says so)
 
     def run(self) -> None:
         while not self.stop_event.wait(self.interval):
