@@ -172,13 +172,13 @@ ROBOT_CLIENT = """
 import json, os, sys, time
 import numpy as np
 from roboloop.serving.client import PolicyClient
-port, token, mode, n, shapes = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[5])
+port, mode, n, shapes = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])  # token: from its file
 def faults():
     return int(open(f"/proc/{os.getpid()}/stat").read().split()[9]) if os.path.exists("/proc/self/stat") else 0
 rng = np.random.default_rng(0)
 state = rng.normal(size=(1, shapes.pop("state"))).astype(np.float32)
 images = {k: rng.integers(0, 256, (1, *v, 3), dtype=np.uint8) for k, v in shapes.items()}
-with PolicyClient(f"serve://127.0.0.1:{port}", token=token, host_memory=mode) as c:
+with PolicyClient(f"serve://127.0.0.1:{port}", host_memory=mode) as c:
     for _ in range(5):
         c.act(state, images, ["reach"])
     f0, over = faults(), []
@@ -191,15 +191,17 @@ with PolicyClient(f"serve://127.0.0.1:{port}", token=token, host_memory=mode) as
 """
 
 
-def robot_client(port: int, token: str, n: int, state, images) -> dict:
+def robot_client(port: int, token_file: Path, n: int, state, images) -> dict:
     """What serving adds for a client that does nothing else, as `roboloop robot` on an arm's computer: its own
     process (no model in it, unlike this one), one observation per request, glibc's allocator keeping freed
     blocks (the client's default, `PolicyClient(host_memory=)`) and with glibc's defaults."""
     shapes = {"state": int(state.shape[-1]), **{k: list(v.shape[1:3]) for k, v in images.items()}}
     out = {}
     for mode in ("auto", "system"):
-        run = subprocess.run([sys.executable, "-c", ROBOT_CLIENT, str(port), token, mode, str(n), json.dumps(shapes)],
-                             capture_output=True, text=True, check=True, timeout=1800)
+        # the token by its file, as a robot's client reads it (a command line is visible to every user: ps)
+        run = subprocess.run([sys.executable, "-c", ROBOT_CLIENT, str(port), mode, str(n), json.dumps(shapes)],
+                             capture_output=True, text=True, check=True, timeout=1800,
+                             env={**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(token_file)})
         r = json.loads(run.stdout.strip().splitlines()[-1])
         out[r.pop("host_memory")] = r
     return out
@@ -294,7 +296,7 @@ def served_latency(model: Path, token_file: Path, token: str, n: int, state, ima
                 if local is not None:
                     here += timed(local, block, warm=not here)
                 timed(served, block, warm=False)
-        robot_row = robot_client(port, token, min(n, 40), state, images) if robot else None
+        robot_row = robot_client(port, token_file, min(n, 40), state, images) if robot else None
         replies = replies[5:]
         row = {"block": block, "served_ms": pct([r.roundtrip_ms for r in replies]),
                "served_infer_ms": pct([r.infer_ms for r in replies]),

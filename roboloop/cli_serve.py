@@ -78,6 +78,12 @@ def add_parser(sub) -> None:
     r.add_argument("--prefetch", type=int, default=4, help="ask for the next chunk when this many actions are left "
                    "(0: only when none is)")
     r.add_argument("--max-steps", type=int, default=0, help="stop after this many ticks (0: until Ctrl-C)")
+    r.add_argument("--on-server-loss", choices=["auto", "hold", "stop"], default="auto", help="when the server "
+                   "goes away: hold (send the robot's present positions each tick while reconnecting, then resume "
+                   "with a fresh chunk; stop when --reconnect tries are spent), stop (end at once, exit 3), or auto "
+                   "(default: hold where the robot observes a position for every action, as LeRobot's arms do)")
+    r.add_argument("--reconnect", type=int, default=5, help="tries to reconnect to a lost server (0.5 s, doubled "
+                   "each try, at most 8 s apart); the server must come back serving the same interface")
     r.add_argument("--token-file", help="the server's token file (default $ROBOLOOP_SERVE_TOKEN_FILE)")
     r.set_defaults(fn=cmd_robot)
 
@@ -229,16 +235,22 @@ def cmd_robot(args: argparse.Namespace) -> int:
         if not args.robot_port:
             raise ValueError(f"--robot.type {args.robot_type} needs --robot.port (the servo bus, e.g. /dev/ttyACM0)")
         robot, realtime = lerobot_robot(args), True
+    from roboloop.serving.client import ServerLostError
+
     try:
-        with PolicyClient(args.server, token_file=args.token_file) as client:
+        with PolicyClient(args.server, token_file=args.token_file, reconnect=args.reconnect) as client:
             loop = RobotLoop(robot, client, RobotLoopConfig(args.fps, args.execute_steps, args.prefetch,
-                                                            args.instruction, args.max_steps, realtime))
+                                                            args.instruction, args.max_steps, realtime,
+                                                            on_server_loss=args.on_server_loss))
 
             def on_tick(tick: int, action: dict) -> None:
                 if getattr(robot, "episode_ended", False):
                     loop.reset()
 
             stats = loop.run(on_tick)
+    except ServerLostError as e:
+        _say(f"roboloop robot: stopped: {e}")
+        return 3
     finally:
         robot.disconnect()
     out = {"robot": args.robot_type, **stats.summary()}

@@ -20,6 +20,7 @@ import hashlib
 import json
 import re
 import secrets
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -310,7 +311,13 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
         f"{slug(label, 32, keep_end=True)}-{slug(recipe.task, 32)}-{stamp}-{secrets.token_hex(2)}"
     cfg = EvalConfig.of(recipe, policy=model.path if model else str(policy), output_dir=str(run_dir),
                         save_rollouts=save_rollouts, stop_against=reference, stop_margin=margin)
-    report = evaluate_in_subprocess(cfg, on_line=on_line)
+    existed = run_dir.exists()
+    try:
+        report = evaluate_in_subprocess(cfg, on_line=on_line)
+    except BaseException:
+        if not existed and run_dir.is_dir():  # this call made it: a failed evaluation leaves no half of a run
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     full = (run_dir / "report.json").read_bytes()  # what the child wrote, per-episode rows included
     summary = EvalSummary(run_dir=str(run_dir.absolute()), report_sha256=hashlib.sha256(full).hexdigest(),
                           policy=label, policy_id=policy_id, task=recipe.task, episodes=report["episodes"],

@@ -50,6 +50,8 @@ class ServedCheck(Receipt):
     roundtrip_ms_p99: float | None = None
     infer_ms_p50: float | None = Field(None, description="the server's own forward pass, p50")
     eval_run: str = Field(description="the served evaluation's folder (report.json: per episode, `served`)")
+    threads: int = Field(0, ge=0, description="torch threads the server's forward passes ran on (the evaluator's: "
+                         "the same sums, so the same chunks; OpenMP's workers waiting passively)")
 
     def identity(self) -> str:
         return self.eval_run
@@ -61,8 +63,9 @@ class ServedCheck(Receipt):
         lat = f"chunk round trip p50 {self.roundtrip_ms_p50:.1f} ms, p99 {self.roundtrip_ms_p99 or 0:.1f} ms (the " \
               f"model's pass p50 {self.infer_ms_p50 or 0:.1f} ms)" if self.roundtrip_ms_p50 is not None else \
             "no chunk timed"
-        return (f"{self.ref} by roboloop serve on 127.0.0.1, answered by {version}: {self.successes}/{self.episodes} "
-                f"succeeded, {same} ended as in-process; {lat}")
+        threads = f" on {self.threads} torch thread{'s' * (self.threads != 1)}" if self.threads else ""
+        return (f"{self.ref} by roboloop serve on 127.0.0.1{threads}, answered by {version}: "
+                f"{self.successes}/{self.episodes} succeeded, {same} ended as in-process; {lat}")
 
 
 def serve_ref(decision: Decision, alias: str | None = None) -> str:
@@ -81,8 +84,12 @@ def start_server(ref: str, seed: int, device: str, threads: int, precision: str,
     cmd = [sys.executable, "-m", "roboloop.cli", "serve", ref, "--port", "0", "--seed", str(seed), "--device", device,
            "--threads", str(threads), "--precision", precision, "--max-batch", "64"]
     on_line("$ " + " ".join(cmd))
+    # OpenMP's workers wait passively: the check keeps the evaluator's thread count (the same sums, so the same
+    # chunks), and with a busy core libgomp's spinning workers lost every barrier (the demo's VLA: 360-750 ms a
+    # pass on 2 threads, ~21 ms passively)
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=1,
-                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            start_new_session=True, env=env)
     found: list[int] = []
     seen: list[str] = []
     ready = threading.Event()
@@ -127,7 +134,8 @@ def served_check(decision: Decision, recipe: EvalRecipe, reference: EvalSummary,
     ref = serve_ref(decision)
     # the evaluator's child computes with this process's thread count (same environment); the server does too, so
     # both sum in the same order and give the same chunks
-    server, port = start_server(ref, reference.seed, recipe.device, torch.get_num_threads(), recipe.precision,
+    threads = torch.get_num_threads()
+    server, port = start_server(ref, reference.seed, recipe.device, threads, recipe.precision,
                                 cfg.start_timeout_s, on_line)
     try:
         served = recipe.model_copy(update={"episodes": n, "num_envs": min(n, recipe.num_envs), "videos": 0,
@@ -145,4 +153,4 @@ def served_check(decision: Decision, recipe: EvalRecipe, reference: EvalSummary,
                        same_outcomes=sum(a == b for a, b in zip(here, there, strict=False)), successes=s.successes,
                        in_process_successes=here.count("1"), chunks=int(info.get("chunks") or 0),
                        roundtrip_ms_p50=info.get("roundtrip_ms_p50"), roundtrip_ms_p99=info.get("roundtrip_ms_p99"),
-                       infer_ms_p50=info.get("infer_ms_p50"), eval_run=s.run_dir)
+                       infer_ms_p50=info.get("infer_ms_p50"), eval_run=s.run_dir, threads=threads)

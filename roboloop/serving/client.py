@@ -28,6 +28,10 @@ class ServerError(RuntimeError):
     """The server answered with an error (its text names the defect)."""
 
 
+class ServerLostError(ServerError):
+    """The connection to the server broke (killed, restarted, network lost) and was not re-established."""
+
+
 @dataclass
 class Reply:
     actions: np.ndarray  # (N, H, A)
@@ -56,20 +60,52 @@ class PolicyClient:
     server's forward pass with glibc's defaults, none and 2.22 ms kept. `self.host_memory` says what applied."""
 
     def __init__(self, url: str, token: str | None = None, token_file: str | None = None, timeout: float = 60.0,
-                 max_size: int = wire.MAX_MESSAGE_BYTES, host_memory: str = "auto"):
-        from websockets.sync.client import connect
-
+                 max_size: int = wire.MAX_MESSAGE_BYTES, host_memory: str = "auto", reconnect: int = 0,
+                 backoff_s: float = 0.5):
+        """`reconnect`: when the connection breaks, try this many times to open a new one (waiting `backoff_s`,
+        doubled each try, at most 8 s) and resend the request; the new connection must serve the same interface
+        (chunk shape, inputs). 0: a broken connection raises ServerLostError at once."""
         from roboloop.serving.token import read_token
         from roboloop.training import hostmem
 
         self.host_memory = hostmem.apply(host_memory, "cpu", auto_keeps=True)
-
-        token = token if token is not None else read_token(token_file)
-        self.url, self.timeout = ws_url(url), timeout
-        self.ws = connect(self.url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=max_size,
-                          compression=None, open_timeout=timeout)
+        self._token = token if token is not None else read_token(token_file)
+        self.url, self.timeout, self.max_size = ws_url(url), timeout, max_size
+        self.reconnect, self.backoff_s, self.reconnects = max(0, reconnect), backoff_s, 0
         self.ids = itertools.count(1)
+        self.ws = self._connect()
         self.spec = self.info()  # what this connection is served: every chunk is checked against it
+
+    def _connect(self) -> Any:
+        from websockets.sync.client import connect
+
+        try:
+            return connect(self.url, additional_headers={"Authorization": f"Bearer {self._token}"},
+                           max_size=self.max_size, compression=None, open_timeout=self.timeout)
+        except OSError as e:  # refused, unreachable, timed out
+            raise ServerLostError(f"no policy server answers at {self.url} ({type(e).__name__}: {e})") from None
+
+    def _reopen(self, why: str) -> None:
+        """A new connection after a broken one, within the reconnect budget; ServerLostError when none opens."""
+        from roboloop.serving.service import describe_interface
+
+        wait = self.backoff_s
+        for _ in range(self.reconnect):
+            time.sleep(min(wait, 8.0))
+            wait *= 2
+            try:
+                self.ws = self._connect()
+                spec = self.request({"type": "info"}, retry=False)["model"]
+            except ServerLostError:
+                continue
+            if describe_interface(spec) != describe_interface(self.spec):
+                raise ServerError(f"{self.url} came back serving {spec['version']}, which reads or writes other "
+                                  f"things than {self.spec['version']} did: not resuming")
+            self.reconnects += 1
+            return
+        raise ServerLostError(f"the policy server at {self.url} went away ({why})" +
+                              (f"; {self.reconnect} reconnect attempts failed" if self.reconnect else
+                               ": is it running? (PolicyClient(reconnect=N) / --reconnect tries again)"))
 
     def _check(self, actions: Any, rows: int, version: str) -> np.ndarray:
         """A chunk as the connection promised it ((rows, horizon, action size), finite), or ServerError: a robot
@@ -82,10 +118,27 @@ class PolicyClient:
             raise ServerError(f"{self.url} sent a non-finite chunk from {version}: not executed")
         return actions
 
-    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def reopen(self, why: str = "lost") -> None:
+        """A new connection now, within the reconnect budget (at least one try); ServerLostError when none opens."""
+        budget, self.reconnect = self.reconnect, max(1, self.reconnect)
+        try:
+            self._reopen(why)
+        finally:
+            self.reconnect = budget
+
+    def request(self, msg: dict[str, Any], retry: bool = True) -> dict[str, Any]:
+        from websockets.exceptions import ConnectionClosed
+
         msg = {"id": next(self.ids), **msg}
-        self.ws.send(wire.dumps(msg))
-        reply = wire.loads(self.ws.recv(timeout=self.timeout))
+        try:
+            self.ws.send(wire.dumps(msg))
+            reply = wire.loads(self.ws.recv(timeout=self.timeout))
+        except (ConnectionClosed, OSError) as e:
+            why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if not retry:
+                raise ServerLostError(f"the policy server at {self.url} went away ({why})") from None
+            self._reopen(why)
+            return self.request(msg, retry=False)
         if reply.get("type") == "error":
             raise ServerError(str(reply.get("error")))
         if reply.get("id") != msg["id"]:
@@ -97,8 +150,10 @@ class PolicyClient:
 
     def act(self, state: np.ndarray, images: dict[str, np.ndarray] | None = None,
             instructions: list[str] | str | None = None, past: list[dict] | None = None,
-            env_state: np.ndarray | None = None) -> Reply:
-        """`env_state`: observation.environment_state, for a model that reads it (`info()["env_state_dim"]`)."""
+            env_state: np.ndarray | None = None, retry: bool = True) -> Reply:
+        """`env_state`: observation.environment_state, for a model that reads it (`info()["env_state_dim"]`).
+        `retry=False`: a broken connection raises ServerLostError at once, whatever the reconnect budget (a robot
+        loop holds the arm while it reconnects, rather than wait inside a request)."""
         state = np.asarray(state, dtype=np.float32)
         if state.ndim == 1:  # one robot: a batch of one
             state, images = state[None], {k: np.asarray(v)[None] for k, v in (images or {}).items()}
@@ -110,7 +165,7 @@ class PolicyClient:
         if past is not None:
             msg["past"] = past
         t0 = time.perf_counter()
-        r = self.request(msg)
+        r = self.request(msg, retry=retry)
         actions = self._check(r.get("actions"), len(state), str(r.get("version")))
         return Reply(actions, r["version"], float(r["infer_ms"]), (time.perf_counter() - t0) * 1e3,
                      int(r.get("batch", 1)), str(r.get("note", "")))

@@ -43,6 +43,10 @@ class RobotLoopConfig:
     instruction: str = ""
     max_steps: int = 0  # 0: until interrupted
     realtime: bool = True  # False: no sleeping between ticks (a simulator that keeps its own time)
+    # when the server goes away: "hold" sends the robot's present joint positions each tick while the client
+    # reconnects (its `reconnect` budget), then resumes with a fresh chunk; "stop" ends the loop (ServerLostError);
+    # "auto": hold where the robot observes a position for every action (LeRobot's arms), else stop
+    on_server_loss: str = "auto"
 
 
 @dataclass
@@ -61,11 +65,14 @@ class LoopStats:
     versions: Counter = field(default_factory=Counter)
     roundtrip_ms: list[float] = field(default_factory=list)
     overrun_ticks: int = 0  # realtime ticks that took longer than 1/fps
+    held: int = 0  # ticks the robot held still because the server was lost
+    server_losses: int = 0
 
     def summary(self) -> dict[str, Any]:
         rt = self.roundtrip_ms
         return {"ticks": self.ticks, "chunks": self.chunks, "stalls": self.stalls, "stale": self.stale,
-                "versions": dict(self.versions), "overrun_ticks": self.overrun_ticks,
+                "versions": dict(self.versions), "overrun_ticks": self.overrun_ticks, "held": self.held,
+                "server_losses": self.server_losses,
                 "roundtrip_ms_p50": round(float(np.percentile(rt, 50)), 2) if rt else None,
                 "roundtrip_ms_p99": round(float(np.percentile(rt, 99)), 2) if rt else None}
 
@@ -95,17 +102,24 @@ class RobotLoop:
             raise ValueError(f"the served model {spec['version']} reads observation.environment_state "
                              f"({spec['env_state_dim']} values of the scene's state) at every step, which a robot's "
                              "observation does not have: serve a model trained with env_state_input off")
+        if cfg.on_server_loss not in ("auto", "hold", "stop"):
+            raise ValueError(f"on_server_loss {cfg.on_server_loss!r}: auto, hold or stop")
+        unheld = [a for a in self.action_names if a not in self.state_names]
+        if cfg.on_server_loss == "hold" and unheld:
+            raise ValueError(f"on_server_loss hold: the robot observes no position for actions {unheld}; use stop")
+        self.holds = cfg.on_server_loss == "hold" or (cfg.on_server_loss == "auto" and not unheld)
         self.cam_of = {k: by_key[k] for k in self.camera_keys}
         self.cfg.execute_steps = max(1, min(cfg.execute_steps, int(spec["horizon"])))
         self.stats = LoopStats()
         self.chunk: Chunk | None = None
         self.pending: Future | None = None
+        self.lost: Future | None = None  # the reconnection under way while the robot holds
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="roboloop-robot-request")
 
     def _request(self, obs: dict[str, Any], tick: int) -> Chunk:
         state = np.asarray([float(obs[k]) for k in self.state_names], dtype=np.float32)
         images = {k: np.asarray(obs[c], dtype=np.uint8) for k, c in self.cam_of.items()}
-        r = self.client.act(state, images, [self.cfg.instruction])
+        r = self.client.act(state, images, [self.cfg.instruction], retry=False)  # losses: `step` holds
         self.stats.roundtrip_ms.append(r.roundtrip_ms)
         self.stats.versions[r.version] += 1
         return Chunk(np.asarray(r.actions[0]), tick, r.version)
@@ -132,8 +146,33 @@ class RobotLoop:
 
     def step(self, tick: int) -> dict[str, Any]:
         """One tick: observe, (maybe) ask, act. Returns what the robot says it sent (LeRobot's robots clip to their
-        limits and `max_relative_target`)."""
+        limits and `max_relative_target`). When the server is lost: hold (or stop, ServerLostError)."""
+        from roboloop.serving.client import ServerLostError
+
         obs = self.robot.get_observation()
+        if self.lost is not None:
+            return self._hold(obs)
+        try:
+            return self._step(obs, tick)
+        except ServerLostError as e:
+            self.stats.server_losses += 1
+            if not self.holds:
+                raise
+            self.reset()
+            self.lost = self.pool.submit(self.client.reopen, str(e))
+            return self._hold(obs)
+
+    def _hold(self, obs: dict[str, Any]) -> dict[str, Any]:
+        """The robot's present positions as its action while the client reconnects; the reconnection's failure (its
+        budget spent) ends the loop."""
+        if self.lost is not None and self.lost.done():
+            lost, self.lost = self.lost, None
+            lost.result()  # raises ServerLostError when no connection came back
+        self.stats.held += 1
+        self.stats.ticks += 1
+        return self.robot.send_action({k: float(obs[k]) for k in self.action_names})
+
+    def _step(self, obs: dict[str, Any], tick: int) -> dict[str, Any]:
         if self.pending is not None and (self.pending.done() or self.left(tick) <= 0):
             if not self.pending.done():  # nothing left to execute: the robot waits
                 self.stats.stalls += 1

@@ -386,6 +386,12 @@ class PolicyService:
         return "; ".join(notes)
 
 
+def describe_interface(spec: dict[str, Any]) -> tuple:
+    """A server's `info` model spec as `ModelSlot.interface` gives it."""
+    return (int(spec["state_dim"]), tuple(spec["camera_keys"]), int(spec.get("history", 1)),
+            int(spec.get("env_state_dim", 0)), int(spec["action_dim"]), int(spec["horizon"]))
+
+
 def describe_change(old: ModelSlot, new: ModelSlot) -> str:
     o, n = old.interface(), new.interface()
     names = ("state size", "cameras", "history", "scene-state size", "action size", "chunk length")
