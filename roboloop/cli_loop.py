@@ -63,7 +63,7 @@ def override(cfg, text: str):
             return {**base, **{k: merge(base.get(k), v) for k, v in new.items()}}
         return new
 
-    merged = LoopConfig.model_validate(merge(cfg.model_dump(mode="json"), over))
+    merged = LoopConfig.model_validate(_without_unread(cfg, merge(cfg.model_dump(mode="json"), over), over))
     dumped = merged.model_dump(mode="json")
 
     def check(node, new, path):
@@ -75,6 +75,21 @@ def override(cfg, text: str):
 
     check(dumped, over, [])
     return merged
+
+
+def _without_unread(cfg, data: dict, over: dict) -> dict:
+    """The merged settings with the preset's train settings that the chosen family does not read set back to their
+    defaults (said on stderr); those the override names stay, and validation refuses them."""
+    from roboloop.training.config import TrainRecipe
+
+    if not isinstance(data.get("train"), dict):
+        return data
+    given = set(over["train"]) if isinstance(over.get("train"), dict) else set()
+    data["train"], reset = TrainRecipe.without_unread(data["train"], given)
+    for name in reset:
+        sys.stderr.write(f"roboloop loop: train.{name} {cfg.train.model_dump(mode='json')[name]!r} from the preset "
+                         "does not apply to this family: left at its default\n")
+    return data
 
 
 def cmd_loop(args: argparse.Namespace) -> int:

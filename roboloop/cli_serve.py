@@ -40,6 +40,14 @@ def add_parser(sub) -> None:
                    "not multiply bf16 natively (a CPU without AMX or AVX512-BF16); the start-up line gives its "
                    "largest difference from fp32 on the check observation")
     s.add_argument("--follow-interval", type=float, default=2.0, help="seconds between looks at the registry alias")
+    s.add_argument("--max-message-mb", type=float, default=None, help="the largest request in MiB (default 32, "
+                   "36 frames of 480x640; --engine ray: at most 16, its proxy's limit); a larger one closes its "
+                   "connection (1009) and clients refuse to send one")
+    s.add_argument("--max-connections", type=int, default=64, help="connections at once (all holders of the token); "
+                   "more are refused at the handshake (HTTP 503)")
+    s.add_argument("--idle-timeout", type=float, default=300.0, help="seconds a connection may send nothing")
+    s.add_argument("--send-timeout", type=float, default=10.0, help="seconds a client may take to read a reply "
+                   "before its connection is dropped")
     s.add_argument("--token-file", help="the token file (default $ROBOLOOP_SERVE_TOKEN_FILE or "
                    ".roboloop/serve-token; created with mode 600 when absent)")
     s.add_argument("--engine", choices=["process", "ray"], default="process", help="process (default: one process, "
@@ -95,11 +103,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         _say(f"roboloop serve: binding {args.host}: anyone who reaches it and holds the token drives the robot; "
              "put TLS in front (wss://) off a trusted network")
+    if args.engine != "ray" and (args.replicas != 1 or args.ray_address):  # they would do nothing: refused
+        raise ValueError("--replicas and --ray-address apply to --engine ray only (the process engine is one "
+                         "process on this machine)")
     token = read_token(args.token_file, create=True)
     logging.getLogger("roboloop.serve").setLevel(logging.INFO)
+    from roboloop.serving import wire
+
+    limit = wire.RAY_PROXY_MAX_BYTES if args.engine == "ray" else wire.MAX_MESSAGE_BYTES
+    max_bytes = int(args.max_message_mb * 2**20) if args.max_message_mb is not None else limit
+    if args.engine == "ray" and max_bytes > limit:
+        raise ValueError(f"--max-message-mb {args.max_message_mb:g}: Ray Serve's proxy closes websocket messages "
+                         f"over {limit >> 20} MiB; use --engine process for larger requests, or send fewer rows")
     cfg = ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch or 64,
                       args.max_wait_ms if args.max_wait_ms is not None else 0.0 if args.engine == "ray" else 5.0,
-                      follow_interval_s=args.follow_interval, threads=args.threads, precision=args.precision)
+                      max_message_bytes=max_bytes, follow_interval_s=args.follow_interval, threads=args.threads,
+                      precision=args.precision, max_connections=args.max_connections,
+                      idle_timeout_s=args.idle_timeout, send_timeout_s=args.send_timeout)
     if args.engine == "ray":
         return _serve_ray(cfg, args)
     import os

@@ -14,7 +14,10 @@ from pydantic import BaseModel
 
 
 def keyed(cfg: BaseModel) -> dict[str, Any]:
-    """The fields of `cfg` that belong in a cache key."""
+    """The fields of `cfg` that belong in a cache key (a config that knows which of its settings apply says so with
+    `keyed_fields()`: a setting nothing reads is left out, so it neither splits nor hits the cache)."""
+    if callable(getattr(cfg, "keyed_fields", None)):
+        return cfg.model_dump(include=cfg.keyed_fields())  # type: ignore[attr-defined]
     return cfg.model_dump(exclude=set(getattr(type(cfg), "NOT_KEYED", ())))
 
 

@@ -64,6 +64,46 @@ class UnknownFamilyError(ValueError):
     pass
 
 
+# What each built-in family does not read, field -> why. `TrainRecipe` refuses such a field set to anything but its
+# default, and leaves it out of cache keys (no value of it can change what trains). A family of your own may say
+# the same as a class attribute `unread_settings` (checked when it trains).
+UNREAD_SETTINGS: dict[str, dict[str, str]] = {
+    "vla": {
+        "policy_type": "it names one of LeRobot's policies (family lerobot); family vla is roboloop's VLA",
+        "policy_config": "it holds options of LeRobot's policy configs (family lerobot); family vla's are preset "
+                         "and model_overrides",
+        "env_state_input": "family vla does not read observation.environment_state as an input (its aux_target "
+                           "learns it); LeRobot's policies do",
+    },
+    "lerobot": {
+        "preset": "it sizes family vla's model; a LeRobot policy's size is in policy_config (e.g. dim_model)",
+        "aux_target": "the auxiliary target is family vla's image encoder's; LeRobot's policies have no such head",
+        "aux_weight": "the auxiliary target is family vla's image encoder's; LeRobot's policies have no such head",
+        "max_tokens": "LeRobot's policies pack no backbone tokens: a batch is max_samples samples",
+        "image_shift": "family lerobot does not read it (LeRobot's diffusion has crop_shape in policy_config)",
+    },
+}
+
+
+def unread_settings(recipe: Any) -> dict[str, str]:
+    """Fields of a TrainRecipe that nothing reads for its family and its other settings, and why."""
+    out = dict(UNREAD_SETTINGS.get(recipe.family, {}))
+    if recipe.family == "lerobot":
+        extra = sorted(set(recipe.model_overrides) - ({"horizon"} if recipe.policy_type == "act" else set()))
+        if extra or recipe.policy_type != "act":
+            out["model_overrides"] = ("family lerobot reads only model_overrides.horizon, and only for act (the "
+                                      "chunk size); " + (f"{', '.join(extra)}: " if extra else "")
+                                      + "LeRobot's options belong in policy_config")
+    if recipe.family == "vla" and not recipe.with_video:
+        out.setdefault("aux_target", "family vla's image encoder predicts the auxiliary target, and this recipe "
+                                     "feeds no images (with_video false)")
+        out.setdefault("image_shift", "it shifts family vla's training images; this recipe has no images (with_video "
+                                      "false)")
+    if not recipe.aux_target:
+        out.setdefault("aux_weight", "it weighs the auxiliary target's loss, and the recipe has no aux_target")
+    return out
+
+
 @dataclass(frozen=True)
 class Features:
     """What a dataset offers a family to build from."""

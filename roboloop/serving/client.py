@@ -130,8 +130,13 @@ class PolicyClient:
         from websockets.exceptions import ConnectionClosed
 
         msg = {"id": next(self.ids), **msg}
+        data = wire.dumps(msg)
+        limit = getattr(self, "server_max_bytes", 0)
+        if limit and len(data) > limit:  # the server would close the connection (1009): say why instead
+            raise ServerError(f"this request is {len(data) / 2**20:.1f} MiB and {self.url} takes at most "
+                              f"{limit / 2**20:.1f} MiB a message: send fewer rows or smaller frames a request")
         try:
-            self.ws.send(wire.dumps(msg))
+            self.ws.send(data)
             reply = wire.loads(self.ws.recv(timeout=self.timeout))
         except (ConnectionClosed, OSError) as e:
             why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -146,7 +151,9 @@ class PolicyClient:
         return reply
 
     def info(self) -> dict[str, Any]:
-        return self.request({"type": "info"})["model"]
+        reply = self.request({"type": "info"})
+        self.server_max_bytes = int(reply.get("max_message_bytes") or 0)  # 0: a server that does not say
+        return reply["model"]
 
     def act(self, state: np.ndarray, images: dict[str, np.ndarray] | None = None,
             instructions: list[str] | str | None = None, past: list[dict] | None = None,

@@ -24,7 +24,8 @@ def _make_service(cfg: ServeConfig) -> Any:
     """A replica's checked PolicyService, following the registry alias when the reference names one."""
     from pathlib import Path
 
-    from roboloop.serving.service import Follower, PolicyService, resolve
+    from roboloop.serving.follow import Follower, resolve
+    from roboloop.serving.service import PolicyService
 
     folder, version, follow = resolve(cfg.ref, Path(cfg.cache))
     service = PolicyService.load(folder, version, cfg.device, cfg.seed, cfg.precision)
@@ -125,6 +126,13 @@ def app(args: dict[str, Any]) -> Any:
         raise ValueError(f"roboloop policy app: args need 'ref'; unknown {unknown} (known: {sorted(fields)}, "
                          "replicas, token_file)")
     cfg = ServeConfig(**{k: v for k, v in args.items() if k in fields})
+    from roboloop.serving.wire import RAY_PROXY_MAX_BYTES
+
+    if "max_message_bytes" not in args:
+        cfg.max_message_bytes = RAY_PROXY_MAX_BYTES
+    elif cfg.max_message_bytes > RAY_PROXY_MAX_BYTES:
+        raise ValueError(f"max_message_bytes {cfg.max_message_bytes}: Ray Serve's proxy closes websocket messages "
+                         f"over {RAY_PROXY_MAX_BYTES} bytes")
     return build_app(cfg, str(token_path(args.get("token_file"))), int(args.get("replicas", 1)))
 
 

@@ -25,7 +25,8 @@ from typing import Any
 
 from roboloop.evaluation.protocol import Obs
 from roboloop.serving import wire
-from roboloop.serving.service import Follower, ModelSlot, PolicyService, resolve, respond, signature
+from roboloop.serving.follow import Follower, resolve
+from roboloop.serving.service import ModelSlot, PolicyService, respond, signature
 
 log = logging.getLogger("roboloop.serve")
 

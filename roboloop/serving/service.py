@@ -58,6 +58,7 @@ class ModelSlot:
     precision: str = "fp32"  # "fp32", or "bf16 (AVX512-BF16)" etc.: what the forward passes run in
     # bf16: the largest |bf16 - fp32| action on the check observation, and that chunk's largest |action|
     deviation: tuple[float, float] | None = None
+    camera_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # (H, W) each camera was recorded at
 
     def interface(self) -> tuple:
         """What a client relies on: the inputs it sends and the chunk it gets. Versions with equal interfaces can
@@ -74,7 +75,8 @@ class ModelSlot:
                 "horizon": int(p.horizon), "camera_keys": list(p.camera_keys),
                 "image_size": list(p.image_size) if p.image_size else None,
                 "history": int(getattr(p, "history", 1)), "env_state_dim": int(getattr(p, "env_state_dim", 0)),
-                "bf16_deviation": list(self.deviation) if self.deviation is not None else None}
+                "bf16_deviation": list(self.deviation) if self.deviation is not None else None,
+                "camera_sizes": {k: list(v) for k, v in self.camera_sizes.items()}}
 
 
 def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
@@ -95,7 +97,7 @@ def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
         ran = require_acting_precision(precision, device)
         sha = file_sha256(Path(folder) / WEIGHTS_FILE)
         policy = load_policy(folder, device, seed=seed)
-    slot = ModelSlot(policy, f"{version}+{sha[:8]}", Path(folder), sha, ran)
+    slot = ModelSlot(policy, f"{version}+{sha[:8]}", Path(folder), sha, ran, camera_sizes=recorded_sizes(folder))
     obs = probe if probe is not None and _fits(slot, probe) else probe_obs(policy)
     ref = None
     if precision != "fp32":  # the fp32 chunk first: acting in bf16 casts the weights
@@ -106,6 +108,37 @@ def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
     if ref is not None:
         slot.deviation = (float((out - ref).abs().max()), float(ref.abs().max()))
     return slot
+
+
+def recorded_sizes(folder: Path) -> dict[str, tuple[int, int]]:
+    """The (H, W) each camera of the model's training data had, where its folder records them (roboloop's policy.json);
+    a folder that does not say (lerobot-train's) gives none."""
+    from roboloop.policies import model_info
+
+    try:
+        cams = model_info(folder).cameras
+    except (OSError, ValueError, TypeError):
+        return {}
+    return {c["key"]: (int(c["shape"][0]), int(c["shape"][1])) for c in cams
+            if isinstance(c, dict) and isinstance(c.get("key"), str) and len(c.get("shape") or []) == 2}
+
+
+def check_frame_size(slot: ModelSlot, key: str, h: int, w: int, what: str) -> None:
+    """A camera frame the model can be fed without inventing or distorting what it sees: the aspect its training
+    camera had (within 2%) and at least the model's input size. Where the recording's size is unknown, frames
+    under a quarter of the input size are refused (a 1x1 frame resized is no image). Before, any size was
+    resized silently (1x1 and 3000x3000 to a 480x640 model)."""
+    size = getattr(slot.policy, "image_size", None)
+    mh, mw = (int(size[0]), int(size[1])) if size else (1, 1)
+    want = slot.camera_sizes.get(key)
+    if want is None:
+        if 4 * h < mh or 4 * w < mw:
+            raise WireError(f"{what}images[{key!r}]: {h}x{w} frames for a model that reads {mh}x{mw}")
+        return
+    aspect = (w / h) / (want[1] / want[0])
+    if abs(aspect - 1) > 0.02 or h < min(mh, want[0]) or w < min(mw, want[1]):
+        raise WireError(f"{what}images[{key!r}]: {h}x{w} frames; the model was trained on {want[0]}x{want[1]} "
+                        f"(any size of that aspect from {min(mh, want[0])}x{min(mw, want[1])} up): check the camera")
 
 
 def check(slot: ModelSlot, obs: Obs) -> torch.Tensor:
@@ -224,6 +257,7 @@ def _frame(msg: dict[str, Any], slot: ModelSlot, what: str, n: int | None) -> tu
                 or im.shape[3] != 3 or not (0 < im.shape[1] <= MAX_SIDE and 0 < im.shape[2] <= MAX_SIDE):
             raise WireError(f"{what}images[{key!r}]: expected ({rows}, H, W, 3) uint8, got "
                             f"{getattr(im, 'shape', type(im).__name__)} {getattr(im, 'dtype', '')}")
+        check_frame_size(slot, key, int(im.shape[1]), int(im.shape[2]), what)
         out[key] = torch.from_numpy(im.copy())
     return torch.from_numpy(state.astype(np.float32)), out
 
@@ -420,7 +454,7 @@ async def respond(service: PolicyService, data: bytes | str, submit: Callable[..
         slot = service.slot_for(session)
         if kind == "info":
             info = {"type": "info", "id": rid, "model": slot.spec(), "refused": service.refused,
-                    "note": service.note_for(session)}
+                    "note": service.note_for(session), "max_message_bytes": max_bytes}
             return wire.dumps(info), True
         if kind != "act":
             raise WireError(f"unknown message type {kind!r} (act or info)")
@@ -439,92 +473,3 @@ async def respond(service: PolicyService, data: bytes | str, submit: Callable[..
         log.exception("request failed")
         why = redact(f"internal error: {type(e).__name__}: {e}")[:500]
         return wire.dumps({"type": "error", "id": rid, "error": why}), False
-
-
-def resolve(ref: str, cache: Path) -> tuple[Path, str, tuple[str | None, str, str] | None]:
-    """A model folder or `registry:[URI#]NAME@REF` -> (folder, version label, (uri, name, alias) to follow when
-    REF is an alias, else None)."""
-    if ref.startswith("registry:"):
-        from roboloop.registry import ALIASES, Registry, _vname, parse_ref
-
-        uri, name, r = parse_ref(ref)
-        reg = Registry(uri)
-        v = reg.resolve(name, r)
-        folder = reg.download(name, v, cache / name / _vname(v), overwrite=True)
-        return folder, f"{name}@v{v}", ((uri, name, r) if r in ALIASES else None)
-    folder = Path(ref)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{ref}: not a model folder nor registry:NAME@REF")
-    return folder, folder.resolve().name, None
-
-
-class Follower(threading.Thread):
-    """Polls a registry alias (default `champion`); a new version is loaded, checked and swapped in. A refused
-    version is tried again after `retry_s` (a download that failed, a check that met a bad moment); the cached
-    folders of versions no session uses any more are removed (only what roboloop downloaded there)."""
-
-    def __init__(self, service: PolicyService, uri: str | None, name: str, alias: str, cache: Path,
-                 interval: float = 2.0, retry_s: float = 60.0):
-        super().__init__(daemon=True, name="roboloop-serve-follow")
-        self.service, self.uri, self.name, self.alias, self.cache = service, uri, name, alias, cache
-        self.interval, self.retry_s, self.stop_event = interval, retry_s, threading.Event()
-        self.seen: int | None = None
-        self.failed: tuple[int, float] | None = None  # the refused version and when
-        self.kept: set[Path] = set()  # the cached folders the last prune kept
-
-    def poll(self) -> bool:
-        from roboloop.registry import Registry, _vname
-
-        self.prune()
-        reg = Registry(self.uri)
-        v = reg.aliases(self.name)[0].get(self.alias)
-        if v is None:
-            if not self.service.follow_note:
-                self.service.follow_note = (f"{self.name}@{self.alias} is no longer in the registry (deleted?): "
-                                            f"still serving {self.service.slot.version}")
-                log.error("%s (registry %s)", self.service.follow_note, reg.uri)
-            return False
-        self.service.follow_note = ""
-        v = int(v)
-        retry = self.failed is not None and self.failed[0] == v and time.monotonic() - self.failed[1] >= self.retry_s
-        if v == self.seen and not retry:
-            return False
-        self.seen = v
-        label = f"{self.name}@v{v}"
-        if self.service.slot.version.startswith(label + "+"):
-            return False
-        log.warning("%s@%s moved to v%s: loading it beside %s", self.name, self.alias, v, self.service.slot.version)
-        folder = self.cache / self.name / _vname(v)
-        try:
-            reg.download(self.name, v, folder, overwrite=True)
-            ok = self.service.swap_to(folder, label)
-        except Exception as e:  # a version that cannot be downloaded is refused like one that does not load
-            self.service.refused = redact(f"{label} refused: {type(e).__name__}: {e}")[:500]
-            log.error("keeping %s: %s: %s", self.service.slot.version, label, e)
-            ok = False
-        self.failed = None if ok else (v, time.monotonic())
-        self.kept = set()  # a new folder, or a refused one: look again
-        self.prune()
-        return ok
-
-    def prune(self) -> None:
-        """Remove cached versions (and the copies a re-download moved aside) that no lane serves."""
-        import shutil
-
-        from roboloop import fsutil
-
-        keep = {slot.folder.resolve() for slot in self.service.lanes.values()} | {self.service.slot.folder.resolve()}
-        if keep == self.kept:
-            return
-        self.kept = keep
-        root = self.cache / self.name
-        for d in sorted(root.iterdir()) if root.is_dir() else []:
-            if d.is_dir() and not d.is_symlink() and d.resolve() not in keep and fsutil.is_ours(d, "model"):
-                shutil.rmtree(d, ignore_errors=True)  # roboloop's own download (its marker says so)
-
-    def run(self) -> None:
-        while not self.stop_event.wait(self.interval):
-            try:
-                self.poll()
-            except Exception as e:  # a registry hiccup must not stop following
-                log.error("following %s@%s: %s", self.name, self.alias, e)

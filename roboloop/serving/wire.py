@@ -32,6 +32,7 @@ DTYPES = {"uint8", "float32", "float64", "float16", "int32", "int64", "bool"}
 # 32 MiB: 36 frames of 480x640x3 (921,600 bytes each), e.g. 16 envs with two such cameras or 36 robots with one;
 # a larger batch raises `roboloop serve --max-message-mb` (and the client's max_size) or sends fewer rows a request
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+RAY_PROXY_MAX_BYTES = 16 * 1024 * 1024  # Ray Serve's proxy (uvicorn's ws_max_size) closes larger messages abruptly
 MAX_DIMS = 6
 ND = "__nd__"
 # containers (maps, lists) and their items in one message: a real request (64 past frames of a few cameras) has

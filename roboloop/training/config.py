@@ -202,15 +202,41 @@ class TrainRecipe(BaseModel):
             self.family = "lerobot"
         if self.family == "lerobot" and not self.policy_type:
             raise ValueError("family lerobot needs policy_type (e.g. act)")
-        if self.env_state_input == "on" and self.family != "lerobot":
-            raise ValueError(f"env_state_input on: family {self.family} does not read observation.environment_state "
-                             "as an input (family vla learns it as an aux_target); LeRobot's policies do")
-        if self.image_shift and (self.family != "vla" or not self.with_video):
-            raise ValueError(f"image_shift {self.image_shift} shifts the vla family's training images; "
-                             + ("this recipe has no images (with_video false)" if self.family == "vla" else
-                                f"family {self.family} does not read it (LeRobot's diffusion has crop_shape in "
-                                "policy_config)"))
+        from roboloop.policies import unread_settings
+
+        for name, why in unread_settings(self).items():  # refuse, never ignore: a setting nothing reads
+            default = type(self).model_fields[name].get_default(call_default_factory=True)
+            if getattr(self, name) != default:
+                raise ValueError(f"{name}={getattr(self, name)!r} would do nothing: {why} (leave it at its default, "
+                                 f"{default!r})")
         return self
+
+    @classmethod
+    def without_unread(cls, data: dict, given: set[str] | frozenset[str] = frozenset()) -> tuple[dict, list[str]]:
+        """A recipe's fields (`data`, as dumped) with the ones its family does not read set back to their defaults,
+        except those in `given` (what the user named: refused by validation instead). For a preset changed by an
+        override (`roboloop loop --preset demo --override '{"train": {"policy_type": "act"}}'`): the demo's
+        max_tokens is the VLA's and nobody asked for it. Returns the data and what was set back."""
+        from types import SimpleNamespace
+
+        from roboloop.policies import unread_settings
+
+        defaults = {k: f.get_default(call_default_factory=True) for k, f in cls.model_fields.items()}
+        view = {**defaults, **data}
+        if view.get("policy_type") and view.get("family") == "vla":  # as the validator will decide
+            view["family"] = "lerobot"
+        out, reset = dict(data), []
+        for name in unread_settings(SimpleNamespace(**view)):
+            if name not in given and name in out and out[name] != defaults[name]:
+                out[name] = defaults[name]
+                reset.append(name)
+        return out, reset
+
+    def keyed_fields(self) -> set[str]:
+        """The fields that belong in this recipe's cache key: KEYED less what nothing reads (`unread_settings`)."""
+        from roboloop.policies import unread_settings
+
+        return set(self.KEYED) - set(unread_settings(self))
 
     def model_config_resolved(self, state_dim: int, action_dim: int, aux_dim: int = 0) -> ModelConfig:
         over: dict = {"aux_dim": aux_dim, **self.model_overrides}

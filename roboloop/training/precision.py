@@ -7,10 +7,10 @@ measured on this GPU model when one is recorded (`FP8_THRESHOLDS_FILE`), else th
 default `FP8_MIN_FEATURES`. `auto` picks FP8 only on a GPU model where that measurement found FP8
 faster: on an H200, torchao's float8 in eager mode (how the trainer runs) measured 0.11-0.54x of bf16
 per linear at 8192 tokens and 0.19x for a whole `base` step, so an unmeasured GPU trains in bf16 and
-says why. An explicit `fp8` is honoured. A plan named fp8 that would convert no linear is bf16, with
-that reason (`settle`). FP8 runs through Transformer Engine (`fp8_autocast`, DelayedScaling) or
-torchao's float8 training (tensorwise scaling; `emulate` runs its casts on CPU for tests). An
-explicit `fp8` that cannot run fails with what is missing; `auto` falls back and says so.
+says why. An explicit `fp8` is honoured, or refused where it would convert no linear; a plan `auto` named
+fp8 that would convert none is bf16, with that reason (`settle`). FP8 runs through Transformer Engine
+(`fp8_autocast`, DelayedScaling) or torchao's float8 training (tensorwise scaling; `emulate` runs its
+casts on CPU for tests). An explicit `fp8` that cannot run fails with what is missing; `auto` falls back and says so.
 Every run records what actually ran (`run_record`): metrics.jsonl's first row, the model's
 policy.json, the lineage.
 """
@@ -106,12 +106,18 @@ def convertible(model: nn.Module, min_features: int = FP8_MIN_FEATURES) -> list[
     return [n for n, m in model.named_modules() if keep(m, n)]
 
 
-def settle(p: PrecisionPlan, model: nn.Module, min_features: int, what: str) -> tuple[PrecisionPlan, list[str]]:
-    """The plan that will really run on `model`, and the linears FP8 converts: an fp8 plan that converts none
-    is bf16 (a plan that does nothing is not reported as done)."""
+def settle(p: PrecisionPlan, model: nn.Module, min_features: int, what: str,
+           explicit: bool = False) -> tuple[PrecisionPlan, list[str]]:
+    """The plan that will really run on `model`, and the linears FP8 converts. An fp8 plan that `auto` chose and
+    that converts no linear is bf16 (a plan that does nothing is not reported as done); an explicit `fp8` that
+    would convert none is refused with the reason (it was silently bf16)."""
     if p.name != "fp8":
         return p, []
     names = convertible(model, min_features)
+    if not names and explicit:
+        raise ValueError(f"precision=fp8: no linear in {what} reaches {min_features} features, the break-even below "
+                         "which FP8's casts cost more than they save, so FP8 would convert none: train with "
+                         "precision bf16 (or auto), or a larger preset (base, n15)")
     if not names:
         return PrecisionPlan("bf16", f"bf16: no linear >= {min_features} features in {what} (FP8 would convert "
                              f"none; {p.reason})"), []

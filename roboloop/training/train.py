@@ -113,6 +113,9 @@ class Trainer:
         env_key = ENV_STATE if cfg.family == "lerobot" and cfg.env_state_input != "off" else None
         self.ds = ds = V3Dataset(cfg.dataset, aux_key=cfg.aux_target if cfg.with_video else None, env_key=env_key)
         self.family = policies.family(cfg.family)
+        for name, why in getattr(self.family, "unread_settings", {}).items():  # a family of one's own says so too
+            if getattr(cfg, name) != type(cfg).model_fields[name].get_default(call_default_factory=True):
+                raise ValueError(f"{name}={getattr(cfg, name)!r} would do nothing: {why}")
         self.policy = pol = self.family.build(cfg, features_of(ds, cfg.with_video))
         needs = pol.needs
         one_rank_only = getattr(pol, "one_rank_only", None)  # why this policy cannot train on several ranks
@@ -141,7 +144,8 @@ class Trainer:
             norm.mean[ds.aux_key], norm.std[ds.aux_key] = aux_norm.mean[ds.aux_key], aux_norm.std[ds.aux_key]
         self.model.to(self.device)
         threshold, source = precision.fp8_threshold(self.device)
-        self.prec, fp8_names = precision.settle(self.prec, self.model, threshold, f"preset {cfg.preset}")
+        self.prec, fp8_names = precision.settle(self.prec, self.model, threshold, f"preset {cfg.preset}",
+                                                explicit=cfg.precision == "fp8")
         precision.apply_fp8(self.model, self.prec, threshold)
         half = self.prec.name in ("bf16", "fp8") and self.device.type == "cuda"
         dtype = torch.bfloat16 if half else torch.float32

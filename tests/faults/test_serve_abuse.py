@@ -161,3 +161,38 @@ def test_duplicate_or_undecodable_authorization_is_a_401_not_a_server_error(mode
         s.settimeout(10)
         status = s.recv(4096).split(b"\r\n", 1)[0]
         assert status.startswith(b"HTTP/1.1 401"), status
+
+
+def test_frames_of_another_shape_than_the_camera_are_refused_and_big_requests_named(tmp_path):
+    """1x1 and 3000x3000 frames were resized and served to a model trained on 48x64; now refused, naming the camera
+    and the size it was trained on. A request over the server's message limit is refused by the client, naming
+    both sizes (the server would close the connection with 1009)."""
+    import json
+
+    from roboloop.serving.client import ServerError
+
+    cam = "observation.images.front"
+    model = untrained_model(tmp_path / "cam", 6, 3, 8, cameras=(cam,))
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["data"]["cameras"] = [{"key": cam, "storage": "video", "depth": False, "shape": [48, 64]}]
+    (model / "config.json").write_text(json.dumps(cfg))
+    with Server(ServeConfig(str(model), port=0, max_message_bytes=28 << 20), TOKEN) as srv, \
+            PolicyClient(f"serve://127.0.0.1:{srv.port}", token=TOKEN) as c:
+        assert c.spec["camera_sizes"] == {cam: [48, 64]}
+        for h, w in ((48, 64), (96, 128), (480, 640)):  # the recorded size, and larger frames of its aspect
+            assert c.act(_state(1), {cam: np.zeros((1, h, w, 3), np.uint8)}).actions.shape == (1, 8, 3)
+        for h, w in ((1, 1), (3000, 3000), (64, 64), (24, 32)):
+            with pytest.raises(ServerError, match=rf"{h}x{w} frames; the model was trained on 48x64"):
+                c.act(_state(1), {cam: np.zeros((1, h, w, 3), np.uint8)})
+        with pytest.raises(ServerError, match=r"this request is 35.2 MiB and .* takes at most 28.0 MiB"):
+            c.act(_state(40), {cam: np.zeros((40, 480, 640, 3), np.uint8)})
+        assert c.act(_state(1), {cam: np.zeros((1, 48, 64, 3), np.uint8)}).actions.shape == (1, 8, 3)
+
+
+def test_settings_of_another_engine_are_refused(model):
+    from tests.faults.conftest import run_cli
+
+    r = run_cli("serve", str(model), "--replicas", "2")
+    assert r.code != 0 and "--replicas and --ray-address apply to --engine ray only" in r.err
+    r = run_cli("serve", str(model), "--engine", "ray", "--max-message-mb", "32")
+    assert r.code != 0 and "Ray Serve's proxy closes websocket messages over 16 MiB" in r.err

@@ -34,7 +34,8 @@ def test_act_through_the_closed_loop(tmp_path):
                                                                         "environment_state": True}),
         "eval": cfg.eval.model_copy(update={"task": RED}),
         "train": cfg.train.model_copy(update={"policy_type": "act", "family": "lerobot", "policy_config": ACT,
-                                              "steps": 15, "max_samples": 8, "lr": 1e-4}),
+                                              "steps": 15, "max_samples": 8, "lr": 1e-4,
+                                              "max_tokens": 2048}),  # ci()'s is the VLA's: ACT would refuse it
         "rounds": 2, "dagger": cfg.dagger.model_copy(update={"episodes": 2, "num_envs": 2, "steps": 5}),
         "model_name": "reach-act"})
     (tmp_path / "loop.json").write_text(cfg.model_dump_json())

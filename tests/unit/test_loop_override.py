@@ -36,3 +36,13 @@ def test_nested_settings_merge_into_the_preset():
 def test_a_wrong_override_is_refused_with_its_name(text, error):
     with pytest.raises(ValueError, match=error):
         config(_args(override=text))
+
+
+def test_a_family_chosen_by_override_drops_the_presets_settings_it_does_not_read(capsys):
+    """The demo preset's max_tokens (the VLA's token budget) would do nothing for ACT: set back to its default, and
+    said; the same setting named in the override is refused instead."""
+    cfg = config(_args(override='{"train": {"policy_type": "act"}}'))
+    assert cfg.train.family == "lerobot" and cfg.train.max_tokens == 2048
+    assert "train.max_tokens 4096 from the preset does not apply to this family" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="max_tokens=4096 would do nothing"):
+        config(_args(override='{"train": {"policy_type": "act", "max_tokens": 4096}}'))

@@ -156,11 +156,16 @@ def test_types_roboloop_does_not_train_are_refused_with_the_reason(recorded, tmp
 
 def test_a_batch_is_max_samples_whatever_the_task_strings_length(recorded, tmp_path):
     """LeRobot's policies pack no backbone tokens: the VLA's max_tokens must not cut their batches short (it did, by
-    the task string's bytes, 16 per sample here: over a budget of 8, or 2 samples under one of 32)."""
+    the task string's bytes, 16 per sample here: over a budget of 8, or 2 samples under one of 32); a recipe that
+    sets it for them is refused (it would do nothing)."""
+    from pydantic import ValidationError
+
     from roboloop.training.distributed import DistEnv
     from roboloop.training.train import Trainer
 
-    cfg = _cfg(recorded, tmp_path / "out", max_tokens=8, max_samples=4)
+    with pytest.raises(ValidationError, match="max_tokens=8 would do nothing"):
+        _cfg(recorded, tmp_path / "out", max_tokens=8, max_samples=4)
+    cfg = _cfg(recorded, tmp_path / "out", max_samples=4)
     trainer = Trainer(cfg, DistEnv(0, 1, 0, torch.device("cpu")))
     try:
         assert [len(trainer.pipe.next().keys) for _ in range(3)] == [4, 4, 4]

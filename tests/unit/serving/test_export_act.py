@@ -33,8 +33,8 @@ def act_export(root):
 
 def _obs(n: int, seed: int, state_dim: int) -> Obs:
     g = torch.Generator().manual_seed(seed)
-    images = {k: torch.randint(0, 256, (n, 60, 80, 3), generator=g, dtype=torch.uint8)  # resized by the policy
-              for k in (*CAMS, *IMAGES)}
+    images = {k: torch.randint(0, 256, (n, 2 * h, 2 * w, 3), generator=g, dtype=torch.uint8)  # resized by the policy
+              for k, (h, w) in {**CAMS, **IMAGES}.items()}
     return Obs(torch.randn(n, state_dim, generator=g), images, ["pick the cube"] * n)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from roboloop.receipts import Decision
-from roboloop.serving.service import resolve
+from roboloop.serving.follow import resolve
 from roboloop.summary import LoopSummary
 
 

@@ -56,7 +56,7 @@ def _hopper_with_torchao(monkeypatch):
     monkeypatch.setattr(availability, "has_module", lambda name: name == "torchao")
 
 
-def test_a_plan_named_fp8_that_converts_no_linear_is_bf16_and_base_converts_its_large_ones(monkeypatch):
+def test_fp8_converting_no_linear_is_bf16_under_auto_refused_if_asked_and_base_converts_its_large_ones(monkeypatch):
     from roboloop.training.config import base, small
     from roboloop.training.model import VLAPolicy
 
@@ -68,7 +68,9 @@ def test_a_plan_named_fp8_that_converts_no_linear_is_bf16_and_base_converts_its_
     settled, names = precision.settle(p, small_model, precision.FP8_MIN_FEATURES, "preset small")
     assert (settled.name, names) == ("bf16", [])
     assert "no linear >= 1024 features in preset small" in settled.reason
-    settled, names = precision.settle(p, base_model, precision.FP8_MIN_FEATURES, "preset base")
+    with pytest.raises(ValueError, match="precision=fp8: no linear in preset small reaches 1024 features"):
+        precision.settle(p, small_model, precision.FP8_MIN_FEATURES, "preset small", explicit=True)  # asked for
+    settled, names = precision.settle(p, base_model, precision.FP8_MIN_FEATURES, "preset base", explicit=True)
     assert settled.name == "fp8" and len(names) >= 32 and "blocks.0.mlp.fc1" in names
     rec = precision.run_record("fp8", settled, names, 1024, "default", torch.device("cpu"))
     assert rec["fp8_linears"] == len(names) and rec["fp8_backend"] == "torchao"

@@ -180,7 +180,8 @@ def test_a_run_refused_before_its_first_step_leaves_its_folder_to_the_fixed_run(
     from roboloop.policies.lerobot import LeRobotPolicyError
 
     out = tmp_path / "run"
-    bad = _cfg(tiny_v3, out, steps=2, family="lerobot", policy_type="act", policy_config={"no_such_option": 1})
+    bad = _cfg(tiny_v3, out, steps=2, family="lerobot", policy_type="act", policy_config={"no_such_option": 1},
+               max_tokens=2048, model_overrides={})  # the VLA's settings: ACT reads neither (refused otherwise)
     with pytest.raises(LeRobotPolicyError, match="no_such_option"):
         train(bad)
     assert {f.name for f in out.iterdir()} <= {"run_config.json", ".roboloop-output.json"}
