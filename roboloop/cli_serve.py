@@ -43,11 +43,12 @@ def add_parser(sub) -> None:
     s.add_argument("--max-message-mb", type=float, default=None, help="the largest request in MiB (default 32, "
                    "36 frames of 480x640; --engine ray: at most 16, its proxy's limit); a larger one closes its "
                    "connection (1009) and clients refuse to send one")
-    s.add_argument("--max-connections", type=int, default=64, help="connections at once (all holders of the token); "
-                   "more are refused at the handshake (HTTP 503)")
-    s.add_argument("--idle-timeout", type=float, default=300.0, help="seconds a connection may send nothing")
-    s.add_argument("--send-timeout", type=float, default=10.0, help="seconds a client may take to read a reply "
-                   "before its connection is dropped")
+    s.add_argument("--max-connections", type=int, help="connections at once (all holders of the token; default "
+                   "64); more are refused at the handshake (HTTP 503). --engine process")
+    s.add_argument("--idle-timeout", type=float, help="seconds a connection may send nothing (default 300). "
+                   "--engine process")
+    s.add_argument("--send-timeout", type=float, help="seconds a client may take to read a reply before its "
+                   "connection is dropped (default 10). --engine process")
     s.add_argument("--token-file", help="the token file (default $ROBOLOOP_SERVE_TOKEN_FILE or "
                    ".roboloop/serve-token; created with mode 600 when absent)")
     s.add_argument("--engine", choices=["process", "ray"], default="process", help="process (default: one process, "
@@ -106,6 +107,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.engine != "ray" and (args.replicas != 1 or args.ray_address):  # they would do nothing: refused
         raise ValueError("--replicas and --ray-address apply to --engine ray only (the process engine is one "
                          "process on this machine)")
+    limits = {"max_connections": args.max_connections, "idle_timeout_s": args.idle_timeout,
+              "send_timeout_s": args.send_timeout}
+    if args.engine == "ray" and any(v is not None for v in limits.values()):
+        raise ValueError("--max-connections, --idle-timeout and --send-timeout apply to --engine process: Ray "
+                         "Serve's proxy holds the connections (its own limits)")
     token = read_token(args.token_file, create=True)
     logging.getLogger("roboloop.serve").setLevel(logging.INFO)
     from roboloop.serving import wire
@@ -118,8 +124,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch or 64,
                       args.max_wait_ms if args.max_wait_ms is not None else 0.0 if args.engine == "ray" else 5.0,
                       max_message_bytes=max_bytes, follow_interval_s=args.follow_interval, threads=args.threads,
-                      precision=args.precision, max_connections=args.max_connections,
-                      idle_timeout_s=args.idle_timeout, send_timeout_s=args.send_timeout)
+                      precision=args.precision, **{k: v for k, v in limits.items() if v is not None})
     if args.engine == "ray":
         return _serve_ray(cfg, args)
     import os

@@ -196,3 +196,5 @@ def test_settings_of_another_engine_are_refused(model):
     assert r.code != 0 and "--replicas and --ray-address apply to --engine ray only" in r.err
     r = run_cli("serve", str(model), "--engine", "ray", "--max-message-mb", "32")
     assert r.code != 0 and "Ray Serve's proxy closes websocket messages over 16 MiB" in r.err
+    r = run_cli("serve", str(model), "--engine", "ray", "--idle-timeout", "5")
+    assert r.code != 0 and "apply to --engine process" in r.err
