@@ -4,8 +4,10 @@ Last round every test passed while `make demo` failed on a fresh clone (an ignor
 DVC refuse the stage outputs), and the policy it trained solved 23% of its task. This runs
 `.ci/fresh-clone-demo`: clone HEAD into a temporary folder, fresh PREFECT_HOME, `make demo` with
 its default `demo` preset (install, 512 recorded demonstrations, 1,200 training steps, 48 held-out
-evaluation episodes, registration), and requires the summary's policy to succeed with a Wilson lower
-bound >= 0.7 (measured: 44/48, 80-97%; the recipe before the ablations reached 62%, Wilson 52-71%).
+evaluation episodes, registration), and requires what the README claims: the summary's policy succeeds on at
+least 90% of them (measured on the 2-core AMD EPYC VM: 48/48 in every run since uniform sample order; 44/48 and
+45/48 before; float rounding differs between CPUs, so the claim is 90%, not 100%) against a random policy's 10% at
+most, and the promotion is the gate's rule applied to the registered numbers.
 `roboloop reproduce` is skipped here (it would retrain for 3 more minutes): the closed-loop flow test
 reproduces a registered version bit for bit. The install skips precompiling bytecode (`COMPILE_BYTECODE=`: 70 s
 of the test's 8 minutes; Python compiles what the demo imports). Uncommitted changes are not in it: that is the point.
@@ -51,7 +53,9 @@ def test_make_demo_on_a_fresh_clone_trains_a_policy_that_succeeds(tmp_path):
     assert proc.returncode == 0, tail
     assert "closed loop finished in" in out and "fresh-clone demo: OK" in out, tail
     summary = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-    assert summary["registry_version"] == 1 and summary["ci"][0] >= 0.7, summary
+    assert summary["registry_version"] == 1 and summary["success_rate"] >= 0.9, summary
+    assert summary["random_success_rate"] <= 0.1 and summary["promoted"] is True, summary  # .ci/fresh-clone-demo
+    # checked the decision against the gate's rule
     # the demo ends where a robot begins: the version it registered, served and driven through its server
     served = summary["served"]
     assert served and served["ref"] == "registry:reach-vla@1" and served["episodes"] == 16, summary

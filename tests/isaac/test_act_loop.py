@@ -44,7 +44,11 @@ def test_act_through_the_closed_loop(tmp_path):
                        env=env, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-4000:]
     summary = json.loads(p.stdout.strip().splitlines()[-1])
-    assert summary["registry_version"] == 2 and summary["promoted"] in (True, False) and summary["gate"]
+    assert summary["registry_version"] == 2
+    from tests.gates import expected_decision
+
+    promoted, reason = expected_decision(tmp_path / ".roboloop" / "registry", "reach-act", 2, cfg.margin)
+    assert (summary["promoted"], summary["gate"]) == (promoted, reason)  # the rule applied to the recorded numbers
     assert [r["episodes"] for r in summary["rounds"]] == [12, 14]  # the expert's labels joined the data
     assert re.match(r"\d+ steps in \d+\.\d min; precision fp32", summary["training"]), summary["training"]
 

@@ -185,7 +185,11 @@ def test_short_closed_loop_on_the_so101_registers_a_version(tmp_path):
                        capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-4000:]
     summary = json.loads(p.stdout.strip().splitlines()[-1])
-    assert summary["registry_version"] == 1 and summary["gate"] and summary["promoted"] in (True, False)
+    assert summary["registry_version"] == 1
+    from tests.gates import expected_decision
+
+    assert (summary["promoted"], summary["gate"]) == expected_decision(tmp_path / ".roboloop" / "registry",
+                                                                       "so101-ci", 1)
     assert summary["random_success_rate"] is not None
 
     from roboloop.registry import Registry

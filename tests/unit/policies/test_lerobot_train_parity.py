@@ -1,9 +1,9 @@
 """roboloop against `lerobot-train` itself, on the same LeRobot-written dataset and ACT config.
 
 Curves: both train 50 steps at batch 4 with ACT's optimiser settings (AdamW, lr 1e-5, weight decay 1e-4, grad
-clip 10); their data orders and noise draws differ, so the per-step losses are compared as samples: the mean of
-steps 31-50 must not differ significantly (Welch's t-test, two-sided, p > 0.01), and both must have fallen from
-their start. (Same weights + the same batch give the same loss: test_lerobot_family.py.) Then the checkpoint
+clip 10); their data orders and noise draws differ, so the per-step losses are compared as samples: the means of steps 31-50
+must be shown equivalent within a margin of 15% of lerobot-train's (two one-sided Welch tests, TOST, p < 0.05: failing
+to find a difference in 20 noisy losses proved little), and both must have fallen from their start. (Same weights + the same batch give the same loss: test_lerobot_family.py.) Then the checkpoint
 lerobot-train wrote is brought in with `roboloop registry add`, scored offline from the registry and gated.
 """
 
@@ -53,10 +53,16 @@ def runs(tmp_path_factory):
     return root, ours, theirs
 
 
-def _welch_p(a: list[float], b: list[float]) -> float:
+MARGIN = 0.15  # equivalence margin on the tail's mean loss, relative to lerobot-train's
+
+
+def _tost_p(a: list[float], b: list[float], margin: float) -> float:
+    """Two one-sided Welch tests: the p-value of 'mean(a) - mean(b) is outside +-margin' (small: equivalent)."""
     from scipy import stats
 
-    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    above = stats.ttest_ind([x + margin for x in a], b, equal_var=False, alternative="greater").pvalue
+    below = stats.ttest_ind([x - margin for x in a], b, equal_var=False, alternative="less").pvalue
+    return float(max(above, below))
 
 
 def test_loss_curves_agree_with_lerobot_train(runs):
@@ -64,9 +70,9 @@ def test_loss_curves_agree_with_lerobot_train(runs):
     assert len(ours) == STEPS and len(theirs) >= STEPS, (len(ours), len(theirs))
     theirs = theirs[-STEPS:]
     tail_ours, tail_theirs = ours[30:], theirs[30:]
-    p = _welch_p(tail_ours, tail_theirs)
     mean = lambda x: sum(x) / len(x)  # noqa: E731
-    assert p > 0.01, (mean(tail_ours), mean(tail_theirs), p)
+    p = _tost_p(tail_ours, tail_theirs, MARGIN * mean(tail_theirs))
+    assert p < 0.05, (mean(tail_ours), mean(tail_theirs), p)
     assert mean(ours[-10:]) < mean(ours[:5]) and mean(theirs[-10:]) < mean(theirs[:5])
     assert all(math.isfinite(x) for x in ours)
 
@@ -84,7 +90,9 @@ def test_a_lerobot_train_checkpoint_registers_scores_offline_and_is_gated(runs, 
 
     added = cli("registry", "--registry", str(reg), "add", "act-lr", str(ckpt), "--dataset", str(root / "ds"),
                 "--score-offline", "all", "--promote")
-    assert added["version"] == 1 and added["promoted"] in (True, False) and "baseline" in added["reason"]
+    from tests.gates import expected_decision
+
+    assert added["version"] == 1 and (added["promoted"], added["reason"]) == expected_decision(reg, "act-lr", 1)
     from roboloop.registry import Registry
 
     lineage = Registry(reg).lineage("act-lr", 1)

@@ -34,8 +34,12 @@ def test_backend_matches_sdpa_bf16(backend):
 
 
 def test_auto_picks_a_varlen_kernel_on_cuda_bf16():
-    choice = resolve_backend("auto", "cuda", torch.bfloat16)
-    assert choice in ("flash", "torch_varlen") or not availability.torch_varlen_available()
+    """flash-attn where it is installed, else PyTorch's varlen kernel (torch 2.11 on a Hopper GPU has it): never the
+    padded SDPA fallback on the GPU the trainer is for."""
+    want = "flash" if availability.flash_attn_available() else "torch_varlen"
+    assert availability.flash_attn_available() or availability.torch_varlen_available(), \
+        "neither flash-attn nor PyTorch's varlen attention on this GPU"
+    assert resolve_backend("auto", "cuda", torch.bfloat16) == want
 
 
 def test_sdpa_fp32_on_gpu_matches_cpu():
