@@ -1,9 +1,10 @@
 """roboloop against `lerobot-train` itself, on the same LeRobot-written dataset and ACT config.
 
 Curves: both train 50 steps at batch 4 with ACT's optimiser settings (AdamW, lr 1e-5, weight decay 1e-4, grad
-clip 10); their data orders and noise draws differ, so the per-step losses are compared as samples: the means of steps 31-50
-must be shown equivalent within a margin of 15% of lerobot-train's (two one-sided Welch tests, TOST, p < 0.05: failing
-to find a difference in 20 noisy losses proved little), and both must have fallen from their start. (Same weights + the same batch give the same loss: test_lerobot_family.py.) Then the checkpoint
+clip 10); their data orders and noise draws differ, so the per-step losses are compared as samples: the means of
+steps 31-50 must be shown equivalent within a margin of 15% of lerobot-train's (two one-sided Welch tests, TOST,
+p < 0.05: failing to find a difference in 20 noisy losses proved little), and both must have fallen from their
+start. (Same weights + the same batch give the same loss: test_lerobot_family.py.) Then the checkpoint
 lerobot-train wrote is brought in with `roboloop registry add`, scored offline from the registry and gated.
 """
 
