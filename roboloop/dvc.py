@@ -15,6 +15,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from roboloop import fsutil
+
 log = logging.getLogger(__name__)
 
 LOCAL_REMOTE = ".roboloop/dvc-remote"
@@ -40,8 +42,6 @@ def find_root(start: str | Path = ".") -> Path | None:
 def init_repo(root: str | Path, remote: str = LOCAL_REMOTE) -> Path:
     """Make `root` a DVC repo (inside git when there is one) with a default local remote."""
     from dvc.repo import Repo
-
-    from roboloop import fsutil
 
     root = Path(root).resolve()
     fsutil.private_dir(root / fsutil.STATE_ROOT)  # before DVC makes its site cache there with mode 0777
@@ -72,17 +72,43 @@ def track(path: str | Path, push: bool = True, repo_root: str | Path | None = No
     root = Path(repo_root).resolve() if repo_root else find_root(path)
     if root is None:
         raise ValueError(f"{path} is not inside a DVC repository (run `dvc init` or roboloop.dvc.init_repo)")
-    from roboloop import fsutil
-
     if (root / fsutil.STATE_ROOT).exists():
         fsutil.private_dir(root / fsutil.STATE_ROOT)
+    dvc_file = path.with_name(path.name + ".dvc")
+    committed = dvc_file.read_bytes() if _in_git(root, dvc_file) else None
     with Repo(str(root)) as repo, _quiet():
         stages = repo.add([str(path)])
         out = stages[0].outs[0]
         if push:
             repo.push([stages[0].path])
+    if committed is not None and dvc_file.read_bytes() != committed:
+        # a .dvc file the repository commits (the demo's data.dvc) is the user's: its content stays as committed,
+        # so the checkout stays clean and lineage names the commit without '-dirty'; the data's own md5 is what
+        # lineage records, and the difference is said here
+        fsutil.atomic_write_bytes(dvc_file, committed)
+        log.warning("%s: the data's md5 is %s; %s (committed) records %s: left as committed",
+                    path.name, out.hash_info.value, dvc_file.name, _md5_in(committed))
     meta = out.meta
     return Tracked(path, Path(stages[0].path), out.hash_info.value, meta.size, meta.nfiles)
+
+
+def _in_git(root: Path, file: Path) -> bool:
+    """Is `file` committed in the git repository at `root`?"""
+    import subprocess
+
+    if not file.exists() or not (root / ".git").exists():
+        return False
+    return subprocess.run(["git", "ls-files", "--error-unmatch", str(file)], cwd=root, capture_output=True
+                          ).returncode == 0
+
+
+def _md5_in(dvc_text: bytes) -> str:
+    import yaml  # type: ignore[import-untyped]
+
+    try:
+        return str(yaml.safe_load(dvc_text)["outs"][0]["md5"])
+    except (ValueError, KeyError, IndexError, TypeError, yaml.YAMLError):
+        return "an unreadable md5"
 
 
 def md5_of(dvc_file: str | Path) -> str:

@@ -70,3 +70,28 @@ def test_cache_keys_do_not_depend_on_how_a_config_was_read_back():
     read_back = ConvertConfig.model_validate_json(fresh.model_dump_json())  # 100 -> 100.0
     assert cache_key("convert", "md5", fresh.model_dump()) == cache_key("convert", "md5", read_back.model_dump())
     assert cache_key("convert", "md5", fresh.model_dump()) != cache_key("convert", "md5", {"x": 1})
+
+
+def test_a_committed_dvc_file_is_left_as_committed_when_the_data_differs(small_v21, tmp_path, caplog):
+    """`make demo` in a fresh clone re-recorded data/ and rewrote the committed data.dvc, so every version it
+    registered named its commit '-dirty' and `git status` showed a change the user did not make."""
+    import shutil
+
+    from roboloop.lineage import git_commit
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    dvc.init_repo(repo)
+    shutil.copytree(small_v21, repo / "data")
+    first = dvc.track(repo / "data", push=False)
+    (repo / ".gitignore").write_text("/data\n.roboloop/\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "data"], check=True)
+    committed = (repo / "data.dvc").read_bytes()
+    (repo / "data/meta/tasks.jsonl").write_text('{"task_index": 0, "task": "recorded elsewhere"}\n')
+    again = dvc.track(repo / "data", push=False)
+    assert again.md5 != first.md5 and (repo / "data.dvc").read_bytes() == committed
+    assert "left as committed" in caplog.text and first.md5 in caplog.text and again.md5 in caplog.text
+    assert not git_commit(repo).endswith("-dirty")
