@@ -198,3 +198,35 @@ def test_settings_of_another_engine_are_refused(model):
     assert r.code != 0 and "Ray Serve's proxy closes websocket messages over 16 MiB" in r.err
     r = run_cli("serve", str(model), "--engine", "ray", "--idle-timeout", "5")
     assert r.code != 0 and "apply to --engine process" in r.err
+
+
+def test_a_slow_client_does_not_slow_a_lone_fast_robot(model):
+    """The batcher waited up to max_wait_ms for every session that asked within the last second: a 2 Hz client made
+    a fast robot wait on each request (-42% chunks/s). Now it waits only for sessions due by their own cadence."""
+    cfg = ServeConfig(str(model), port=0, max_wait_ms=20.0)  # a long wait: a wrong one would show clearly
+    with Server(cfg, TOKEN) as srv:
+        url = f"serve://127.0.0.1:{srv.port}"
+
+        def fast(seconds: float) -> int:
+            n, t0 = 0, time.perf_counter()
+            with PolicyClient(url, token=TOKEN) as c:
+                while time.perf_counter() - t0 < seconds:
+                    c.act(_state(1))
+                    n += 1
+            return n
+
+        alone = fast(1.5)
+        stop = threading.Event()
+
+        def slow() -> None:
+            with PolicyClient(url, token=TOKEN) as c:
+                while not stop.wait(0.5):
+                    c.act(_state(1))
+
+        t = threading.Thread(target=slow, daemon=True)
+        t.start()
+        time.sleep(1.2)  # it has a cadence
+        beside = fast(1.5)
+        stop.set()
+        t.join(10)
+    assert beside >= 0.75 * alone, (alone, beside)
