@@ -49,7 +49,16 @@ def _rl(path: Path) -> dict:
     return run(RLConfig.model_validate_json(path.read_text()), on_event=show).__dict__
 
 
-STAGES = {"train": _train, "evaluate": _evaluate, "collect": _collect, "rl": _rl}
+def _check_model(path: Path) -> dict:
+    from roboloop.serving.follow import ModelCheck
+    from roboloop.serving.service import load_slot
+
+    c = ModelCheck.model_validate_json(path.read_text())
+    slot = load_slot(Path(c.folder), c.version, c.device, c.seed, None, c.precision)
+    return {"version": slot.version, "interface": list(map(str, slot.interface()))}
+
+
+STAGES = {"train": _train, "evaluate": _evaluate, "collect": _collect, "rl": _rl, "check-model": _check_model}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,9 +8,36 @@ import threading
 import time
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from roboloop.serving.service import PolicyService, redact
 
 log = logging.getLogger("roboloop.serve")
+CHECK_TIMEOUT_S = 300.0
+
+
+class ModelCheck(BaseModel):
+    """A new version to load and check in a child process (`python -m roboloop.entry check-model`)."""
+
+    folder: str
+    version: str
+    device: str = "cpu"
+    seed: int = 0
+    precision: str = "fp32"
+
+
+def check_in_child(folder: Path, version: str, service: PolicyService) -> None:
+    """Load and check `folder` in a child process first, so that whatever loading it does (a crash, an abort, memory
+    it takes) happens there and not in the serving process; raises with the child's one-line cause."""
+    import tempfile
+
+    from roboloop.procs import run_entry
+
+    cfg = ModelCheck(folder=str(folder), version=version, device=service.device, seed=service.seed,
+                     precision=service.precision)
+    with tempfile.TemporaryDirectory(prefix="roboloop-check-") as work:
+        run_entry("check-model", cfg, work, lambda line: log.info("[check %s] %s", version, line), CHECK_TIMEOUT_S,
+                  f"the check of {version} in a child process")
 
 
 def resolve(ref: str, cache: Path) -> tuple[Path, str, tuple[str | None, str, str] | None]:
@@ -31,15 +58,17 @@ def resolve(ref: str, cache: Path) -> tuple[Path, str, tuple[str | None, str, st
 
 
 class Follower(threading.Thread):
-    """Polls a registry alias (default `champion`); a new version is loaded, checked and swapped in. A refused
+    """Polls a registry alias (default `champion`); a new version is loaded and checked in a child process, then
+    loaded, checked on the last request's observation and swapped in here. A refused
     version is tried again after `retry_s` (a download that failed, a check that met a bad moment); the cached
     folders of versions no session uses any more are removed (only what roboloop downloaded there)."""
 
     def __init__(self, service: PolicyService, uri: str | None, name: str, alias: str, cache: Path,
-                 interval: float = 2.0, retry_s: float = 60.0):
+                 interval: float = 2.0, retry_s: float = 60.0, isolate: bool = True):
         super().__init__(daemon=True, name="roboloop-serve-follow")
         self.service, self.uri, self.name, self.alias, self.cache = service, uri, name, alias, cache
         self.interval, self.retry_s, self.stop_event = interval, retry_s, threading.Event()
+        self.isolate = isolate  # load and check each new version in a child process before this one loads it
         self.seen: int | None = None
         self.failed: tuple[int, float] | None = None  # the refused version and when
         self.kept: set[Path] = set()  # the cached folders the last prune kept
@@ -69,6 +98,8 @@ class Follower(threading.Thread):
         folder = self.cache / self.name / _vname(v)
         try:
             reg.download(self.name, v, folder, overwrite=True)
+            if self.isolate:
+                check_in_child(folder, label, self.service)
             ok = self.service.swap_to(folder, label)
         except Exception as e:  # a version that cannot be downloaded is refused like one that does not load
             self.service.refused = redact(f"{label} refused: {type(e).__name__}: {e}")[:500]

@@ -159,3 +159,42 @@ def test_state_folder_is_owner_only_and_the_token_is_checked_for_owner_and_links
         os.chown(elsewhere / "tok", 65534, 65534)
         with pytest.raises(PermissionError, match="belongs to user 65534"):
             read_token(elsewhere / "tok")
+
+
+class AbortOnLoad:
+    """A family the operator allowed whose loading kills its process (a native crash, an abort)."""
+
+    name, capabilities = "abort-on-load", frozenset()
+
+    def build(self, cfg, features): ...
+
+    def load_init(self, trainable, folder, keys): ...
+
+    def write_meta(self, out, trainable, info, data): ...
+
+    def load(self, folder, device="cpu", seed=0, inference_steps=None):
+        os.abort()
+
+
+def test_a_version_that_kills_its_loader_is_checked_in_a_child_and_the_server_lives(tmp_path, monkeypatch):
+    from roboloop.serving.client import PolicyClient
+    from roboloop.serving.server import ServeConfig, Server
+
+    monkeypatch.setenv("ROBOLOOP_POLICY_FAMILIES", "tests.faults.test_hostile_models:AbortOnLoad")
+    reg = Registry(tmp_path / "registry")
+    reg.register("arm", untrained_model(tmp_path / "v1", 6, 3, 8), _lineage())
+    assert reg.promote("arm", 1).promoted
+    bad = untrained_model(tmp_path / "v2", 6, 3, 8, seed=2)
+    (bad / "policy.json").write_text(json.dumps({
+        "family": "tests.faults.test_hostile_models:AbortOnLoad", "state_key": "observation.state",
+        "action_key": "action", "state_dim": 6, "action_dim": 3, "horizon": 8}))
+    reg.register("arm", bad, _lineage())
+    cfg = ServeConfig(f"registry:{reg.uri}#arm@champion", port=0, cache=str(tmp_path / "cache"),
+                      follow_interval_s=0.1)
+    state = np.zeros((1, 6), np.float32)
+    with Server(cfg, TOKEN) as srv, PolicyClient(f"serve://127.0.0.1:{srv.port}", token=TOKEN) as c:
+        assert reg.promote("arm", 2, force=True).promoted
+        deadline = time.time() + 60
+        while "arm@v2 refused" not in (r := c.act(state)).note and time.time() < deadline:
+            time.sleep(0.1)
+        assert r.version.startswith("arm@v1+") and "in a child process failed" in r.note, r.note
