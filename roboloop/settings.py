@@ -36,7 +36,6 @@ class Settings(BaseSettings):
     node_rank: int = Field(0, ge=0, description="this node's index in a training job")
     rdzv_endpoint: str | None = Field(None, description="host:port of the c10d rendezvous on node 0")
     max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed ranks")
-    shared_output: str | None = Field(None, description="training output folder on shared storage (multi-node)")
     peak_tflops: float | None = Field(None, gt=0, description="peak TFLOP/s for MFU where the device is unknown")
     serve_token_file: str = Field(".roboloop/serve-token", description="the policy server's token (mode 600; "
                                   "created by the server's first start, read by its clients)")
