@@ -97,8 +97,19 @@ class LoopConfig(BaseModel):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} {what}; evaluation 'offline' has none (leave {name} empty)")
 
+    def _check_unused(self) -> None:
+        """Refuse, never ignore: settings of a part of the loop that this configuration does not run."""
+        unused = {"dagger": ("rounds is 1: no DAgger round runs", self.rounds == 1),
+                  "offline": ("evaluation is 'simulator': nothing is scored offline", self.evaluation == "simulator"),
+                  "baseline_episodes": ("baseline is off: no random policy is evaluated", not self.baseline)}
+        for name, (why, idle) in unused.items():
+            default = type(self).model_fields[name].get_default(call_default_factory=True)
+            if idle and getattr(self, name) != default:
+                raise ValueError(f"{name} is set but would do nothing: {why} (leave it at its default)")
+
     @model_validator(mode="after")
     def _offline_needs_held_out_episodes(self) -> LoopConfig:
+        self._check_unused()
         if self.evaluation == "offline":
             self._check_offline()
         if self.select is not None:

@@ -83,3 +83,18 @@ def test_what_lerobot_does_not_read_is_refused_by_name_and_reason():
     with pytest.raises(ValidationError, match="aux_target=.* this recipe feeds no images"):
         TrainRecipe(with_video=False, aux_target="observation.environment_state")
     assert TrainRecipe(policy_type="act", model_overrides={"horizon": 10}).model_overrides == {"horizon": 10}
+
+
+@pytest.mark.parametrize("given, why, runs", [
+    ({"dagger": {"episodes": 8}}, "dagger is set but would do nothing: rounds is 1", {"rounds": 2}),
+    ({"offline": {"stride": 2}}, "offline is set but would do nothing: evaluation is 'simulator'",
+     {"evaluation": "offline", "train": {"val_fraction": 0.1}}),
+    ({"baseline": False, "baseline_episodes": 8}, "baseline_episodes is set but would do nothing: baseline is off",
+     {"baseline": True}),
+])
+def test_loop_settings_of_a_part_that_does_not_run_are_refused(given, why, runs):
+    from roboloop.loop import LoopConfig
+
+    with pytest.raises(ValidationError, match=why):
+        LoopConfig(**given)
+    LoopConfig(**{**given, **runs})  # where that part runs, the same setting is taken
