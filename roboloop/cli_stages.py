@@ -150,6 +150,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     if args.offline:
         return _evaluate_offline(args)
+    offline_only = {"--dataset": args.dataset is not None, "--score": args.score != "validation",
+                    "--stride": args.stride != 1, "--against": args.against is not None,
+                    "--margin": args.margin != 0.05}
+    if any(offline_only.values()):  # refuse, never ignore
+        raise ValueError(f"{', '.join(k for k, v in offline_only.items() if v)} apply to evaluate --offline only; "
+                         "a simulator evaluation plays --episodes of --task")
     cfg: EvalConfig = _model_from_args(EvalConfig, args)  # type: ignore[assignment]
     recipe = EvalRecipe(**cfg.model_dump(include=set(EvalRecipe.model_fields)))
     summary = stages.evaluate(cfg.policy, recipe, cache=None if cfg.save_rollouts else _cache(args),
@@ -188,6 +194,14 @@ def _evaluate_offline(args: argparse.Namespace) -> int:
     if not args.dataset or not args.policy or args.policy in ("expert", "random"):
         raise SystemExit("evaluate --offline needs --dataset V3_DIR and --policy MODEL (a model folder or "
                          "registry:NAME@REF)")
+    from roboloop.evaluation.config import EvalConfig
+
+    kept = ("policy", "device", "seed", "output_dir")
+    simulator_only = sorted(f"--{k.replace('_', '-')}" for k in EvalConfig.model_fields
+                            if k not in kept and getattr(args, k, None) is not None)
+    if simulator_only:  # refuse, never ignore
+        raise ValueError(f"{', '.join(simulator_only)} apply to a simulator evaluation; evaluate --offline scores "
+                         "the recorded frames of --dataset (--score, --stride, --against, --margin)")
 
     def model(ref: str) -> str:
         if ref.startswith("registry:"):

@@ -88,3 +88,15 @@ def test_cli_evaluate_offline_prints_one_json_line(lerobot_model, tmp_path, caps
     assert line["split"] == "validation" and len(line["mae_norm"]) == 6 and line["plot"].endswith("open_loop.png")
     assert main(["evaluate", "--offline", "--dataset", str(ds), "--policy", str(model), "--against", str(model)]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["diff"] == 0.0
+
+
+def test_flags_of_the_other_kind_of_evaluation_are_refused(lerobot_model, tmp_path, capsys):
+    """Refuse, never ignore: --stride without --offline did nothing, and so did --episodes with it."""
+    from roboloop.cli import main
+
+    ds, model = lerobot_model
+    assert main(["evaluate", "--policy", str(model), "--stride", "2", "--against", str(model)]) != 0
+    assert "--stride, --against apply to evaluate --offline only" in capsys.readouterr().err
+    assert main(["evaluate", "--offline", "--dataset", str(ds), "--policy", str(model), "--episodes", "8",
+                 "--num-envs", "4"]) != 0
+    assert "--episodes, --num-envs apply to a simulator evaluation" in capsys.readouterr().err
