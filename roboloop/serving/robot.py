@@ -65,14 +65,15 @@ class LoopStats:
     versions: Counter = field(default_factory=Counter)
     roundtrip_ms: list[float] = field(default_factory=list)
     overrun_ticks: int = 0  # realtime ticks that took longer than 1/fps
-    held: int = 0  # ticks the robot held still because the server was lost
+    held: int = 0  # ticks the robot held still because the server was lost or a chunk was refused
+    refused: int = 0  # chunks the server or the client refused (not finite, another shape)
     server_losses: int = 0
 
     def summary(self) -> dict[str, Any]:
         rt = self.roundtrip_ms
         return {"ticks": self.ticks, "chunks": self.chunks, "stalls": self.stalls, "stale": self.stale,
                 "versions": dict(self.versions), "overrun_ticks": self.overrun_ticks, "held": self.held,
-                "server_losses": self.server_losses,
+                "refused": self.refused, "server_losses": self.server_losses,
                 "roundtrip_ms_p50": round(float(np.percentile(rt, 50)), 2) if rt else None,
                 "roundtrip_ms_p99": round(float(np.percentile(rt, 99)), 2) if rt else None}
 
@@ -147,7 +148,7 @@ class RobotLoop:
     def step(self, tick: int) -> dict[str, Any]:
         """One tick: observe, (maybe) ask, act. Returns what the robot says it sent (LeRobot's robots clip to their
         limits and `max_relative_target`). When the server is lost: hold (or stop, ServerLostError)."""
-        from roboloop.serving.client import ServerLostError
+        from roboloop.serving.client import ServerError, ServerLostError
 
         obs = self.robot.get_observation()
         if self.lost is not None:
@@ -160,6 +161,12 @@ class RobotLoop:
                 raise
             self.reset()
             self.lost = self.pool.submit(self.client.reopen, str(e))
+            return self._hold(obs)
+        except ServerError:  # a chunk refused (not finite, another shape): never executed; hold, ask again next tick
+            self.stats.refused += 1
+            if not self.holds:
+                raise
+            self.reset()
             return self._hold(obs)
 
     def _hold(self, obs: dict[str, Any]) -> dict[str, Any]:

@@ -158,3 +158,19 @@ def test_a_served_evaluation_whose_server_dies_fails_cleanly_and_leaves_no_run_f
     assert child.returncode != 0
     assert f"ws://127.0.0.1:{server.port}" in stderr and "ServerLostError" in stderr, stderr[-2000:]
     assert not out.exists()
+
+
+def test_the_robot_loop_holds_instead_of_executing_a_refused_chunk(server):
+    """A state far outside training made the model give NaN chunks, which went to the robot. Now the server refuses
+    them, and the loop holds the arm for that tick and asks again on the next."""
+    server.start()
+    arm = Arm()
+    with PolicyClient(f"serve://127.0.0.1:{server.port}", token_file=server.cmd[-5]) as client:
+        loop = RobotLoop(arm, client, RobotLoopConfig(execute_steps=4, max_steps=40, realtime=False))
+
+        def on_tick(tick: int, action: dict) -> None:
+            arm.pos = {k: (3e38 if 10 <= tick < 14 else float(v)) for k, v in arm.pos.items()}
+
+        stats = loop.run(on_tick)
+    assert stats.refused >= 1 and stats.held >= stats.refused and stats.ticks == 40
+    assert all(np.isfinite(list(a.values())).all() for a in arm.sent)
