@@ -122,7 +122,10 @@ def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 
     """`roboloop serve` in its own process (replicas > 0: the Ray Serve engine with that many replicas)."""
     from roboloop.serving.check import LISTENING
 
-    env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"}
+    # OpenMP's workers wait passively (as in the loop's served check): with a busy core, spinning workers lose every
+    # barrier and one pass of the demo's VLA on 2 threads took 360-750 ms instead of ~21
+    env = {"OMP_WAIT_POLICY": "PASSIVE", **os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(token_file),
+           "RAY_USAGE_STATS_ENABLED": "0"}
     engine = ["--engine", "ray", "--replicas", str(replicas)] if replicas else []
     STARTED.clear()
     p = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0", "--max-batch",
@@ -303,7 +306,8 @@ def served_latency(model: Path, token_file: Path, token: str, n: int, state, ima
                # what serving adds to the same call: its round trip less the server's own forward pass (the
                # wire, the event loop, the batcher and the hop to the compute thread), free of the pass's drift
                "served_overhead_ms": pct([r.roundtrip_ms - r.infer_ms for r in replies]),
-               "server_threads": STARTED.get("threads")}
+               "server_threads": STARTED.get("threads"),
+               "server_omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
         row |= {"robot_client": robot_row} if robot else {}
         return row | ({"in_process_ms": pct(here)} if local is not None else {})
     finally:
