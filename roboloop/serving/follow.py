@@ -116,7 +116,9 @@ class Follower(threading.Thread):
 
         from roboloop import fsutil
 
-        keep = {slot.folder.resolve() for slot in self.service.lanes.values()} | {self.service.slot.folder.resolve()}
+        with self.service.state_lock:
+            slots = [*self.service.lanes.values(), self.service.slot]
+        keep = {slot.folder.resolve() for slot in slots}
         if keep == self.kept:
             return
         self.kept = keep

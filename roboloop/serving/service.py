@@ -322,6 +322,8 @@ class PolicyService:
     refused: str = ""  # the last version that failed its check, and why (no server paths: clients read it)
     probe: Obs | None = None  # the last request whose chunk was finite (a NaN-making one never becomes the probe)
     lock: threading.Lock = field(default_factory=threading.Lock)  # one forward pass at a time; swaps between
+    # slot, lanes and sessions: held only to read or change them, never during a pass (the event loop takes it)
+    state_lock: threading.Lock = field(default_factory=threading.Lock)
     compute: ThreadPoolExecutor = field(default_factory=compute_thread)  # where forward passes run (`compute_thread`)
     # interface -> the newest slot with it, kept while sessions that connected to it are open
     lanes: dict[tuple, ModelSlot] = field(default_factory=dict)
@@ -342,13 +344,13 @@ class PolicyService:
     # ------------------------------------------------------------------ sessions
     def open_session(self) -> tuple:
         """A new connection: it is served the newest version's interface for as long as it stays open."""
-        with self.lock:
+        with self.state_lock:
             iface = self.slot.interface()
             self.sessions[iface] = self.sessions.get(iface, 0) + 1
             return iface
 
     def close_session(self, iface: tuple) -> None:
-        with self.lock:
+        with self.state_lock:
             self.sessions[iface] = self.sessions.get(iface, 1) - 1
             if self.sessions[iface] <= 0:
                 del self.sessions[iface]
@@ -357,7 +359,7 @@ class PolicyService:
 
     def slot_for(self, iface: tuple | None) -> ModelSlot:
         """The newest slot a session with interface `iface` may be served by (None: the newest)."""
-        with self.lock:
+        with self.state_lock:
             return self.slot if iface is None else self.lanes.get(iface, self.slot)
 
     # ------------------------------------------------------------------ forward passes
@@ -398,7 +400,7 @@ class PolicyService:
             self.refused = redact(f"{version} refused: {type(e).__name__}: {e}")[:500]
             log.error("keeping %s: %s: %s", self.slot.version, version, e)
             return False
-        with self.lock:
+        with self.lock, self.state_lock:  # between two passes
             old, iface = self.slot, new.interface()
             self.slot, self.lanes[iface], self.refused = new, new, ""
             if old.interface() != iface and not self.sessions.get(old.interface()):
