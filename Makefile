@@ -23,10 +23,12 @@ help:  ## list targets
 install: $(STAMP)  ## create .venv/ with everything (idempotent; re-runs only when pins change)
 
 $(STAMP): pyproject.toml constraints/py312.txt
-	@# ffmpeg (videos); Chromium's headless shell + its driver (the `ui` tests drive Prefect's UI in a real browser)
+	@# ffmpeg (videos); Chromium's headless shell + its driver (the `ui` tests drive Prefect's UI in a real browser);
+	@# iproute2 + util-linux (tests/cluster's test hosts: network namespaces, infra/testbed.py)
 	@command -v ffmpeg >/dev/null && command -v chromium-headless-shell >/dev/null && command -v chromedriver \
-	  >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	  ffmpeg chromium-headless-shell chromium-driver >/dev/null; }
+	  >/dev/null && command -v ip >/dev/null && command -v unshare >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg chromium-headless-shell chromium-driver \
+	  iproute2 util-linux >/dev/null; }
 	@[ -n "$(PYTHON312)" ] || { echo "Python 3.12 not found: install it (pyenv install 3.12) or pass PYTHON312=/path/to/python3.12"; exit 1; }
 	@[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV)
 	@[ -x $(VENV)/bin/uv ] || $(PY) -m pip install -q uv==0.9.11

@@ -46,6 +46,8 @@ UNIT_SECONDS = {
     "tests/isaac/test_policy_family.py": 78,
     "tests/faults/test_errors.py": 72,
     "tests/unit/training/test_distributed.py": 72,
+    "tests/faults/test_serve_loss.py": 45,  # session 39's estimates: servers killed and restarted
+    "tests/faults/test_serve_abuse.py": 40,
 }
 RAY_SERVE = {"tests/unit/serving/test_ray_engine.py", "bench:serve"}
 
