@@ -135,10 +135,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         _model_from_args(TrainConfig, args)  # type: ignore[assignment]
     launch = LaunchConfig.from_settings(**{k: getattr(args, k, None) for k in LaunchConfig.model_fields})
     dataset_fingerprint(cfg.dataset)  # a missing or unreadable dataset is named before anything is hashed
+    ranks = launch.nproc_per_node * launch.nnodes
+    if launch.node_rank != 0:  # this node's ranks joined node 0's run: the model is node 0's to write
+        from roboloop.training.launch import run_torchrun
+
+        run_torchrun(cfg, launch, on_line=ChildLines(args.verbose), overwrite=args.overwrite)
+        print(json.dumps({"node_rank": launch.node_rank, "nnodes": launch.nnodes, "ranks": ranks,
+                          "model": "written by node_rank 0"}))
+        return 0
     data = stages.dataset_ref(cfg.dataset)
     ref = stages.train(data, cfg.recipe(), launch, cache=_cache(args), output_dir=cfg.output_dir, track=args.track,
                        overwrite=args.overwrite, in_process=True, on_line=ChildLines(args.verbose))
-    ranks = launch.nproc_per_node * launch.nnodes
     _print(ref, output_dir=ref.path, **ref.metrics, **({"ranks": ranks} if ranks > 1 else {}))
     return 0
 
