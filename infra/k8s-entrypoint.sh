@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# Entry point of every pod of a multi-node training Job (indexed: JOB_COMPLETION_INDEX 0..N-1).
-# Pod 0 runs the Prefect flow run it was started for; its train task launches torchrun with
-# --nnodes N --node-rank 0 and writes the TrainConfig to the shared output folder. Pods 1..N-1
-# wait for that file and join the same c10d rendezvous at <job>-0.<job>-ranks:29500.
+# Entry point of every pod of the gpu pool's indexed training Job (infra/k8s-gpu-pool.json; JOB_COMPLETION_INDEX
+# 0..N-1, set by the Job controller). Pod 0 runs the command the worker gave it (the Prefect flow run); its train
+# stage starts torchrun as node 0 of ROBOLOOP_NNODES and writes its config and dataset to ROBOLOOP_RUN_STORE (S3).
+# Pods 1..N-1 wait there for them (`roboloop cluster join`) and join the rendezvous at
+# $ROBOLOOP_RUN_ID-0.roboloop-ranks:29500 (the Job's name, from the downward API; the headless service's name).
+# The pods share no volume. `python infra/k8s.py render` / `roboloop cluster render k8s` print the manifests.
 set -euo pipefail
 INDEX="${JOB_COMPLETION_INDEX:-0}"
 if [ "$INDEX" = "0" ]; then
   exec "$@"
 fi
-CONFIG="${ROBOLOOP_SHARED_OUTPUT:?set ROBOLOOP_SHARED_OUTPUT to the training output_dir on shared storage}/train_config.json"
-for _ in $(seq 600); do [ -f "$CONFIG" ] && break; sleep 2; done
-exec roboloop train --config "$CONFIG" --nnodes "${ROBOLOOP_NNODES}" --node-rank "$INDEX" \
-  --nproc-per-node "${ROBOLOOP_NPROC_PER_NODE:-8}" --rdzv-endpoint "${ROBOLOOP_RDZV_ENDPOINT}" \
-  --max-restarts "${ROBOLOOP_MAX_RESTARTS:-3}"
+exec roboloop cluster join --node-rank "$INDEX"

@@ -55,6 +55,8 @@ class Testbed:
     subnet: int = 0
     addresses: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen] = field(default_factory=list)
+    hostnames: dict[str, str] = field(default_factory=dict)  # a host's host name, where it is not the host's name
+    aliases: dict[str, list[str]] = field(default_factory=dict)  # more names of a host in every hosts file
 
     def ns(self, host: str) -> str:
         return f"{self.tid}-{host}"
@@ -99,7 +101,8 @@ class Testbed:
     def _hosts_file(self, host: str) -> None:
         d = NETNS_ETC / self.ns(host)
         d.mkdir(parents=True, exist_ok=True)
-        lines = ["127.0.0.1 localhost", *(f"{addr} {name}" for name, addr in self.addresses.items())]
+        lines = ["127.0.0.1 localhost", *(" ".join([addr, name, *self.aliases.get(name, [])])
+                                          for name, addr in self.addresses.items())]
         (d / "hosts").write_text("\n".join(lines) + "\n")
 
     def command(self, host: str, cmd: list[str]) -> list[str]:
@@ -107,7 +110,24 @@ class Testbed:
         if host not in self.addresses:
             raise TestbedError(f"no host {host!r} in this testbed ({', '.join(self.addresses)})")
         return ["ip", "netns", "exec", self.ns(host), "unshare", "--uts", "--", "sh", "-c",
-                'hostname "$0" && exec "$@"', host, *cmd]
+                'hostname "$0" && exec "$@"', self.hostnames.get(host, host), *cmd]
+
+    def name(self, host: str, hostname: str, *aliases: str) -> None:
+        """From now on, processes on `host` see the host name `hostname`, and every host resolves `hostname` and
+        `aliases` to `host`'s address (what a pod's host name and cluster DNS give it)."""
+        self.hostnames[host] = hostname
+        self.aliases[host] = [hostname, *aliases]
+        for h in self.names:
+            self._hosts_file(h)
+
+    def kill(self, host: str) -> list[int]:
+        """kill -9 every process on `host` (a machine lost at once); returns their pids."""
+        pids = [int(p) for p in subprocess.run(["ip", "netns", "pids", self.ns(host)], capture_output=True,
+                                               text=True).stdout.split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
 
     def run(self, host: str, cmd: list[str], **kw) -> subprocess.CompletedProcess:
         return subprocess.run(self.command(host, cmd), **{"capture_output": True, "text": True, **kw})

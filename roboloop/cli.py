@@ -34,7 +34,7 @@ def _add_model_options(
         if get_origin(ann) is Literal or lit is not None:
             parser.add_argument(flag, choices=get_args(lit if lit is not None else ann), default=None,
                                 help=f.description)
-        elif ann == dict[str, Any]:
+        elif ann == dict[str, Any] or get_origin(ann) is dict:
             parser.add_argument(flag, type=json.loads, default=None, help=f"{f.description} (JSON)")
         elif ann is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.description)
@@ -254,7 +254,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     t.add_argument("--config", help="a TrainConfig JSON file (what flows hand to torchrun ranks)")
     t.add_argument("--overwrite", action="store_true", help="move an existing run in --output-dir aside (never "
                    "deleted) and start over; without it, only a matching run is resumed")
-    options(t, "train", "roboloop.training.config:TrainConfig", skip=frozenset({"model_overrides"}))
+    options(t, "train", "roboloop.training.config:TrainConfig")
     options(t.add_argument_group("torchrun (N > 1 ranks or nodes)"), "train", "roboloop.training.config:LaunchConfig")
     add_stage_flags(t)
     t.set_defaults(fn=cmd_train)
@@ -306,6 +306,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     from roboloop import cli_serve
 
     cli_serve.add_parser(sub)
+    from roboloop import cli_cluster
+
+    cli_cluster.add_parser(sub)
 
     r = sub.add_parser("registry", help="model registry (local folder or s3://): list, show, promote, download, "
                        "add (register a model folder: registry add NAME MODEL_DIR [--eval RUN] [--promote])")

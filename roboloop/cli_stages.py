@@ -128,12 +128,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from roboloop import stages
     from roboloop.cli import _model_from_args
+    from roboloop.s3 import is_s3
     from roboloop.training.config import LaunchConfig, TrainConfig
     from roboloop.training.outdir import dataset_fingerprint
 
     cfg: TrainConfig = TrainConfig.model_validate_json(Path(args.config).read_text()) if args.config else \
         _model_from_args(TrainConfig, args)  # type: ignore[assignment]
     launch = LaunchConfig.from_settings(**{k: getattr(args, k, None) for k in LaunchConfig.model_fields})
+    if is_s3(cfg.dataset):  # downloaded (verified) into the cache once; a rerun finds it there
+        from roboloop.datasets.ingest import ingest
+        from roboloop.settings import settings
+
+        cfg = cfg.model_copy(update={"dataset": str(ingest(cfg.dataset, cache_dir=settings().cache_dir).path)})
     dataset_fingerprint(cfg.dataset)  # a missing or unreadable dataset is named before anything is hashed
     ranks = launch.nproc_per_node * launch.nnodes
     if launch.node_rank != 0:  # this node's ranks joined node 0's run: the model is node 0's to write

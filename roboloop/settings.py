@@ -36,6 +36,15 @@ class Settings(BaseSettings):
     node_rank: int = Field(0, ge=0, description="this node's index in a training job")
     rdzv_endpoint: str | None = Field(None, description="host:port of the c10d rendezvous on node 0")
     max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed ranks")
+    run_id: str = Field("roboloop", description="the rendezvous id every node of one training job shares (the "
+                        "Kubernetes template: the Job's name)")
+    run_store: str | None = Field(None, description="s3://bucket/prefix where the nodes of a training job meet when "
+                                  "they share no folder: node 0's config, the dataset, checkpoints, the final model "
+                                  "(roboloop.training.runstore); set, a re-created job resumes from it")
+    join_timeout_s: float = Field(3600, gt=0, description="how long a node other than 0 waits for node 0 to reach "
+                                  "training (it may ingest and convert first)")
+    collective_timeout_s: float = Field(600, gt=0, description="a rank waits this long for the others in a "
+                                        "collective before it fails (a lost node: the run fails or restarts then)")
     peak_tflops: float | None = Field(None, gt=0, description="peak TFLOP/s for MFU where the device is unknown")
     serve_token_file: str = Field(".roboloop/serve-token", description="the policy server's token (mode 600; "
                                   "created by the server's first start, read by its clients)")

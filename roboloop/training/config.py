@@ -253,7 +253,7 @@ class TrainRecipe(BaseModel):
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
         "steps", "checkpoint_every_steps", "checkpoint_every_minutes", "keep_last", "log_every", "resume",
         "num_workers", "prefetch", "lookahead", "output_dir", "dataset", "device", "frame_cache_mb",
-        "host_memory"})
+        "host_memory", "mirror"})
 
     def changed_fields(self, saved: dict) -> list[str]:
         """Fields whose value differs from `saved` (another run's config) and that resuming cannot change."""
@@ -264,15 +264,19 @@ class TrainRecipe(BaseModel):
 class TrainConfig(TrainRecipe):
     """Everything a training run needs; the CLI and every torchrun rank (through `roboloop.entry`) read this."""
 
-    dataset: str = Field(description="LeRobot v3.0 dataset folder")
+    dataset: str = Field(description="LeRobot v3.0 dataset folder (`roboloop train`: or s3://bucket/prefix, "
+                         "downloaded and verified into the cache first)")
     output_dir: str = Field("artifacts/train", description="checkpoints, final model, metrics")
+    mirror: str | None = Field(None, description="s3:// folder that mirrors output_dir: rank 0 pushes each checkpoint "
+                               "there and ranks resume from it (the launcher sets it from ROBOLOOP_RUN_STORE; "
+                               "roboloop.training.runstore)")
 
     @classmethod
     def of(cls, recipe: TrainRecipe, dataset: str, output_dir: str) -> TrainConfig:
         return cls(**recipe.model_dump(), dataset=dataset, output_dir=output_dir)
 
     def recipe(self) -> TrainRecipe:
-        return TrainRecipe(**self.model_dump(exclude={"dataset", "output_dir"}))
+        return TrainRecipe(**self.model_dump(exclude={"dataset", "output_dir", "mirror"}))
 
 
 class LaunchConfig(BaseModel):
@@ -287,8 +291,11 @@ class LaunchConfig(BaseModel):
     rdzv_endpoint: str | None = Field(
         None, description="host:port of the rendezvous on node 0 (multi-node: required; one node: a free local port)")
     max_restarts: int = Field(0, ge=0, description="torchrun restarts of failed ranks (they auto-resume)")
-    run_id: str = Field("roboloop", description="rendezvous id shared by all nodes of one job")
+    run_id: str = Field("roboloop", description="rendezvous id shared by all nodes of one job (unique per job: the "
+                        "other nodes find node 0's config under it in the run store)")
     timeout_s: float | None = Field(None, gt=0, description="kill the job after this many seconds")
+    collective_timeout_s: float = Field(600, gt=0, description="how long ranks wait for a lost node: in a "
+                                        "collective, and to meet again after a restart; then the run fails")
 
     @classmethod
     def from_settings(cls, **given) -> LaunchConfig:
@@ -296,5 +303,6 @@ class LaunchConfig(BaseModel):
 
         st = settings()
         env = {"nproc_per_node": st.nproc_per_node, "nnodes": st.nnodes, "node_rank": st.node_rank,
-               "rdzv_endpoint": st.rdzv_endpoint, "max_restarts": st.max_restarts}
+               "rdzv_endpoint": st.rdzv_endpoint, "max_restarts": st.max_restarts, "run_id": st.run_id,
+               "collective_timeout_s": st.collective_timeout_s}
         return cls(**{**env, **{k: v for k, v in given.items() if v is not None}})

@@ -41,7 +41,12 @@ def init(device_pref: str = "auto") -> DistEnv:
     if use_cuda:
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        # the launcher's collective_timeout_s: a rank waiting for a lost node fails then (torch's default: 10 min for
+        # NCCL, 30 for gloo), so the run fails or restarts in a time the team chose
+        from datetime import timedelta
+
+        timeout = timedelta(seconds=float(os.environ.get("ROBOLOOP_COLLECTIVE_TIMEOUT_S", "600")))
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timeout)
     return DistEnv(rank, world, local, device)
 
 
@@ -96,7 +101,7 @@ def shutdown() -> None:
 
 def torchrun_command(config_json: str, nproc_per_node: int, nnodes: int = 1, node_rank: int = 0,
                      rdzv_endpoint: str = "127.0.0.1:29500", max_restarts: int = 0,
-                     run_id: str = "roboloop") -> list[str]:
+                     run_id: str = "roboloop", join_timeout_s: float = 600) -> list[str]:
     """The torchrun command line that trains `config_json` (a TrainConfig file) on this node.
 
     Multi-node: every node runs it with the same rdzv endpoint and run id (c10d rendezvous).
@@ -105,5 +110,5 @@ def torchrun_command(config_json: str, nproc_per_node: int, nnodes: int = 1, nod
     torchrun = shutil.which("torchrun") or sys.executable + " -m torch.distributed.run"
     return [*torchrun.split(), f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
             f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-            f"--rdzv-id={run_id}", f"--max-restarts={max_restarts}",
+            f"--rdzv-id={run_id}", f"--max-restarts={max_restarts}", f"--rdzv-conf=join_timeout={int(join_timeout_s)}",
             "-m", "roboloop.entry", "train", config_json]  # ranks never re-read launch settings

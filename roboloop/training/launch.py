@@ -15,7 +15,7 @@ from pathlib import Path
 from roboloop import fsutil
 from roboloop.errors import RoboloopError
 from roboloop.procs import run_streaming
-from roboloop.training import outdir
+from roboloop.training import outdir, runstore
 from roboloop.training.config import LaunchConfig, TrainConfig
 from roboloop.training.distributed import torchrun_command
 
@@ -44,6 +44,7 @@ def _run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str
     out = Path(cfg.output_dir)
     outdir.check_init_from(cfg.init_from)
     fingerprint = outdir.dataset_fingerprint(cfg.dataset)
+    cfg = _with_mirror(cfg, launch, fingerprint, on_line)
     plan = outdir.plan(cfg, fingerprint, overwrite=overwrite)
     if plan.moved_aside:
         on_line(f"moved the previous run aside to {plan.moved_aside}")
@@ -53,6 +54,8 @@ def _run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str
     outdir.claim(out, cfg, fingerprint)
     cfg_file = out / "train_config.json"
     fsutil.atomic_write_text(cfg_file, cfg.model_dump_json(indent=2))
+    if launch.nnodes > 1 and launch.node_rank == 0 and cfg.mirror:
+        _invite(cfg, launch, fingerprint, on_line)
     endpoint = launch.rdzv_endpoint
     if endpoint is None:
         if launch.nnodes > 1:
@@ -67,15 +70,69 @@ def _run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str
         rank_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0"}
     else:
         cmd = torchrun_command(str(cfg_file), launch.nproc_per_node, launch.nnodes, launch.node_rank,
-                               endpoint, launch.max_restarts, launch.run_id)
-    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), **rank_env}
+                               endpoint, launch.max_restarts, launch.run_id, launch.collective_timeout_s)
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), **rank_env,
+                 "ROBOLOOP_COLLECTIVE_TIMEOUT_S": str(launch.collective_timeout_s)}
     if launch.nproc_per_node > 1 and "OMP_NUM_THREADS" not in child_env:
         child_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // launch.nproc_per_node))
     code, tail = run_streaming(cmd, on_line, launch.timeout_s, child_env, what="training (torchrun and its ranks)")
     if code != 0:
         cause = next((line.strip() for line in reversed(tail) if _looks_like_error(line)), "see the log above")
         raise TrainingFailed(f"training exited with code {code}: {cause} (output in {out})")
+    if cfg.mirror and launch.node_rank == 0:
+        runstore.Mirror(cfg.mirror).push_model(out)
+        on_line(f"model mirrored to {cfg.mirror}")
     return out
+
+
+def _with_mirror(cfg: TrainConfig, launch: LaunchConfig, fingerprint: str,
+                 on_line: Callable[[str], None]) -> TrainConfig:
+    """Node 0 with a run store: the run's mirror there (checkpoints, the model); a finished model found there is
+    taken into an empty output folder (a re-created job has nothing on its disk), so it is not trained again."""
+    if launch.node_rank != 0 or cfg.mirror:
+        return cfg
+    store = runstore.store_url()
+    if store is None:  # one node, or nodes that share a folder
+        return cfg
+    if launch.nnodes > 1 and cfg.strategy == "fsdp":
+        raise ValueError("strategy fsdp across nodes writes each node's shards into its own folder, which no other "
+                         "node can read: train across nodes with strategy ddp (its checkpoints go through the run "
+                         "store), or give the nodes one shared folder and no run store")
+    mirror = runstore.mirror_url(store, Path(cfg.output_dir), cfg, fingerprint)
+    out = Path(cfg.output_dir)
+    if (not out.exists() or not any(out.iterdir())) and runstore.Mirror(mirror).pull_model(out):
+        on_line(f"took this run's finished model from {mirror}")
+    return cfg.model_copy(update={"mirror": mirror})
+
+
+def join(launch: LaunchConfig, out_root: Path, cache_dir: str | Path, timeout_s: float,
+         on_line: Callable[[str], None] = print) -> Path:
+    """A node other than 0 of a run whose nodes share no folder: wait for node 0's join document in the run store,
+    download the dataset it names into this node's cache, and run this node's ranks into a folder of its own."""
+    store = runstore.store_url(required_for="joining a multi-node run")
+    assert store is not None
+    on_line(f"node {launch.node_rank} waits for run {launch.run_id!r} at {store}/jobs/{launch.run_id}")
+    doc = runstore.wait_join(store, launch.run_id, timeout_s)
+    if (doc.nnodes, doc.nproc_per_node) != (launch.nnodes, launch.nproc_per_node):
+        raise ValueError(f"run {doc.run_id!r} is {doc.nnodes} node(s) x {doc.nproc_per_node} rank(s), but this node "
+                         f"was started as one of {launch.nnodes} x {launch.nproc_per_node}: the job's settings differ "
+                         "between its nodes")
+    dataset = runstore.fetch_dataset(doc.dataset_url, doc.fingerprint, cache_dir)
+    cfg = TrainConfig.model_validate({**doc.config, "dataset": str(dataset),
+                                      "output_dir": str(out_root / Path(doc.config["output_dir"]).name)})
+    on_line(f"node {launch.node_rank} joins: dataset {dataset}, output {cfg.output_dir}")
+    return run_torchrun(cfg, launch.model_copy(update={"max_restarts": doc.max_restarts}), on_line)
+
+
+def _invite(cfg: TrainConfig, launch: LaunchConfig, fingerprint: str, on_line: Callable[[str], None]) -> None:
+    """Node 0: the dataset and this run's config into the run store, where the other nodes wait for them."""
+    store = runstore.store_url(required_for="multi-node training")
+    assert store is not None
+    url = runstore.publish_dataset(store, Path(cfg.dataset), fingerprint)
+    runstore.publish_join(store, runstore.JoinDoc(
+        run_id=launch.run_id, config=cfg.model_dump(mode="json"), dataset_url=url, fingerprint=fingerprint,
+        nnodes=launch.nnodes, nproc_per_node=launch.nproc_per_node, max_restarts=launch.max_restarts))
+    on_line(f"nodes 1..{launch.nnodes - 1} of run {launch.run_id!r} join through {store}/jobs/{launch.run_id}")
 
 
 def _looks_like_error(line: str) -> bool:

@@ -23,11 +23,12 @@ from tqdm import tqdm
 from roboloop import fsutil, policies
 from roboloop.datasets.layout import ENV_STATE
 from roboloop.errors import DiskFullError
-from roboloop.training import checkpoint, distributed, ema, hostmem, metrics, optim, outdir, precision
+from roboloop.training import checkpoint, distributed, ema, hostmem, metrics, optim, outdir, precision, runstore
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import Normalizer, SampleStream, V3Dataset
 from roboloop.training.model import num_parameters
 from roboloop.training.pipeline import BatchPipeline, Packer
+from roboloop.training.resume import agreed_checkpoint
 from roboloop.training.split import split_episodes
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,9 @@ class Trainer:
             raise ValueError("ema_decay with strategy=fsdp on more than one rank is not supported yet (the average "
                              "would have to be sharded like the weights): use strategy=ddp or ema_decay=0")
         self.ema = ema.WeightAverage(self.model, cfg.ema_decay) if cfg.ema_decay else None
+        # rank 0 pushes each checkpoint to the run's mirror (S3) beside training
+        self.pusher = runstore.Pusher(runstore.Mirror(cfg.mirror), cfg.keep_last) if cfg.mirror and env.is_main \
+            else None
         self.start = self.resume()
         self.run_record["sample_order"] = self.stream.order_record()  # after resume: a run keeps its order
         # a family that packs no backbone tokens (LeRobot's policies) takes max_samples per batch, whatever the
@@ -199,7 +203,7 @@ class Trainer:
 
     def resume(self) -> int:
         """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""
-        found = checkpoint.latest(self.ckpt_dir) if self.cfg.resume else None
+        found = agreed_checkpoint(self.ckpt_dir, self.env, self.cfg.mirror) if self.cfg.resume else None
         if found is None:
             return 0
         if checkpoint.is_sharded(found):
@@ -244,6 +248,8 @@ class Trainer:
                     checkpoint.heartbeat(self.out / "heartbeat.json", step + 1, loss=last_loss)
         finally:
             self.stream.close()
+            if self.pusher:
+                self.pusher.wait()
         weights = distributed.full_state_dict(self.model, self.sharded)
         weights = precision.plain_state_dict(ema.averaged(weights, self.ema.state_dict() if self.ema else None))
         weights = getattr(self.family, "weights", lambda sd: sd)(weights)  # as the family's folder names them
@@ -316,16 +322,21 @@ class Trainer:
         due = bool(distributed.all_reduce_sum(torch.tensor(float(due), device=self.device), env) > 0)
         if not due or step + 1 >= cfg.steps:
             return
+        if self.pusher:
+            self.pusher.wait()  # the previous push is whole before this save prunes old checkpoints
         extra = {"step": step + 1, "scheduler": self.sched.state_dict(), "rng": checkpoint.rng_state(),
                  "data": self.pipe.state_dict(), "config": cfg.model_dump(mode="json")}
+        saved = None
         if self.sharded:
-            checkpoint.save_sharded(self.ckpt_dir, step + 1, self.model, self.opt, extra, cfg.keep_last, env.rank,
-                                    lambda: distributed.barrier(env))
+            saved = checkpoint.save_sharded(self.ckpt_dir, step + 1, self.model, self.opt, extra, cfg.keep_last,
+                                            env.rank, lambda: distributed.barrier(env))
         elif env.is_main:  # DDP replicas are identical: rank 0 writes, everyone waits
-            checkpoint.save(self.ckpt_dir, step + 1, {**extra, "model": self.model.state_dict(),
-                                                      "optimizer": self.opt.state_dict(),
-                                                      **({"ema": self.ema.state_dict()} if self.ema else {})},
-                            cfg.keep_last)
+            saved = checkpoint.save(self.ckpt_dir, step + 1, {**extra, "model": self.model.state_dict(),
+                                                              "optimizer": self.opt.state_dict(),
+                                                              **({"ema": self.ema.state_dict()} if self.ema else {})},
+                                    cfg.keep_last)
+        if self.pusher and saved is not None:
+            self.pusher.submit(saved)
         distributed.barrier(env)
         self.last_ckpt_time = time.time()
 

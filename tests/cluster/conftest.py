@@ -18,6 +18,10 @@ testbed = importlib.util.module_from_spec(_spec)  # infra/ is scripts, not a pac
 assert _spec.loader is not None
 sys.modules["roboloop_testbed"] = testbed  # (dataclasses look their module up)
 _spec.loader.exec_module(testbed)
+_spec = importlib.util.spec_from_file_location("roboloop_k8s", ROOT / "infra" / "k8s.py")
+k8s = importlib.util.module_from_spec(_spec)  # the gpu pool's manifests: render, validate, the pods of a Job
+assert _spec.loader is not None
+_spec.loader.exec_module(k8s)
 
 
 def hosts_possible() -> str | None:

@@ -56,7 +56,7 @@ def test_entrypoint_with_the_pod_environment_starts_one_torchrun(tmp_path):
     cfg_file = tmp_path / "train_config.json"
     cfg_file.write_text(cfg.model_dump_json())
     pod_env = {**os.environ, "JOB_COMPLETION_INDEX": "0", "ROBOLOOP_NNODES": "1", "ROBOLOOP_NPROC_PER_NODE": "2",
-               "ROBOLOOP_SHARED_OUTPUT": str(out), "OMP_NUM_THREADS": "1",
+               "OMP_NUM_THREADS": "1",
                "PATH": f"{Path(os.sys.executable).parent}:{os.environ['PATH']}"}
     proc = subprocess.Popen(["bash", str(ROOT / "infra/k8s-entrypoint.sh"), "roboloop", "train", "--config",
                              str(cfg_file)], cwd=ROOT, env=pod_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
