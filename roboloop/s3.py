@@ -52,8 +52,9 @@ def client(settings: S3Settings | None = None) -> Any:
         "s3",
         endpoint_url=s.endpoint_url,
         region_name=s.region,
-        config=Config(max_pool_connections=s.max_pool_connections, retries={"max_attempts": 5, "mode": "standard"},
-                      connect_timeout=10, read_timeout=60),
+        config=Config(max_pool_connections=s.max_pool_connections,
+                      retries={"max_attempts": s.max_attempts, "mode": "standard"},
+                      connect_timeout=s.connect_timeout_s, read_timeout=s.read_timeout_s),
     )
 
 

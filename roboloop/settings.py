@@ -21,6 +21,9 @@ class S3Settings(BaseSettings):
     endpoint_url: str | None = Field(None, description="S3-compatible endpoint (default: AWS, or AWS_ENDPOINT_URL)")
     region: str = Field("us-east-1", description="region for the S3 client")
     max_pool_connections: int = Field(32, description="parallel S3 connections")
+    connect_timeout_s: float = Field(10, gt=0, description="seconds to open a connection to the store")
+    read_timeout_s: float = Field(60, gt=0, description="seconds a request may wait for the store's next bytes")
+    max_attempts: int = Field(5, ge=1, description="tries of each S3 request (botocore's standard retries)")
 
 
 class Settings(BaseSettings):

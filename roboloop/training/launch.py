@@ -56,33 +56,57 @@ def _run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str
     fsutil.atomic_write_text(cfg_file, cfg.model_dump_json(indent=2))
     if launch.nnodes > 1 and launch.node_rank == 0 and cfg.mirror:
         _invite(cfg, launch, fingerprint, on_line)
+    code, tail = run_streaming(_command(cfg_file, launch), on_line, launch.timeout_s,
+                               _child_env(launch, env), what="training (torchrun and its ranks)")
+    if code != 0:
+        raise _failure(code, tail, cfg, launch)
+    if cfg.mirror and launch.node_rank == 0:
+        runstore.Mirror(cfg.mirror).push_model(out)
+        on_line(f"model mirrored to {cfg.mirror}")
+    return out
+
+
+def _command(cfg_file: Path, launch: LaunchConfig) -> list[str]:
     endpoint = launch.rdzv_endpoint
     if endpoint is None:
         if launch.nnodes > 1:
             raise ValueError("multi-node training needs rdzv_endpoint (host:port reachable from every node)")
         endpoint = f"127.0.0.1:{_free_port()}"
-    rank_env: dict[str, str] = {}
     if launch.nnodes == 1 and launch.nproc_per_node == 1 and not launch.max_restarts:
         # one rank and no restarts: the rank alone, in its own process group as under torchrun, without the
         # launcher's agent and rendezvous (~4 s of each start here), with the rank variables torchrun would set
         # (so it trains as a rank: this launcher has planned and locked the folder)
-        cmd = [sys.executable, "-m", "roboloop.entry", "train", str(cfg_file)]
-        rank_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0"}
-    else:
-        cmd = torchrun_command(str(cfg_file), launch.nproc_per_node, launch.nnodes, launch.node_rank,
-                               endpoint, launch.max_restarts, launch.run_id, launch.collective_timeout_s)
+        return [sys.executable, "-m", "roboloop.entry", "train", str(cfg_file)]
+    return torchrun_command(str(cfg_file), launch.nproc_per_node, launch.nnodes, launch.node_rank, endpoint,
+                            launch.max_restarts, launch.run_id, launch.collective_timeout_s)
+
+
+def _child_env(launch: LaunchConfig, env: dict[str, str] | None) -> dict[str, str]:
+    alone = launch.nnodes == 1 and launch.nproc_per_node == 1 and not launch.max_restarts
+    rank_env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0"} \
+        if alone else {}
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), **rank_env,
                  "ROBOLOOP_COLLECTIVE_TIMEOUT_S": str(launch.collective_timeout_s)}
+    if launch.nnodes > 1 and launch.max_restarts:
+        # torchrun shares its rendezvous store with the ranks for every round: after a restart, a new rank can read
+        # a dead rank's address left there by the round before (gloo: "Connection refused" on a stale port; found
+        # by tests/cluster/test_lost_node.py). A store of each round's own keeps the rounds apart.
+        child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if launch.nproc_per_node > 1 and "OMP_NUM_THREADS" not in child_env:
         child_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // launch.nproc_per_node))
-    code, tail = run_streaming(cmd, on_line, launch.timeout_s, child_env, what="training (torchrun and its ranks)")
-    if code != 0:
-        cause = next((line.strip() for line in reversed(tail) if _looks_like_error(line)), "see the log above")
-        raise TrainingFailed(f"training exited with code {code}: {cause} (output in {out})")
-    if cfg.mirror and launch.node_rank == 0:
-        runstore.Mirror(cfg.mirror).push_model(out)
-        on_line(f"model mirrored to {cfg.mirror}")
-    return out
+    return child_env
+
+
+def _failure(code: int, tail: list[str], cfg: TrainConfig, launch: LaunchConfig) -> TrainingFailed:
+    """One line naming why training failed: a lost node (what torch's process groups and rendezvous say when a peer
+    is gone), or the exception line of the traceback."""
+    cause = next((line.strip() for line in reversed(tail) if _looks_like_error(line)), "see the log above")
+    if launch.nnodes > 1 and any(sign in line for line in tail for sign in LOST_NODE):
+        where = f" in {cfg.mirror}" if cfg.mirror else ""
+        return TrainingFailed(f"training lost a node: ranks waited collective_timeout_s="
+                              f"{launch.collective_timeout_s:g} s for it, then stopped ({cause}); rerun, or re-create "
+                              f"the job, to resume from the latest checkpoint{where} (output in {cfg.output_dir})")
+    return TrainingFailed(f"training exited with code {code}: {cause} (output in {cfg.output_dir})")
 
 
 def _with_mirror(cfg: TrainConfig, launch: LaunchConfig, fingerprint: str,
@@ -133,6 +157,11 @@ def _invite(cfg: TrainConfig, launch: LaunchConfig, fingerprint: str, on_line: C
         run_id=launch.run_id, config=cfg.model_dump(mode="json"), dataset_url=url, fingerprint=fingerprint,
         nnodes=launch.nnodes, nproc_per_node=launch.nproc_per_node, max_restarts=launch.max_restarts))
     on_line(f"nodes 1..{launch.nnodes - 1} of run {launch.run_id!r} join through {store}/jobs/{launch.run_id}")
+
+
+# what torch's gloo / NCCL process groups and torchrun's rendezvous say when a peer is gone
+LOST_NODE = ("Timed out waiting", "Connection closed by peer", "Connection reset by peer", "Watchdog caught collective",
+             "RendezvousTimeoutError", "RendezvousClosedError", "DistNetworkError", "Socket Timeout")
 
 
 def _looks_like_error(line: str) -> bool:

@@ -27,17 +27,29 @@ def _step(path: Path | None) -> int:
     return int(path.name[len(checkpoint.PREFIX):]) if path is not None else 0
 
 
-def agreed_checkpoint(ckpt_dir: Path, env: distributed.DistEnv, mirror_url: str | None) -> Path | None:
-    """The checkpoint every rank loads (None: start from step 0); raises on every rank alike when it cannot be."""
+def _choose(ckpt_dir: Path, mirror: Mirror | None, keep_last: int) -> int:
+    """Rank 0: the newest intact checkpoint in its folder or the mirror (its own pushed there first when newer)."""
+    mine = checkpoint.latest(ckpt_dir)
+    local = _step(mine)
+    remote = max(mirror.checkpoint_steps(), default=0) if mirror else 0
+    if mirror and mine is not None and local > remote:
+        mirror.push_checkpoint(mine, keep_last)
+    return max(local, remote)
+
+
+def agreed_checkpoint(ckpt_dir: Path, env: distributed.DistEnv, mirror_url: str | None,
+                      keep_last: int = 2) -> Path | None:
+    """The checkpoint every rank loads (None: start from step 0); raises on every rank alike when it cannot be.
+
+    Rank 0's newest may not be in the mirror yet (the rank that was pushing it died): it is pushed first, so every
+    node can fetch what rank 0 chose."""
     if env.world_size == 1 and not mirror_url:
         return checkpoint.latest(ckpt_dir)
     mirror = Mirror(mirror_url) if mirror_url else None
     choice, why = 0, ""
     if env.is_main:
         try:
-            local = _step(checkpoint.latest(ckpt_dir))
-            remote = max(mirror.checkpoint_steps(), default=0) if mirror else 0
-            choice = max(local, remote)
+            choice = _choose(ckpt_dir, mirror, keep_last)
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, not wait for rank 0 in a collective
             choice, why = -1, str(e)
     choice = int(distributed.all_reduce_sum(torch.tensor(choice, dtype=torch.int64, device=env.device), env).item())

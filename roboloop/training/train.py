@@ -203,7 +203,8 @@ class Trainer:
 
     def resume(self) -> int:
         """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""
-        found = agreed_checkpoint(self.ckpt_dir, self.env, self.cfg.mirror) if self.cfg.resume else None
+        cfg = self.cfg
+        found = agreed_checkpoint(self.ckpt_dir, self.env, cfg.mirror, cfg.keep_last) if cfg.resume else None
         if found is None:
             return 0
         if checkpoint.is_sharded(found):

@@ -1,0 +1,142 @@
+"""Losing a machine in the middle of a two-host training run whose hosts share nothing but the S3 store (node 0:
+`roboloop train`, node 1: `roboloop cluster join`, as the Kubernetes pods run them).
+
+- node-1's ranks killed (kill -9) with a restart budget: both nodes' ranks restart, resume from the latest checkpoint
+  and the run ends with the weights of a run that was never interrupted, bit for bit;
+- node-1's cable pulled without one: node 0 fails within the collective timeout plus a bounded margin, saying a node
+  was lost; retried on fresh disks (a re-created job), it resumes from the checkpoints in S3 and ends with the same
+  weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import load_file
+
+from roboloop.datasets.convert import ConvertConfig, convert
+from roboloop.datasets.generate import GenSpec, generate_v21
+from tests.cluster import services
+from tests.cluster.test_k8s_job import S3, S3_ENV
+
+pytestmark = pytest.mark.slow
+PY = sys.executable
+STEPS, EVERY, TIMEOUT = 30, 5, 15
+TRAIN = ["--steps", str(STEPS), "--checkpoint-every-steps", str(EVERY), "--lr", "0.002", "--warmup-steps", "3",
+         "--max-tokens", "512", "--num-workers", "1", "--device", "cpu", "--model-overrides",
+         json.dumps({"image_size": [32, 32], "horizon": 8})]
+
+
+@pytest.fixture
+def work():
+    d = Path(tempfile.mkdtemp(prefix="roboloop-lost-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _start(hosts, work: Path, run: str, output: str, restarts: int = 0) -> list[subprocess.Popen]:
+    """Node 0 and node 1 of run `run`, each on its own host with a disk of its own."""
+    base = {"PATH": f"{Path(PY).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
+            "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1", **S3_ENV, "ROBOLOOP_RUN_STORE": "s3://team/runs",
+            "ROBOLOOP_RUN_ID": run, "ROBOLOOP_NNODES": "2", "ROBOLOOP_NPROC_PER_NODE": "1",
+            "ROBOLOOP_RDZV_ENDPOINT": "node-0:29400", "ROBOLOOP_MAX_RESTARTS": str(restarts),
+            "ROBOLOOP_COLLECTIVE_TIMEOUT_S": str(TIMEOUT), "ROBOLOOP_JOIN_TIMEOUT_S": "240"}
+    commands = {"node-0": ["roboloop", "train", "--dataset", "s3://team/datasets/pick", "--output-dir",
+                           f"artifacts/models/{output}", *TRAIN],
+                "node-1": ["roboloop", "cluster", "join"]}
+    procs = []
+    for i, (host, cmd) in enumerate(commands.items()):
+        disk = work / run / host
+        disk.mkdir(parents=True)
+        with open(work / run / f"{host}.log", "w") as log:
+            procs.append(hosts.popen(host, cmd, cwd=disk, env={**base, "HOME": str(disk), "ROBOLOOP_NODE_RANK": str(i)},
+                                     stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+def _logs(work: Path, run: str) -> str:
+    return "\n".join(f"== {f.name}\n{f.read_text()[-2500:]}" for f in sorted((work / run).glob("*.log")))
+
+
+def _finish(procs: list[subprocess.Popen], work: Path, run: str) -> None:
+    codes = [p.wait(600) for p in procs]
+    assert codes == [0, 0], f"{run}: exited {codes}\n{_logs(work, run)}"
+
+
+def _weights(work: Path, run: str, output: str) -> dict:
+    return load_file(work / run / "node-0" / "artifacts/models" / output / "model.safetensors")
+
+
+def _at_checkpoint(work: Path, run: str, output: str, step: int, procs: list[subprocess.Popen]) -> None:
+    marker = work / run / "node-0" / f"artifacts/models/{output}/checkpoints/step-{step:08d}/meta.json"
+    deadline = time.time() + 600
+    while not marker.exists():
+        assert time.time() < deadline and all(p.poll() is None for p in procs), _logs(work, run)
+        time.sleep(0.05)
+
+
+def _resumed(work: Path, run: str) -> list[int]:
+    """The step each node's ranks last started from (their result lines)."""
+    lines = [line for f in (work / run).glob("*.log") for line in f.read_text().splitlines()]
+    return [json.loads(line)["resumed_from"] for line in lines if line.startswith("{") and '"resumed_from"' in line]
+
+
+def _is_rank(cmdline: bytes) -> bool:
+    """A training rank (`python -m roboloop.entry train`), not torchrun, whose command line names the same module."""
+    return b"roboloop.entry\x00train" in cmdline and b"torchrun" not in cmdline and b"distributed.run" not in cmdline
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+@pytest.mark.parametrize("hosts", [["store", "node-0", "node-1"]], indirect=True)
+def test_losing_a_machine_mid_training(hosts, work):
+    src = generate_v21(work / "v21", GenSpec(num_episodes=4, min_length=12, max_length=20,
+                                            cameras={"observation.images.top": (32, 32)}, seed=6))
+    v3 = convert(src, work / "v3", ConvertConfig(progress=False))
+    services.moto(hosts, "store", work)
+    up = hosts.run("node-0", [PY, "-c", S3, "upload", str(v3)], env={**os.environ, **S3_ENV}, timeout=120)
+    assert up.returncode == 0, up.stderr
+    _finish(_start(hosts, work, "ref", "ref"), work, "ref")  # never interrupted
+    reference = _weights(work, "ref", "ref")
+
+    # node-1's ranks die; torchrun restarts every node's ranks (one restart allowed) and they resume
+    procs = _start(hosts, work, "killed", "killed", restarts=1)
+    _at_checkpoint(work, "killed", "killed", 2 * EVERY, procs)
+    ranks = [pid for pid in map(int, subprocess.run(["ip", "netns", "pids", hosts.ns("node-1")], capture_output=True,
+                                                    text=True).stdout.split())
+             if _is_rank(Path(f"/proc/{pid}/cmdline").read_bytes())]
+    assert ranks
+    for pid in ranks:
+        os.kill(pid, 9)
+    _finish(procs, work, "killed")
+    assert max(_resumed(work, "killed"), default=0) >= 2 * EVERY, _logs(work, "killed")
+    assert _same(_weights(work, "killed", "killed"), reference)
+
+    # node-1's cable pulled, no restarts: node 0 fails in bounded time, naming the cause; a retry resumes from S3
+    procs = _start(hosts, work, "cut", "cut")
+    _at_checkpoint(work, "cut", "cut", 2 * EVERY, procs)
+    hosts.cut("node-1")
+    t0 = time.time()
+    code = procs[0].wait(TIMEOUT + 120)
+    waited = time.time() - t0
+    log = (work / "cut" / "node-0.log").read_text()
+    assert code != 0 and waited < TIMEOUT + 90, (code, waited, log[-2000:])
+    assert "lost a node" in log, log[-2000:]
+    # the lost machine itself: its torchrun waits on node 0's store, which it cannot reach (its exit barrier), until
+    # the machine is gone; Kubernetes deletes a failed Job's remaining pods
+    hosts.kill("node-1")
+    procs[1].wait(30)
+    hosts.mend("node-1")
+    _finish(_start(hosts, work, "cut-retry", "cut"), work, "cut-retry")  # a re-created job: fresh disks, a new id
+    assert max(_resumed(work, "cut-retry"), default=0) >= EVERY, _logs(work, "cut-retry")
+    assert _same(_weights(work, "cut-retry", "cut"), reference)
