@@ -71,6 +71,8 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
               [pytest.mark.isaac]),
     "precision": (["--presets", "small", "--steps", "2"], {"device", "fp8_backend", "small"}, [pytest.mark.gpu]),
     "optim": (["--models", "vla_tiny", "act256", "--steps", "3"], {"models", "baseline"}, []),
+    "scale": (["--presets", "small", "--measure", "small", "--measure-tokens", "640", "--gpus", "8", "16"],
+              {"presets", "baseline", "published", "measured_here"}, []),
     "act_step": (["--height", "32", "--width", "48", "--batch", "2", "--steps", "1", "--profile-steps", "1"],
                  {"step_ms", "roboloop_profile_shares", "conv_gflops_per_s", "ceiling_vs_lerobot_fp32",
                   "lerobot_host_memory"}, []),
@@ -83,7 +85,7 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
 # lerobot_train 77, sweep 64, eval 60, loader 58, the rest under 40 each), so what is left when the suite's own
 # tests end is short
 ORDER = ["so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "inference",
-         "so101_data", "precision", "convert", "packing", "overhead", "startup", "optim", "act_step"]
+         "so101_data", "precision", "convert", "packing", "overhead", "startup", "optim", "act_step", "scale"]
 RAY = ["rl", "serve"]  # one after the other, in the lane that opens when the suite's own tests are done
 NICE = 5
 RUN_TIMEOUT_S = 1800  # one run; a niced run beside busy tests takes up to ~3x its time alone

@@ -1,0 +1,221 @@
+"""Scale on paper: step time and scaling efficiency of the `base` and `n15` presets from 8 to 1,024 GPUs.
+
+    python bench/scale.py [--presets base n15] [--max-tokens 8192] [--mfu 0.35] [--gpu-step-ms n15=412 ...]
+                          [--measure base] [--markdown]
+
+What is measured, here: each preset's trainable parameters and so its gradient bytes (fp32 gradients, what DDP
+all-reduces; FSDP2 gathers fp32 parameters and reduce-scatters fp32 gradients); the model FLOPs of one packed batch
+of `--max-tokens` tokens per GPU (`train_flops`, the trainer's MFU count); with `--measure P`, the forward+backward
+time of preset P on this machine's CPU and its achieved FLOP/s (a proxy: it checks the FLOP count against a
+clock, it does not predict a GPU).
+
+What is assumed, and where it comes from (every figure is a flag):
+- GPU compute per step = FLOPs / (peak x MFU): H100 SXM dense BF16 peak 989 TFLOP/s (NVIDIA's H100 datasheet), MFU
+  0.35 unless `--gpu-step-ms` gives a step time measured on the GPU (`bench/precision.py` prints it).
+- Network, alpha-beta: 8 GPUs per node on NVLink 4 (900 GB/s per GPU both ways, 450 one way; datasheet) and one
+  400 Gb/s InfiniBand NDR NIC per GPU between nodes (a DGX H100 has eight ConnectX-7: 3.2 Tb/s per node, the
+  network of the thousand-GPU LeRobot platform, arXiv 2603.11101). NCCL reaches `--link-efficiency` 0.9 of a
+  link's rate in bus bandwidth (nccl-tests' busbw: algbw x 2(n-1)/n for all-reduce, comparable with the link's
+  peak; doc/PERFORMANCE.md). Latency per step of a collective: 2 us on NVLink, 6 us across nodes.
+- All-reduce of S bytes over p GPUs: ring 2(p-1)a + 2(p-1)/p S/B; tree (NCCL's double binary tree)
+  2 log2(p) a + 2 S/B; the faster of the two (NCCL chooses per size). B: NVLink's within one node, the NIC's
+  beyond.
+- DDP overlaps the all-reduce with the backward pass (2/3 of compute), except the last 25 MB bucket.
+  FSDP2 gathers parameters during forward (1/3) and again during backward, where it also reduce-scatters
+  gradients; what does not fit under the compute it overlaps is exposed.
+- Weak scaling (fixed per-GPU batch): efficiency = compute time / step time.
+- Data: each node must deliver 8 x samples-per-GPU-batch per step, two camera frames each.
+
+Baseline: the compute time of one GPU (no communication), so efficiency 1.0 is perfect scaling. The thousand-GPU
+platform reports 92% communication efficiency and GR00T-N1.5 training from 15 h to 22 min (arXiv 2603.11101);
+the JSON line carries both for comparison with this projection at 1,024 GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+
+from roboloop.training.config import PRESETS
+from roboloop.training.model import VLAPolicy, train_flops
+from roboloop.training.packing import Sample, pack
+
+GPUS = [8, 16, 32, 64, 128, 256, 512, 1024]
+PER_NODE = 8
+PUBLISHED = {"source": "arXiv 2603.11101 (thousand-GPU LeRobot platform)", "communication_efficiency": 0.92,
+             "gr00t_n15_hours_before": 15.0, "gr00t_n15_minutes_after": 22.0}
+
+
+def synthetic_batch(cfg, max_tokens: int):
+    """A packed batch as training forms it: two camera images and 16-64 instruction tokens per sample."""
+    g = torch.Generator().manual_seed(0)
+    h, w = cfg.image_size
+    samples = [Sample([torch.zeros(3, 1, 1), torch.zeros(3, 1, 1)],
+                      torch.randint(0, 256, (int(torch.randint(16, 65, (1,), generator=g)),), generator=g),
+                      torch.zeros(cfg.state_dim), torch.zeros(cfg.horizon, cfg.action_dim),
+                      torch.ones(cfg.horizon, dtype=torch.bool)) for _ in range(2048)]
+    b = next(pack(samples, max_tokens, cfg.tokens_per_image))
+    return b, (h, w)
+
+
+def model_facts(preset: str, max_tokens: int) -> dict:
+    cfg = PRESETS[preset]()
+    with torch.device("meta"):  # counted, not allocated: n15 would need ~24 GB with its gradients and Adam
+        model = VLAPolicy(cfg)
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    b, _ = synthetic_batch(cfg, max_tokens)
+    flops = train_flops(cfg, b.seq_lens.tolist(), 2 * len(b.seq_lens))
+    return {"params": params, "flops_per_gpu_step": flops,
+            "samples_per_gpu_step": len(b.seq_lens), "tokens_per_gpu_step": int(b.seq_lens.sum())}
+
+
+def measure_cpu(preset: str, max_tokens: int, steps: int = 2) -> dict:
+    """Forward + backward of `preset` on this CPU (no optimizer: its state is not what is timed)."""
+    cfg = PRESETS[preset]()
+    torch.manual_seed(0)
+    model = VLAPolicy(cfg)
+    g = torch.Generator().manual_seed(0)
+    h, w = cfg.image_size
+    samples = [Sample([torch.rand(3, h, w, generator=g) for _ in range(2)],
+                      torch.randint(0, 256, (int(torch.randint(16, 65, (1,), generator=g)),), generator=g),
+                      torch.randn(cfg.state_dim, generator=g), torch.randn(cfg.horizon, cfg.action_dim, generator=g),
+                      torch.ones(cfg.horizon, dtype=torch.bool)) for _ in range(64)]
+    b = next(pack(samples, max_tokens, cfg.tokens_per_image))
+    times = []
+    for _ in range(steps + 1):
+        t0 = time.perf_counter()
+        model.loss(b).backward()
+        times.append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=False)
+    grad_bytes = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+    dt = min(times[1:])
+    flops = train_flops(cfg, b.seq_lens.tolist(), int(b.images.shape[0]))
+    return {"preset": preset, "max_tokens": max_tokens, "cpu_step_s": round(dt, 3), "grad_bytes_measured": grad_bytes,
+            "achieved_gflops": round(flops / dt / 1e9, 1), "threads": torch.get_num_threads()}
+
+
+def allreduce_s(size: float, p: int, bw: float, alpha: float) -> float:
+    if p <= 1:
+        return 0.0
+    ring = 2 * (p - 1) * alpha + 2 * (p - 1) / p * size / bw
+    tree = 2 * math.log2(p) * alpha + 2 * size / bw
+    return min(ring, tree)
+
+
+def gather_s(size: float, p: int, bw: float, alpha: float) -> float:
+    """All-gather (or reduce-scatter) of a `size`-byte whole: ring, (p-1) steps of size/p."""
+    return 0.0 if p <= 1 else (p - 1) * alpha + (p - 1) / p * size / bw
+
+
+def project(facts: dict, step_s: float, p: int, net: dict) -> dict:
+    intra = p <= PER_NODE
+    bw = net["nvlink_Bps"] if intra else net["ib_Bps"]
+    alpha = net["nvlink_alpha_s"] if intra else net["ib_alpha_s"]
+    s = facts["grad_bytes"]
+    fwd, bwd = step_s / 3, 2 * step_s / 3
+    ddp_comm = allreduce_s(s, p, bw, alpha)
+    ddp_exposed = max(0.0, ddp_comm - bwd) + allreduce_s(min(s, 25e6), p, bw, alpha)
+    ag = gather_s(s, p, bw, alpha)
+    fsdp_exposed = max(0.0, ag - fwd) + max(0.0, 2 * ag - bwd)
+    nodes = max(1, p // PER_NODE)
+    ddp_step = step_s + ddp_exposed
+    return {"gpus": p, "nodes": nodes,
+            "ddp": {"step_ms": round(ddp_step * 1e3, 1), "allreduce_ms": round(ddp_comm * 1e3, 1),
+                    "efficiency": round(step_s / ddp_step, 3)},
+            "fsdp2": {"step_ms": round((step_s + fsdp_exposed) * 1e3, 1), "gather_ms": round(ag * 1e3, 1),
+                      "efficiency": round(step_s / (step_s + fsdp_exposed), 3)},
+            "node_samples_per_s": round(PER_NODE * facts["samples_per_gpu_step"] / ddp_step, 1),
+            "node_frames_per_s": round(2 * PER_NODE * facts["samples_per_gpu_step"] / ddp_step, 1)}
+
+
+def tokens_for(target: float, facts: dict, step_s: float, p: int, net: dict, tokens: int) -> int | None:
+    """Tokens per GPU per step (compute taken as proportional to them) at which DDP reaches `target` efficiency on
+    `p` GPUs; None beyond 2**22."""
+    t = tokens
+    while t <= 2**22:
+        if project(facts, step_s * t / tokens, p, net)["ddp"]["efficiency"] >= target:
+            return t
+        t = int(t * 1.25)
+    return None
+
+
+def dominates(rows: list[dict], key: str) -> dict:
+    """The first GPU counts where communication exceeds 10% of the step, and where it exceeds compute."""
+    def first(limit: float) -> int | None:
+        return next((r["gpus"] for r in rows if r[key]["efficiency"] < limit), None)
+    return {"over_10_percent_at": first(1 / 1.1), "over_compute_at": first(0.5)}
+
+
+def markdown(out: dict) -> str:
+    lines = []
+    for preset, d in out["presets"].items():
+        lines += [f"**{preset}**: {d['params'] / 1e9:.2f} B parameters, {d['grad_bytes'] / 1e9:.2f} GB of fp32 "
+                  f"gradients, {d['flops_per_gpu_step'] / 1e12:.1f} TFLOP per GPU step ({d['samples_per_gpu_step']} "
+                  f"samples, {d['tokens_per_gpu_step']} tokens), compute {d['compute_ms']:.0f} ms "
+                  f"({d['compute_source']}).", "",
+                  "| GPUs | nodes | DDP step ms | DDP all-reduce ms | DDP eff. | FSDP2 step ms | FSDP2 eff. | "
+                  "samples/s per node |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['gpus']} | {r['nodes']} | {r['ddp']['step_ms']} | {r['ddp']['allreduce_ms']} | "
+                  f"{r['ddp']['efficiency']:.1%} | {r['fsdp2']['step_ms']} | {r['fsdp2']['efficiency']:.1%} | "
+                  f"{r['node_samples_per_s']} |" for r in d["rows"]]
+        lines += ["", f"DDP: communication over 10% of the step from {d['ddp_dominates']['over_10_percent_at']} "
+                  f"GPUs, over compute from {d['ddp_dominates']['over_compute_at']}; FSDP2: from "
+                  f"{d['fsdp2_dominates']['over_10_percent_at']} and {d['fsdp2_dominates']['over_compute_at']} "
+                  f"(None: not up to {out['assumptions']['gpus'][-1]}). DDP reaches 90% on "
+                  f"{out['assumptions']['gpus'][-1]} GPUs from {d['tokens_per_gpu_for_90pct_ddp_at_max']} tokens per "
+                  "GPU per step.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--presets", nargs="+", default=["base", "n15"])
+    ap.add_argument("--max-tokens", type=int, default=8192, help="tokens per GPU per step (a packed batch)")
+    ap.add_argument("--mfu", type=float, default=0.35, help="assumed model FLOPs utilisation on the GPU")
+    ap.add_argument("--peak-tflops", type=float, default=989.0, help="GPU dense BF16 peak (H100 SXM: 989)")
+    ap.add_argument("--gpu-step-ms", nargs="*", default=[], metavar="PRESET=MS",
+                    help="a step time measured on the GPU (bench/precision.py), instead of FLOPs / (peak x MFU)")
+    ap.add_argument("--ib-gbps", type=float, default=400.0, help="NIC line rate per GPU, Gb/s")
+    ap.add_argument("--nvlink-gbytes", type=float, default=450.0, help="NVLink one-way bandwidth per GPU, GB/s")
+    ap.add_argument("--link-efficiency", type=float, default=0.9)
+    ap.add_argument("--grad-bytes-per-param", type=int, default=4, choices=[2, 4],
+                    help="4: fp32 gradients, as roboloop's DDP all-reduces them today; 2: what a bf16 compression "
+                    "hook would send (not implemented in roboloop)")
+    ap.add_argument("--measure", nargs="*", default=[], help="presets to time forward+backward of on this CPU")
+    ap.add_argument("--measure-tokens", type=int, default=640)
+    ap.add_argument("--gpus", nargs="+", type=int, default=GPUS)
+    ap.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
+    args = ap.parse_args()
+    net = {"ib_Bps": args.ib_gbps / 8 * 1e9 * args.link_efficiency, "ib_alpha_s": 6e-6,
+           "nvlink_Bps": args.nvlink_gbytes * 1e9 * args.link_efficiency, "nvlink_alpha_s": 2e-6}
+    measured = dict(kv.split("=") for kv in args.gpu_step_ms)
+    out: dict = {"baseline": "one GPU's compute time per step (no communication): efficiency 1.0 = perfect weak "
+                 "scaling", "assumptions": {**{k: v for k, v in vars(args).items() if k not in ("markdown",)}},
+                 "published": PUBLISHED, "presets": {}, "measured_here": [measure_cpu(p, args.measure_tokens)
+                                                                          for p in args.measure]}
+    for preset in args.presets:
+        facts = model_facts(preset, args.max_tokens)
+        facts["grad_bytes"] = args.grad_bytes_per_param * facts["params"]
+        if preset in measured:
+            step_s, source = float(measured[preset]) / 1e3, "measured on a GPU (--gpu-step-ms)"
+        else:
+            step_s = facts["flops_per_gpu_step"] / (args.peak_tflops * 1e12 * args.mfu)
+            source = f"FLOPs / ({args.peak_tflops:g} TFLOP/s x MFU {args.mfu:g})"
+        rows = [project(facts, step_s, p, net) for p in args.gpus]
+        out["presets"][preset] = {**facts, "compute_ms": round(step_s * 1e3, 1), "compute_source": source,
+                                  "rows": rows, "ddp_dominates": dominates(rows, "ddp"),
+                                  "fsdp2_dominates": dominates(rows, "fsdp2"),
+                                  "ddp_efficiency_at_max": rows[-1]["ddp"]["efficiency"],
+                                  "tokens_per_gpu_for_90pct_ddp_at_max": tokens_for(0.9, facts, step_s, args.gpus[-1],
+                                                                                    net, args.max_tokens)}
+    if args.markdown:
+        print(markdown(out))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
