@@ -55,6 +55,8 @@ def add_parser(sub) -> None:
                    "the lowest latency for a robot or a simulator on this machine) or ray (a Ray Serve application: "
                    "replicas, several machines, KubeRay's RayService)")
     s.add_argument("--replicas", type=int, default=1, help="--engine ray: model replicas")
+    s.add_argument("--replicas-per-node", type=int, help="--engine ray: at most this many replicas on one machine "
+                   "(1: each on its own, so losing a machine loses one replica; default: Ray places them)")
     s.add_argument("--ray-address", help="--engine ray: join this Ray cluster (default: start one here)")
     s.set_defaults(fn=cmd_serve)
 
@@ -104,8 +106,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         _say(f"roboloop serve: binding {args.host}: anyone who reaches it and holds the token drives the robot; "
              "put TLS in front (wss://) off a trusted network")
-    if args.engine != "ray" and (args.replicas != 1 or args.ray_address):  # they would do nothing: refused
-        raise ValueError("--replicas and --ray-address apply to --engine ray only (the process engine is one "
+    if args.engine != "ray" and (args.replicas != 1 or args.ray_address or args.replicas_per_node):  # refused
+        raise ValueError("--replicas, --replicas-per-node and --ray-address apply to --engine ray only (the process "
+                         "engine is one "
                          "process on this machine)")
     limits = {"max_connections": args.max_connections, "idle_timeout_s": args.idle_timeout,
               "send_timeout_s": args.send_timeout}
@@ -178,7 +181,8 @@ def _serve_ray(cfg, args: argparse.Namespace) -> int:
         with socket.socket() as s:
             s.bind((cfg.host, 0))
             cfg.port = s.getsockname()[1]
-    ray_serve.run(cfg, str(token_path(args.token_file).absolute()), args.replicas, args.ray_address)
+    ray_serve.run(cfg, str(token_path(args.token_file).absolute()), args.replicas, args.ray_address,
+                  args.replicas_per_node)
     _say(f"roboloop serve: Ray Serve, {args.replicas} replica(s); listening on ws://{cfg.host}:{cfg.port}")
     try:
         while True:

@@ -80,12 +80,15 @@ async def _session(ws: WebSocket, token: str, service: Any, submit: Any, max_byt
         service.close_session(iface)
 
 
-def build_app(cfg: ServeConfig, token_file: str, replicas: int = 1) -> Any:
+def build_app(cfg: ServeConfig, token_file: str, replicas: int = 1, per_node: int | None = None) -> Any:
     from ray import serve
 
     app = FastAPI()
 
-    @serve.deployment(num_replicas=replicas, max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+    # a replica that stops answering its health check (its machine lost) leaves the routing table within ~8 s,
+    # not Serve's default ~40 s: new robot sessions stop landing on it (tests/cluster/test_ray_hosts.py)
+    @serve.deployment(num_replicas=replicas, max_ongoing_requests=256, ray_actor_options={"num_cpus": 0},
+                      health_check_period_s=2, health_check_timeout_s=6)
     @serve.ingress(app)
     class RoboloopPolicy:
         def __init__(self, cfg: ServeConfig, token_file: str):
@@ -109,6 +112,8 @@ def build_app(cfg: ServeConfig, token_file: str, replicas: int = 1) -> Any:
         async def websocket(self, ws: WebSocket) -> None:
             await _session(ws, self._token, self.service, self.act_batched, self.cfg.max_message_bytes)
 
+    if per_node is not None:  # Ray Serve's own placement rule: at most `per_node` replicas on one machine
+        RoboloopPolicy = RoboloopPolicy.options(max_replicas_per_node=per_node)  # type: ignore[attr-defined]
     return RoboloopPolicy.bind(cfg, token_file)  # type: ignore[attr-defined]
 
 
@@ -121,7 +126,7 @@ def app(args: dict[str, Any]) -> Any:
     from roboloop.serving.token import token_path
 
     fields = {f.name for f in dataclasses.fields(ServeConfig)}
-    unknown = sorted(set(args) - fields - {"replicas", "token_file"})
+    unknown = sorted(set(args) - fields - {"replicas", "replicas_per_node", "token_file"})
     if unknown or "ref" not in args:
         raise ValueError(f"roboloop policy app: args need 'ref'; unknown {unknown} (known: {sorted(fields)}, "
                          "replicas, token_file)")
@@ -133,10 +138,13 @@ def app(args: dict[str, Any]) -> Any:
     elif cfg.max_message_bytes > RAY_PROXY_MAX_BYTES:
         raise ValueError(f"max_message_bytes {cfg.max_message_bytes}: Ray Serve's proxy closes websocket messages "
                          f"over {RAY_PROXY_MAX_BYTES} bytes")
-    return build_app(cfg, str(token_path(args.get("token_file"))), int(args.get("replicas", 1)))
+    per_node = args.get("replicas_per_node")
+    return build_app(cfg, str(token_path(args.get("token_file"))), int(args.get("replicas", 1)),
+                     int(per_node) if per_node is not None else None)
 
 
-def run(cfg: ServeConfig, token_file: str, replicas: int = 1, address: str | None = None) -> int:
+def run(cfg: ServeConfig, token_file: str, replicas: int = 1, address: str | None = None,
+        per_node: int | None = None) -> int:
     """Start (or join `address`'s) Ray, deploy the app on cfg.host:cfg.port; returns the port."""
     import ray
     from ray import serve
@@ -147,7 +155,7 @@ def run(cfg: ServeConfig, token_file: str, replicas: int = 1, address: str | Non
         else:
             ray.init(include_dashboard=False, log_to_driver=False, num_cpus=max(2, replicas))
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    serve.run(build_app(cfg, token_file, replicas), name="roboloop-policy", route_prefix="/")
+    serve.run(build_app(cfg, token_file, replicas, per_node), name="roboloop-policy", route_prefix="/")
     return cfg.port
 
 

@@ -23,7 +23,7 @@ def test_rayservice_points_at_the_policy_app_with_valid_args(tmp_path):
     builder = getattr(importlib.import_module(module), name)
     args = application["args"]
     assert args["ref"].startswith("registry:") and args["ref"].endswith("@champion")  # follows promotions
-    known = set(ServeConfig.__dataclass_fields__) | {"replicas", "token_file"}
+    known = set(ServeConfig.__dataclass_fields__) | {"replicas", "replicas_per_node", "token_file"}
     assert set(args) <= known, set(args) - known
     mounts = [m["mountPath"] for g in doc["spec"]["rayClusterConfig"]["workerGroupSpecs"]
               for c in g["template"]["spec"]["containers"] for m in c.get("volumeMounts", [])]
