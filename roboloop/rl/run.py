@@ -115,12 +115,15 @@ class _Workers:
         if threads is None and not cfg.ray_address:  # a local cluster: share this machine's cores sensibly
             cores = os.cpu_count() or 1
             threads = cores if cfg.mode == "sync" else max(1, int(cores - cfg.env_workers * cfg.env_cpus - 1))
+        # on a cluster the workers' machines do not have the driver's folder: its files go through the object store
+        model: Any = str(model_dir) if not cfg.ray_address else ray.put(
+            {p.name: p.read_bytes() for p in sorted(model_dir.iterdir()) if p.is_file()})
         self.learner: Any = ray.remote(Learner).options(
             num_cpus=1, num_gpus=cfg.learner_gpus, scheduling_strategy=at(0)).remote(
-            str(model_dir), rl, cfg.learner_device, cfg.seed, threads)
+            model, rl, cfg.learner_device, cfg.seed, threads)
         self.rollout: Any = ray.remote(RolloutWorker).options(
             num_cpus=1, num_gpus=cfg.rollout_gpus, scheduling_strategy=at(1)).remote(
-            str(model_dir), rl, cfg.rollout_device, cfg.seed + 1)
+            model, rl, cfg.rollout_device, cfg.seed + 1)
         env_cls = ray.remote(EnvWorker)
         self.envs: list[Any] = [env_cls.options(num_cpus=cfg.env_cpus, scheduling_strategy=at(2 + i)).remote(
             i, cfg.task, cfg.envs_per_worker, cfg.seed * 1000 + i, cfg.execute_steps, cfg.discount(), camera,
@@ -128,6 +131,7 @@ class _Workers:
             for i in range(cfg.env_workers)]
         self.all: list[Any] = [self.learner, self.rollout, *self.envs]
         get([a.pid.remote() for a in self.all])  # every worker is up (Isaac Lab started)
+        self.hosts = get([a.host.remote() for a in self.all])  # where each worker runs: said in the progress
 
     def kill(self) -> None:
         """Best effort: after a SIGTERM to the process group the workers (and Ray's daemons) may be gone already."""
@@ -293,6 +297,7 @@ class Run:
         self.w: Any = None
         try:
             self.w = _Workers(cfg, model_dir)
+            self.on_event({"workers": self.w.hosts})
             if resume_from is not None:
                 state = ckpt.load(resume_from)
                 self.version = get(self.w.learner.load_state.remote(state))
@@ -371,6 +376,11 @@ def run(cfg: RLConfig, on_event: Callable[[dict], None] = lambda e: None) -> RLR
 
 def progress_line(event: dict) -> str:
     """One readable line per update (the flow's log and the CLI's stderr)."""
+    if "workers" in event:  # learner, rollout worker, then the environment workers
+        hosts = event["workers"]
+        envs = {h: hosts[2:].count(h) for h in dict.fromkeys(hosts[2:])}
+        return (f"rl: learner on {hosts[0]}, rollout worker on {hosts[1]}, environment workers on "
+                + ", ".join(f"{h} ({n})" for h, n in envs.items()))
     if "resumed_from" in event:
         return (f"rl: resumed at version {event['version']} ({event['env_steps']} env steps) "
                 f"from {event['resumed_from']}")

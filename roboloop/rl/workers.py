@@ -53,11 +53,28 @@ class Segment:
     returns: list[float] = field(default_factory=list)  # undiscounted return of each finished episode
 
 
-def _policy(model_dir: str, device: str, rl: dict):
+def _folder(model: str | dict[str, bytes]) -> str:
+    """A model folder on this worker's host: the path itself (one machine), or the driver's folder sent through Ray's
+    object store (a cluster: its machines share no folder), written once into a temporary folder here."""
+    if isinstance(model, str):
+        return model
+    import tempfile
+    from pathlib import Path
+
+    from roboloop.fsutil import check_relative
+
+    d = Path(tempfile.mkdtemp(prefix="roboloop-rl-model-"))
+    for name, data in model.items():
+        check_relative(name)
+        (d / name).write_bytes(data)
+    return str(d)
+
+
+def _policy(model: str | dict[str, bytes], device: str, rl: dict):
     from roboloop.policies.vla import ModelPolicy  # RL is the VLA family's capability
     from roboloop.rl.policy import FlowNoisePolicy
 
-    mp = ModelPolicy(model_dir, device)
+    mp = ModelPolicy(_folder(model), device)
     pol = FlowNoisePolicy(mp.model, rl.get("denoise_steps"), rl["init_std"], rl["min_std"], rl["max_std"],
                           rl.get("freeze_backbone", False), rl.get("noise", "chain"),
                           rl["execute_steps"], rl.get("x0", "sample")).to(mp.device)
@@ -80,6 +97,11 @@ class EnvWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def host(self) -> str:
+        import socket
+
+        return socket.gethostname()
 
     def _execute(self, actions_NHA: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int, list[float]]:
         n = self.env.num_envs
@@ -129,7 +151,7 @@ class EnvWorker:
 
 
 class RolloutWorker:
-    def __init__(self, model_dir: str, rl: dict, device: str, seed: int):
+    def __init__(self, model_dir: str | dict[str, bytes], rl: dict, device: str, seed: int):
         torch.manual_seed(seed)
         self.mp, self.policy = _policy(model_dir, device, rl)
         self.policy.eval()
@@ -138,6 +160,11 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def host(self) -> str:
+        import socket
+
+        return socket.gethostname()
 
     def set_weights(self, state: dict, version: int) -> int:
         self.policy.load_state_dict(state)
@@ -151,7 +178,8 @@ class RolloutWorker:
 
 
 class Learner:
-    def __init__(self, model_dir: str, rl: dict, device: str, seed: int, threads: int | None = None):
+    def __init__(self, model_dir: str | dict[str, bytes], rl: dict, device: str, seed: int,
+                 threads: int | None = None):
         torch.manual_seed(seed)
         if threads:
             torch.set_num_threads(threads)
@@ -167,6 +195,11 @@ class Learner:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def host(self) -> str:
+        import socket
+
+        return socket.gethostname()
 
     def weights(self) -> dict:
         return {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}

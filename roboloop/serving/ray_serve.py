@@ -112,9 +112,10 @@ def build_app(cfg: ServeConfig, token_file: str, replicas: int = 1, per_node: in
         async def websocket(self, ws: WebSocket) -> None:
             await _session(ws, self._token, self.service, self.act_batched, self.cfg.max_message_bytes)
 
+    deployment: Any = RoboloopPolicy
     if per_node is not None:  # Ray Serve's own placement rule: at most `per_node` replicas on one machine
-        RoboloopPolicy = RoboloopPolicy.options(max_replicas_per_node=per_node)  # type: ignore[attr-defined]
-    return RoboloopPolicy.bind(cfg, token_file)  # type: ignore[attr-defined]
+        deployment = deployment.options(max_replicas_per_node=per_node)
+    return deployment.bind(cfg, token_file)
 
 
 def app(args: dict[str, Any]) -> Any:

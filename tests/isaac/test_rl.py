@@ -94,7 +94,7 @@ def test_async_run_stays_within_staleness_resumes_and_shuts_down(tmp_path, monke
         try:
             assert proc.stderr is not None
             for line in proc.stderr:
-                if line.startswith("[progress] rl:"):
+                if line.startswith("[progress] rl:") and "learner on" not in line:
                     seen.append(line.strip())
                 if any("update" in s for s in seen):
                     assert _ray_processes(t1, str(tmp_path)), "this run's Ray processes are not found"

@@ -1,0 +1,61 @@
+"""`roboloop rl --ray-address` on a Ray cluster of two test hosts: the driver on node-0 (the head), the learner,
+rollout and Isaac Lab environment workers spread over node-0 and node-1 (`--placement spread`). The model folder
+exists only on node-0's disk: it reaches node-1's workers through Ray's object store. The run updates, checkpoints and
+publishes a model on node-0, and its progress says where each worker ran."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.models import untrained_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.isaac]
+PY = sys.executable
+RAY = str(Path(PY).parent / "ray")
+
+
+@pytest.fixture
+def work():
+    d = Path(tempfile.mkdtemp(prefix="roboloop-rayrl-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("hosts", [["node-0", "node-1"]], indirect=True)
+def test_rl_spreads_its_workers_over_two_hosts(hosts, work):
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32), "OMP_NUM_THREADS": "1"}
+    disk0 = work / "node-0"
+    disk0.mkdir()
+    model = untrained_model(disk0 / "bc", state_dim=18, action_dim=2, horizon=8, state_std=0.3, action_std=0.5)
+    for i, host in enumerate(["node-0", "node-1"]):
+        disk = work / host
+        disk.mkdir(exist_ok=True)
+        start = ["--head", "--port", "6379", "--include-dashboard", "false"] if i == 0 else ["--address", "node-0:6379"]
+        r = hosts.run(host, [RAY, "start", *start, "--node-ip-address", hosts.addresses[host], "--temp-dir",
+                             str(disk / "ray"), "--num-cpus", "2", "--disable-usage-stats"], env=env, cwd=disk,
+                      timeout=180)
+        assert r.returncode == 0, r.stderr[-2000:]
+    r = hosts.run("node-0", [PY, "-m", "roboloop.cli", "rl", "--policy", str(model), "--output-dir",
+                             str(disk0 / "rl"), "--mode", "async", "--env-steps", str(3 * 256), "--env-workers", "2",
+                             "--envs-per-worker", "4", "--segment-decisions", "4", "--segments-per-update", "2",
+                             "--max-staleness", "1", "--epochs", "1", "--minibatch", "32",
+                             "--critic-warmup-updates", "1", "--checkpoint-every", "1", "--x0", "zero",
+                             "--placement", "spread", "--ray-address", "node-0:6379"],
+                  env=env, cwd=disk0, timeout=900)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
+    where = next(line for line in r.stderr.splitlines() if "rl: learner on" in line)
+    print(where)
+    assert "node-0" in where and "node-1" in where, where  # the workers ran on both hosts
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["updates"] >= 2 and result["env_steps"] >= 3 * 256, result
+    assert (Path(result["model_dir"]) / "model.safetensors").is_file()
+    assert list((disk0 / "rl" / "checkpoints").glob("step-*/meta.json"))
