@@ -306,7 +306,10 @@ class Run:
                 self.on_event({"resumed_from": str(resume_from), "version": self.version, "env_steps": self.env_steps})
             self._broadcast()
             self._t0, self._cpu_mark = time.time(), _cpu_times()
-            self._sync() if cfg.mode == "sync" else self._async()
+            try:
+                self._sync() if cfg.mode == "sync" else self._async()
+            except ray.exceptions.ActorDiedError as e:
+                raise self._lost(e) from e
             wall = self.active_s + time.time() - self._t0
             self._checkpoint()
             weights = get(self.w.learner.vla_weights.remote())
@@ -323,6 +326,15 @@ class Run:
         return RLResult(str(dst), str(model_dir), self.version, self.env_steps,
                         round(self.env_steps / max(wall, 1e-9), 2), round(wall, 2), self.dropped, self.stale_max,
                         self.success)
+
+    def _lost(self, e: Exception) -> RoboloopError:
+        """A worker's machine (or the worker) gone: one line saying which, and what a rerun resumes from."""
+        ip = getattr(getattr(e, "_actor_init_failed", None), "ip", None) or next(
+            (ln.split("ip:")[1].strip() for ln in str(e).splitlines() if ln.strip().startswith("ip:")), "?")
+        why = "its machine was lost" if "node has died" in str(e) else "it died"
+        done = ckpt.latest(self.out / "checkpoints")
+        resume = f"rerun to resume from {done.name} ({self.out})" if done else "nothing was checkpointed yet"
+        return RoboloopError(f"RL lost a worker at {ip}: {why} (Ray: {str(e).splitlines()[-1].strip()}); {resume}")
 
     def _publish(self, parent: Path, weights: dict) -> Path:
 

@@ -59,3 +59,48 @@ def test_rl_spreads_its_workers_over_two_hosts(hosts, work):
     assert result["updates"] >= 2 and result["env_steps"] >= 3 * 256, result
     assert (Path(result["model_dir"]) / "model.safetensors").is_file()
     assert list((disk0 / "rl" / "checkpoints").glob("step-*/meta.json"))
+
+
+@pytest.mark.parametrize("hosts", [["node-0", "node-1"]], indirect=True)
+def test_rl_fails_clearly_when_a_worker_host_is_lost(hosts, work):
+    """node-1's cable pulled after RL's second update: the run fails once Ray declares the machine dead (its
+    heartbeats missed), naming the worker's address and the checkpoint a rerun resumes from."""
+    import subprocess
+    import time
+
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32), "OMP_NUM_THREADS": "1"}
+    disk0 = work / "node-0"
+    disk0.mkdir()
+    model = untrained_model(disk0 / "bc", state_dim=18, action_dim=2, horizon=8, state_std=0.3, action_std=0.5)
+    for i, host in enumerate(["node-0", "node-1"]):
+        disk = work / host
+        disk.mkdir(exist_ok=True)
+        start = ["--head", "--port", "6379", "--include-dashboard", "false"] if i == 0 else ["--address", "node-0:6379"]
+        r = hosts.run(host, [RAY, "start", *start, "--node-ip-address", hosts.addresses[host], "--temp-dir",
+                             str(disk / "ray"), "--num-cpus", "2", "--disable-usage-stats"], env=env, cwd=disk,
+                      timeout=180)
+        assert r.returncode == 0, r.stderr[-2000:]
+    with open(work / "rl.log", "w") as log:
+        p = hosts.popen("node-0", [PY, "-m", "roboloop.cli", "rl", "--policy", str(model), "--output-dir",
+                                   str(disk0 / "rl"), "--mode", "async", "--env-steps", str(400 * 256),
+                                   "--env-workers", "2", "--envs-per-worker", "4", "--segment-decisions", "4",
+                                   "--segments-per-update", "2", "--max-staleness", "1", "--epochs", "1",
+                                   "--minibatch", "32", "--critic-warmup-updates", "1", "--checkpoint-every", "1",
+                                   "--x0", "zero", "--placement", "spread", "--ray-address", "node-0:6379"],
+                        env=env, cwd=disk0, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 600
+    while "rl: update 2" not in (work / "rl.log").read_text():
+        assert p.poll() is None and time.time() < deadline, (work / "rl.log").read_text()[-3000:]
+        time.sleep(0.2)
+    hosts.cut("node-1")
+    t0 = time.time()
+    code = p.wait(600)
+    waited = time.time() - t0
+    text = (work / "rl.log").read_text()
+    error = next(line for line in text.splitlines() if line.startswith("roboloop rl: error:"))
+    print(f"exit {code} after {waited:.0f} s: {error}")
+    assert code != 0 and waited < 180, (code, waited)
+    assert f"RL lost a worker at {hosts.addresses['node-1']}: its machine was lost" in error, error
+    assert "rerun to resume from step-" in error, error
+    assert list((disk0 / "rl" / "checkpoints").glob("step-*/meta.json"))  # a retry resumes from these
