@@ -225,7 +225,9 @@ def train(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | None = N
     if cache and not overwrite and (hit := cache.get(key, ModelRef)) and (output_dir is None or Path(hit.path) == out):
         return hit
     cfg = TrainConfig.of(recipe, data.path, str(out))
-    if in_process and world == 1:
+    from roboloop.training.runstore import store_url
+
+    if in_process and world == 1 and store_url() is None:  # with a run store, the launcher mirrors the run to it
         from roboloop.training.train import train as train_here
 
         train_here(cfg, overwrite=overwrite)

@@ -46,7 +46,7 @@ UNIT_SECONDS = {
     "tests/isaac/test_policy_family.py": 78,
     "tests/cluster/test_lost_node.py": 70,  # session 40: four 2-host runs, one restarted, one cut
     "tests/cluster/test_ray_hosts.py": 62,  # session 40: a Ray cluster on two hosts serving 8 robots, one host cut
-    "tests/cluster/test_ray_rl.py": 120,  # session 40: RL's workers on two hosts; one host cut
+    "tests/cluster/test_ray_rl.py": 60,  # session 40: RL's workers on two hosts; one host cut
     "tests/cluster/test_k8s_job.py": 60,  # session 40: three 2-host runs and a reference, on test hosts
     "tests/faults/test_errors.py": 72,
     "tests/unit/training/test_distributed.py": 72,

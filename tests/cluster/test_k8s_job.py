@@ -23,8 +23,6 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from roboloop.datasets.convert import ConvertConfig, convert
-from roboloop.datasets.generate import GenSpec, generate_v21
 from tests.cluster import services
 from tests.cluster.conftest import k8s
 
@@ -38,20 +36,6 @@ SECRETS = {"roboloop-prefect-auth": {"auth-string": "admin:unused"},
 TRAIN = ["--steps", str(STEPS), "--checkpoint-every-steps", str(EVERY), "--lr", "0.002", "--warmup-steps", "3",
          "--max-tokens", "512", "--num-workers", "1", "--device", "cpu", "--model-overrides",
          json.dumps({"image_size": [32, 32], "horizon": 8})]
-S3_ENV = {"ROBOLOOP_S3_ENDPOINT_URL": f"http://store:{services.S3_PORT}", "AWS_ACCESS_KEY_ID": "testing",
-          "AWS_SECRET_ACCESS_KEY": "testing"}
-S3 = """
-import sys
-from roboloop.s3 import client
-s3 = client()
-if sys.argv[1] == "upload":
-    from roboloop.s3 import upload_dir
-    s3.create_bucket(Bucket="team")
-    upload_dir(sys.argv[2], "s3://team/datasets/pick")
-else:
-    print("\\n".join(o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(Bucket="team")
-                     for o in p.get("Contents", [])))
-"""
 
 
 @pytest.fixture
@@ -106,13 +90,7 @@ def _losses(out: Path) -> list[float]:
 
 @pytest.mark.parametrize("hosts", [["store", "node-0", "node-1"]], indirect=True)
 def test_the_indexed_job_trains_across_hosts_and_a_recreated_job_resumes_from_s3(hosts, work):
-    src = generate_v21(work / "v21", GenSpec(num_episodes=4, min_length=12, max_length=20,
-                                            cameras={"observation.images.top": (32, 32)}, seed=6))
-    v3 = convert(src, work / "v3", ConvertConfig(progress=False))
-    services.moto(hosts, "store", work)
-    # the team's data lands in S3
-    up = hosts.run("node-0", [PY, "-c", S3, "upload", str(v3)], env={**os.environ, **S3_ENV}, timeout=120)
-    assert up.returncode == 0, up.stderr
+    v3 = services.dataset_in_s3(hosts, work)
     ref = work / "one-host"  # the reference: two ranks on one host, the dataset on its disk
     r = hosts.run("node-0", [PY, "-m", "roboloop.cli", "train", "--dataset", str(v3), "--output-dir", str(ref),
                              "--nproc-per-node", "2", *TRAIN], env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -128,7 +106,7 @@ def test_the_indexed_job_trains_across_hosts_and_a_recreated_job_resumes_from_s3
     assert max(abs(x - y) for x, y in zip(one, two, strict=True)) <= 1e-5, (one[-3:], two[-3:])
     assert not list(disk1.rglob("model.safetensors"))  # node 1 writes no model
     assert list((disk1 / ".roboloop/cache/datasets").glob("*/meta/info.json"))  # its dataset came from S3
-    keys = hosts.run("node-0", [PY, "-c", S3, "list"], env={**os.environ, **S3_ENV}, timeout=60).stdout.split()
+    keys = services.s3_keys(hosts)
     assert any(k.startswith("runs/models/pick-a-") and k.endswith("/model.safetensors") for k in keys), keys
 
     job = _render("pick-b")  # the same training, a run of its own: interrupted, then its Job re-created
@@ -142,7 +120,7 @@ def test_the_indexed_job_trains_across_hosts_and_a_recreated_job_resumes_from_s3
     assert hosts.kill("node-0") and hosts.kill("node-1")  # both machines lost at once
     for p in procs:
         p.wait(30)
-    keys = hosts.run("node-0", [PY, "-c", S3, "list"], env={**os.environ, **S3_ENV}, timeout=60).stdout.split()
+    keys = services.s3_keys(hosts)
     assert not any(k.startswith("runs/models/pick-b-") and k.endswith("/model.safetensors") for k in keys)
     c = job["metadata"]["generateName"] + "g5h6i"  # re-created: a new name, new pods, empty disks
     _wait(_run_job(hosts, job, c, work), work)

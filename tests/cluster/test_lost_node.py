@@ -22,10 +22,8 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from roboloop.datasets.convert import ConvertConfig, convert
-from roboloop.datasets.generate import GenSpec, generate_v21
 from tests.cluster import services
-from tests.cluster.test_k8s_job import S3, S3_ENV
+from tests.cluster.services import S3_ENV
 
 pytestmark = pytest.mark.slow
 PY = sys.executable
@@ -100,12 +98,7 @@ def _same(a: dict, b: dict) -> bool:
 
 @pytest.mark.parametrize("hosts", [["store", "node-0", "node-1"]], indirect=True)
 def test_losing_a_machine_mid_training(hosts, work):
-    src = generate_v21(work / "v21", GenSpec(num_episodes=4, min_length=12, max_length=20,
-                                            cameras={"observation.images.top": (32, 32)}, seed=6))
-    v3 = convert(src, work / "v3", ConvertConfig(progress=False))
-    services.moto(hosts, "store", work)
-    up = hosts.run("node-0", [PY, "-c", S3, "upload", str(v3)], env={**os.environ, **S3_ENV}, timeout=120)
-    assert up.returncode == 0, up.stderr
+    services.dataset_in_s3(hosts, work)
     _finish(_start(hosts, work, "ref", "ref"), work, "ref")  # never interrupted
     reference = _weights(work, "ref", "ref")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import services
-from tests.cluster.test_k8s_job import S3_ENV
+from tests.cluster.services import S3_ENV
 
 pytestmark = pytest.mark.slow
 PY = sys.executable

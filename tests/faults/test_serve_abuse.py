@@ -193,7 +193,9 @@ def test_settings_of_another_engine_are_refused(model):
     from tests.faults.conftest import run_cli
 
     r = run_cli("serve", str(model), "--replicas", "2")
-    assert r.code != 0 and "--replicas and --ray-address apply to --engine ray only" in r.err
+    assert r.code != 0 and "--replicas, --replicas-per-node and --ray-address apply to --engine ray only" in r.err
+    r = run_cli("serve", str(model), "--replicas-per-node", "1")
+    assert r.code != 0 and "apply to --engine ray only" in r.err
     r = run_cli("serve", str(model), "--engine", "ray", "--max-message-mb", "32")
     assert r.code != 0 and "Ray Serve's proxy closes websocket messages over 16 MiB" in r.err
     r = run_cli("serve", str(model), "--engine", "ray", "--idle-timeout", "5")
