@@ -50,3 +50,14 @@ def hosts(request):
         tb.down()
         left = testbed.leftovers(tb.tid)
         assert not left, f"the testbed left {left}"
+
+
+@pytest.fixture
+def work(request):
+    """A folder of the test's own (the hosts' disks, logs, services' data), removed afterwards, on failure too."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix=f"roboloop-{request.module.__name__.rsplit('.', 1)[-1]}-"))
+    d.chmod(0o755)  # the postgres user (tests/cluster/test_control.py) reaches its folder inside
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -38,14 +35,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-@pytest.fixture
-def work():
-    d = Path(tempfile.mkdtemp(prefix="roboloop-control-"))
-    d.chmod(0o755)  # the postgres user reaches its folder inside
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("hosts", [["control", "node-0", "node-1"]], indirect=True)

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,13 +34,6 @@ SECRETS = {"roboloop-prefect-auth": {"auth-string": "admin:unused"},
 TRAIN = ["--steps", str(STEPS), "--checkpoint-every-steps", str(EVERY), "--lr", "0.002", "--warmup-steps", "3",
          "--max-tokens", "512", "--num-workers", "1", "--device", "cpu", "--model-overrides",
          json.dumps({"image_size": [32, 32], "horizon": 8})]
-
-
-@pytest.fixture
-def work():
-    d = Path(tempfile.mkdtemp(prefix="roboloop-k8s-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _render(output: str) -> dict:

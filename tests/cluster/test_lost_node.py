@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,13 +29,6 @@ STEPS, EVERY, TIMEOUT = 30, 5, 15
 TRAIN = ["--steps", str(STEPS), "--checkpoint-every-steps", str(EVERY), "--lr", "0.002", "--warmup-steps", "3",
          "--max-tokens", "512", "--num-workers", "1", "--device", "cpu", "--model-overrides",
          json.dumps({"image_size": [32, 32], "horizon": 8})]
-
-
-@pytest.fixture
-def work():
-    d = Path(tempfile.mkdtemp(prefix="roboloop-lost-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _start(hosts, work: Path, run: str, output: str, restarts: int = 0) -> list[subprocess.Popen]:

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,13 +19,6 @@ from tests.cluster.services import PY
 
 pytestmark = pytest.mark.slow
 STEPS = 12
-
-
-@pytest.fixture
-def work():
-    d = Path(tempfile.mkdtemp(prefix="roboloop-multinode-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _losses(out: Path) -> list[float]:

@@ -12,12 +12,9 @@ over both, so losing node-1 does hit sessions."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -57,13 +54,6 @@ PLACEMENT = ("import ray, ray._private.state as st; ray.init(address='node-0:637
              "nodes = {n['NodeID']: n['NodeManagerAddress'] for n in ray.nodes()}; "
              "print(json.dumps(sorted(nodes[a['Address']['NodeID']] for a in st.actors().values() "
              "if a['State'] == 'ALIVE' and a['ActorClassName'].startswith('ServeReplica'))))")
-
-
-@pytest.fixture
-def work():
-    d = Path(tempfile.mkdtemp(prefix="roboloop-ray-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("hosts", [["store", "node-0", "node-1", "robot"]], indirect=True)

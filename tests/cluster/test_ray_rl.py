@@ -6,9 +6,7 @@ publishes a model on node-0, and its progress says where each worker ran."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,13 +16,6 @@ from tests.models import untrained_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.isaac]
 PY = sys.executable
-
-
-@pytest.fixture
-def work():
-    d = Path(tempfile.mkdtemp(prefix="roboloop-rayrl-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("hosts", [["node-0", "node-1"]], indirect=True)

@@ -6,12 +6,9 @@ refused when fetched, naming the file."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -51,13 +48,6 @@ try:
 except CorruptFileError as e:
     print("refused", e)
 """
-
-
-@pytest.fixture
-def work():
-    d = Path(tempfile.mkdtemp(prefix="roboloop-storecut-"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("hosts", [["store", "node-0"]], indirect=True)
