@@ -53,7 +53,9 @@ UNIT_SECONDS = {
     "tests/faults/test_serve_loss.py": 45,  # session 39's estimates: servers killed and restarted
     "tests/faults/test_serve_abuse.py": 40,
 }
-RAY_SERVE = {"tests/unit/serving/test_ray_engine.py", "bench:serve"}
+# one after another: two Ray clusters at once on 2 cores starved the serving test's robots (tests/cluster)
+RAY_SERVE = {"tests/unit/serving/test_ray_engine.py", "bench:serve", "tests/cluster/test_ray_hosts.py",
+             "tests/cluster/test_ray_rl.py"}
 
 
 def distributed() -> bool:

@@ -53,11 +53,12 @@ def hosts(request):
 
 
 @pytest.fixture
-def work(request):
+def work():
     """A folder of the test's own (the hosts' disks, logs, services' data), removed afterwards, on failure too."""
     import tempfile
 
-    d = Path(tempfile.mkdtemp(prefix=f"roboloop-{request.module.__name__.rsplit('.', 1)[-1]}-"))
+    # short: Ray's socket paths under it must stay within the 107 bytes of a unix socket's name
+    d = Path(tempfile.mkdtemp(prefix="roboloop-"))
     d.chmod(0o755)  # the postgres user (tests/cluster/test_control.py) reaches its folder inside
     yield d
     shutil.rmtree(d, ignore_errors=True)
