@@ -50,7 +50,7 @@ def init(device_pref: str = "auto") -> DistEnv:
     return DistEnv(rank, world, local, device)
 
 
-def wrap(model: nn.Module, env: DistEnv, strategy: str = "ddp") -> nn.Module:
+def wrap(model: nn.Module, env: DistEnv, strategy: str = "ddp", idle_params: bool = False) -> nn.Module:
     """DDP: replicate and all-reduce gradients. FSDP2 (`fully_shard`): shard parameters, gradients
     and optimizer state over the ranks, one unit per transformer block (or per `model.fsdp_units()`, children
     before their parents) plus the root. Both
@@ -68,7 +68,11 @@ def wrap(model: nn.Module, env: DistEnv, strategy: str = "ddp") -> nn.Module:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None)
+    # `idle_params`: some parameters get no gradient in any step (a VLA trained without its cameras: its image path),
+    # which DDP's reducer refuses unless told to look for them after each forward (found training the demo's recipe,
+    # state and language only, on two nodes: "Expected to have finished reduction in the prior iteration")
+    return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+               find_unused_parameters=idle_params)
 
 
 def full_state_dict(model: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:

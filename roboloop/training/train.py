@@ -154,7 +154,8 @@ class Trainer:
         self.run_record = precision.run_record(cfg.precision, self.prec, fp8_names, threshold, source, self.device,
                                                kernels)
         self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
-        self.ddp_model = distributed.wrap(self.model, env, cfg.strategy)  # FSDP shards before the optimizer
+        # FSDP shards before the optimizer; a model fed no images leaves its image path idle
+        self.ddp_model = distributed.wrap(self.model, env, cfg.strategy, idle_params=not self.with_video)
         self.opt, self.run_record["optimizer"] = optim.adamw(self.model.parameters(), cfg.lr, cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_at(s, cfg))
         self.stream = SampleStream(ds, needs.image_size, needs.max_text_len, window=cfg.window,
