@@ -100,7 +100,9 @@ def _child_env(launch: LaunchConfig, env: dict[str, str] | None) -> dict[str, st
 def _failure(code: int, tail: list[str], cfg: TrainConfig, launch: LaunchConfig) -> TrainingFailed:
     """One line naming why training failed: a lost node (what torch's process groups and rendezvous say when a peer
     is gone), or the exception line of the traceback."""
-    cause = next((line.strip() for line in reversed(tail) if _looks_like_error(line)), "see the log above")
+    errors = [line.strip() for line in reversed(tail) if _looks_like_error(line)]
+    # torchrun's own "ChildFailedError" comes last and says only that a rank failed: the rank's exception says why
+    cause = next((e for e in errors if "ChildFailedError" not in e), errors[0] if errors else "see the log above")
     if launch.nnodes > 1 and any(sign in line for line in tail for sign in LOST_NODE):
         where = f" in {cfg.mirror}" if cfg.mirror else ""
         return TrainingFailed(f"training lost a node: ranks waited collective_timeout_s="
@@ -141,11 +143,37 @@ def join(launch: LaunchConfig, out_root: Path, cache_dir: str | Path, timeout_s:
         raise ValueError(f"run {doc.run_id!r} is {doc.nnodes} node(s) x {doc.nproc_per_node} rank(s), but this node "
                          f"was started as one of {launch.nnodes} x {launch.nproc_per_node}: the job's settings differ "
                          "between its nodes")
+    if launch.rdzv_endpoint is None and doc.rdzv_endpoint is None:
+        raise ValueError(f"run {doc.run_id!r}: node 0 named no rendezvous and this node was given none "
+                         "(ROBOLOOP_RDZV_ENDPOINT)")
     dataset = runstore.fetch_dataset(doc.dataset_url, doc.fingerprint, cache_dir)
     cfg = TrainConfig.model_validate({**doc.config, "dataset": str(dataset),
                                       "output_dir": str(out_root / Path(doc.config["output_dir"]).name)})
     on_line(f"node {launch.node_rank} joins: dataset {dataset}, output {cfg.output_dir}")
-    return run_torchrun(cfg, launch.model_copy(update={"max_restarts": doc.max_restarts}), on_line)
+    launch = launch.model_copy(update={"max_restarts": doc.max_restarts,
+                                       "rdzv_endpoint": launch.rdzv_endpoint or doc.rdzv_endpoint})
+    return run_torchrun(cfg, launch, on_line)
+
+
+def lead(job: runstore.JoinDoc, launch: LaunchConfig, out_root: Path, cache_dir: str | Path,
+         on_line: Callable[[str], None] = print) -> Path:
+    """Node 0 of a job that an orchestrator prepared in the run store (`roboloop.training.remote`): the dataset it
+    published, downloaded here; the rendezvous on this host, which the other nodes read from the join document; the
+    run mirrored where the orchestrator will take the model from."""
+    import socket
+
+    dataset = runstore.fetch_dataset(job.dataset_url, job.fingerprint, cache_dir)
+    cfg = TrainConfig.model_validate({**job.config, "dataset": str(dataset),
+                                      "output_dir": str(out_root / Path(job.config["output_dir"]).name)})
+    if not cfg.mirror:
+        raise ValueError(f"job {job.run_id!r} names no mirror: its model would stay on this node's disk")
+    endpoint = launch.rdzv_endpoint or f"{socket.gethostname()}:{_free_port('0.0.0.0')}"
+    on_line(f"node 0 of run {job.run_id!r} on {socket.gethostname()}: dataset {dataset}, output {cfg.output_dir}, "
+            f"rendezvous {endpoint}")
+    launch = launch.model_copy(update={"nnodes": job.nnodes, "nproc_per_node": job.nproc_per_node, "node_rank": 0,
+                                       "max_restarts": job.max_restarts, "run_id": job.run_id,
+                                       "rdzv_endpoint": endpoint})
+    return run_torchrun(cfg, launch, on_line)
 
 
 def _invite(cfg: TrainConfig, launch: LaunchConfig, fingerprint: str, on_line: Callable[[str], None]) -> None:
@@ -155,7 +183,8 @@ def _invite(cfg: TrainConfig, launch: LaunchConfig, fingerprint: str, on_line: C
     url = runstore.publish_dataset(store, Path(cfg.dataset), fingerprint)
     runstore.publish_join(store, runstore.JoinDoc(
         run_id=launch.run_id, config=cfg.model_dump(mode="json"), dataset_url=url, fingerprint=fingerprint,
-        nnodes=launch.nnodes, nproc_per_node=launch.nproc_per_node, max_restarts=launch.max_restarts))
+        nnodes=launch.nnodes, nproc_per_node=launch.nproc_per_node, max_restarts=launch.max_restarts,
+        rdzv_endpoint=launch.rdzv_endpoint))
     on_line(f"nodes 1..{launch.nnodes - 1} of run {launch.run_id!r} join through {store}/jobs/{launch.run_id}")
 
 
@@ -170,11 +199,11 @@ def _looks_like_error(line: str) -> bool:
     return ":" in line and (head.endswith(("Error", "Exception")) or head.endswith("Failed")) and " " not in head
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     import socket
 
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 

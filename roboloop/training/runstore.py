@@ -143,6 +143,7 @@ class JoinDoc(BaseModel):
     nnodes: int
     nproc_per_node: int
     max_restarts: int
+    rdzv_endpoint: str | None = None  # node 0's rendezvous, for nodes started without one (a Prefect pool's runs)
 
 
 def publish_join(store: str, doc: JoinDoc) -> None:
