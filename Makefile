@@ -15,7 +15,7 @@ export DO_NOT_TRACK ?= 1
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: help install demo test test-fast lint bench clean server serve pools deploy worker-cpu worker-gpu s3
+.PHONY: help install demo test test-fast lint bench clean server serve pools deploy worker-cpu worker-gpu s3 cluster-demo
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -86,8 +86,11 @@ deploy: pools  ## register every deployment of deployments/prefect.yaml
 worker-cpu: install  ## a process worker for the cpu pool
 	infra/with-auth.sh $(VENV)/bin/prefect worker start --pool cpu
 
-worker-gpu: install  ## a process worker for the gpu pool (one per GPU node)
-	infra/with-auth.sh $(VENV)/bin/prefect worker start --pool gpu
+worker-gpu: install  ## a process worker for the gpu pool (one per GPU node, one training at a time)
+	infra/with-auth.sh $(VENV)/bin/prefect worker start --pool gpu --limit 1
+
+cluster-demo: install  ## the scheduled retraining on test hosts: Prefect+PostgreSQL, S3, two GPU-pool nodes (root; ~15 min)
+	$(PY) infra/cluster_demo.py
 
 s3: install  ## moto S3 server on 127.0.0.1:5555 for local S3 development
 	infra/moto-s3.sh

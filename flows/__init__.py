@@ -48,6 +48,8 @@ def run_name(template: str, **fields: str):
         from prefect.runtime import flow_run
 
         params = flow_run.parameters or {}
-        return template.format(**{k: _short(_get(params, path) or "?") for k, path in fields.items()})
+        values = {k: next((v for p in path.split("|") if (v := _get(params, p)) is not None), None)
+                  for k, path in fields.items()}  # "a|b": the first of them given
+        return template.format(**{k: _short("?" if v is None or v == "" else v) for k, v in values.items()})
 
     return name

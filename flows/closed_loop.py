@@ -23,7 +23,15 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows import run_name
-from roboloop.loop import PRESETS, LoopConfig, ci, demo, nightly_gpu, run_loop  # noqa: F401  (presets, re-exported)
+from roboloop.loop import (  # noqa: F401  (presets, re-exported)
+    PRESETS,
+    LoopConfig,
+    ci,
+    cluster,
+    demo,
+    nightly_gpu,
+    run_loop,
+)
 from roboloop.summary import LoopSummary
 from tasks.dagger import rounds_artifact
 from tasks.loop import PrefectSteps
@@ -31,8 +39,12 @@ from tasks.loop import PrefectSteps
 
 @flow(name="closed-loop", log_prints=True,
       flow_run_name=run_name("closed-loop {model} from {source} ({evaluation})", model="cfg.model_name",
-                             source="cfg.source", evaluation="cfg.evaluation"))
-def closed_loop(cfg: LoopConfig = demo()) -> LoopSummary:  # noqa: B008 (the UI form's defaults)
+                             source="source|cfg.source", evaluation="cfg.evaluation"))
+def closed_loop(cfg: LoopConfig = demo(), source: str | None = None) -> LoopSummary:  # noqa: B008 (the UI form's defaults)
+    """`source`: a dataset to run on instead of `cfg.source`, never recorded into (what a dataset-arrived trigger
+    passes, so the deployment's own `cfg` stays the one it was deployed with)."""
+    if source:
+        cfg = cfg.model_copy(update={"source": source, "collect_if_missing": None})
     s = run_loop(cfg, PrefectSteps())  # roboloop.loop_run: the loop, written once; each stage a task run
     if len(s.rounds) > 1:
         rounds_artifact(s.rounds, str(Path(s.eval_run)))

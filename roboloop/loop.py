@@ -221,7 +221,20 @@ def so101_ci() -> LoopConfig:
                                       "select": {"episodes": 2, "seed": 1}})
 
 
-PRESETS = {"demo": demo, "ci": ci, "vision": vision, "nightly_gpu": nightly_gpu, "so101": so101, "so101_ci": so101_ci}
+def cluster() -> LoopConfig:
+    """The `closed-loop-cluster` deployment: `demo()`'s recipe on a team's cluster. The flow runs on the cpu pool (it
+    ingests from S3, evaluates in the simulator, registers) and hands training to the gpu pool: one `train-node` run on
+    each of two nodes, which meet through the run store (`ROBOLOOP_RUN_STORE`); the model comes back from there.
+    `make cluster-demo` runs it on test hosts (infra/cluster_demo.py)."""
+    d = demo()
+    return LoopConfig.model_validate({**d.model_dump(), "source": "s3://roboloop/datasets/reach",
+                                      "collect_if_missing": None, "serve_check": None,
+                                      "launch": LaunchConfig(nnodes=2, nproc_per_node=1,
+                                                             deployment="train-node/train-node").model_dump()})
+
+
+PRESETS = {"demo": demo, "cluster": cluster, "ci": ci, "vision": vision, "nightly_gpu": nightly_gpu, "so101": so101,
+           "so101_ci": so101_ci}
 
 
 def for_source(cfg: LoopConfig, source: str, evaluation: Literal["simulator", "offline"] = "offline",

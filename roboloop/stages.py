@@ -37,6 +37,7 @@ from roboloop.lineage import Lineage
 from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
 from roboloop.rl.config import RLRecipe
 from roboloop.training.config import LaunchConfig, TrainConfig, TrainRecipe
+from roboloop.training.runstore import JoinDoc
 
 OnLine = Callable[[str], None]
 
@@ -211,10 +212,11 @@ def model_ref(path: str | Path, dataset_md5: str, execution: ExecutionSettings |
 def train(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | None = None,
           cache: ReceiptCache | None = None, output_dir: str | Path | None = None, track: bool = False,
           execution: ExecutionSettings | None = None, on_line: OnLine = print, overwrite: bool = False,
-          in_process: bool = False) -> ModelRef:
+          in_process: bool = False, nodes: Callable[[JoinDoc], None] | None = None) -> ModelRef:
     """Train on `data` under torchrun (resuming this run's checkpoints; another run's folder is refused), or, one
     rank with `in_process` (`roboloop train`), in this process. An explicit `output_dir` takes a cached result only
-    if it is that folder."""
+    if it is that folder. With `launch.deployment`, `nodes(job)` trains on the pool's nodes (the Prefect train task
+    submits one run per node) and the model comes from the run store."""
     from roboloop.training.launch import run_torchrun
 
     launch = launch or LaunchConfig.from_settings()
@@ -224,6 +226,9 @@ def train(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | None = N
         artifacts_root() / "models" / f"{recipe.policy_type or recipe.preset}-{key.split('-')[-1][:16]}"
     if cache and not overwrite and (hit := cache.get(key, ModelRef)) and (output_dir is None or Path(hit.path) == out):
         return hit
+    if launch.deployment:
+        _train_on_nodes(data, recipe, launch, out, key, nodes)
+        return _trained(out, data, execution, track, cache, key)
     cfg = TrainConfig.of(recipe, data.path, str(out))
     from roboloop.training.runstore import store_url
 
@@ -233,10 +238,33 @@ def train(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | None = N
         train_here(cfg, overwrite=overwrite)
     else:
         run_torchrun(cfg, launch, on_line=on_line, overwrite=overwrite)
+    return _trained(out, data, execution, track, cache, key)
+
+
+def _trained(out: Path, data: DatasetRef, execution: ExecutionSettings | None, track: bool,
+             cache: ReceiptCache | None, key: str) -> ModelRef:
     ref = model_ref(out, data.md5, execution, track)
     if cache:
         cache.put(key, ref)
     return ref
+
+
+def _train_on_nodes(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig, out: Path, key: str,
+                    nodes: Callable[[JoinDoc], None] | None) -> None:
+    """`launch.deployment`: the job into the run store, its nodes started by `nodes`, the model taken back (a model
+    the mirror already holds, from a run whose orchestrator was lost, is taken without training again)."""
+    from roboloop.training import remote
+
+    if nodes is None:
+        raise ValueError(f"launch.deployment={launch.deployment!r} trains on a Prefect pool's nodes, which only the "
+                         "closed-loop flow starts (`roboloop loop` trains here: leave launch.deployment empty)")
+    run_id = f"{launch.run_id}-{key.split('-')[-1][:8]}-{secrets.token_hex(3)}"  # each attempt a job of its own
+    job = remote.prepare(Path(data.path), recipe, launch, out, run_id=run_id)
+    if not remote.take_model(job, out):
+        nodes(job)
+        if not remote.take_model(job, out):
+            raise FileNotFoundError(f"the nodes of run {job.run_id!r} finished, but {job.config['mirror']} holds no "
+                                    "model")
 
 
 # ---------------------------------------------------------------- evaluation

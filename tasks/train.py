@@ -20,8 +20,11 @@ def train_task(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | Non
 
     Cancelling the flow run or hitting `launch.timeout_s` kills torchrun's whole process group.
     """
+    from tasks.nodes import pool_nodes
+
+    nodes = pool_nodes(launch) if launch and launch.deployment else None  # the gpu pool's nodes train
     model = stages.train(data, recipe, launch, cache=receipts(), track=track, execution=execution,
-                         on_line=relay("[train] "))
+                         on_line=relay("[train] "), nodes=nodes)
     row = {"model": model.path, "weights_sha256": model.weights_sha256[:16], **model.metrics}
     create_table_artifact([row], key=artifact_key("train-summary", recipe.preset),
                           description=f"{recipe.preset} on {Path(data.path).name}")

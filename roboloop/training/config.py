@@ -296,6 +296,10 @@ class LaunchConfig(BaseModel):
     timeout_s: float | None = Field(None, gt=0, description="kill the job after this many seconds")
     collective_timeout_s: float = Field(600, gt=0, description="how long ranks wait for a lost node: in a "
                                         "collective, and to meet again after a restart; then the run fails")
+    deployment: str | None = Field(
+        None, description="the Prefect deployment that trains on each node (`train-node/train-node`: one flow run per "
+        "node on the gpu pool, process workers; this flow orchestrates and takes the model from the run store). "
+        "Empty: this node trains, and a Kubernetes Job starts the others")
 
     @classmethod
     def from_settings(cls, **given) -> LaunchConfig:

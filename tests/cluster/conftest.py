@@ -22,6 +22,10 @@ _spec = importlib.util.spec_from_file_location("roboloop_k8s", ROOT / "infra" / 
 k8s = importlib.util.module_from_spec(_spec)  # the gpu pool's manifests: render, validate, the pods of a Job
 assert _spec.loader is not None
 _spec.loader.exec_module(k8s)
+_spec = importlib.util.spec_from_file_location("roboloop_hostservices", ROOT / "infra" / "hostservices.py")
+hostservices = importlib.util.module_from_spec(_spec)  # PostgreSQL, the Prefect server, moto: as a team starts them
+assert _spec.loader is not None
+_spec.loader.exec_module(hostservices)
 
 
 def hosts_possible() -> str | None:
@@ -59,6 +63,6 @@ def work():
 
     # short: Ray's socket paths under it must stay within the 107 bytes of a unix socket's name
     d = Path(tempfile.mkdtemp(prefix="roboloop-"))
-    d.chmod(0o755)  # the postgres user (tests/cluster/test_control.py) reaches its folder inside
+    d.chmod(0o755)  # the postgres user (tests/cluster/test_cluster_loop.py) reaches its folder inside
     yield d
     shutil.rmtree(d, ignore_errors=True)

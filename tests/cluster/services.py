@@ -1,87 +1,19 @@
-"""What runs on the test hosts, started as a team starts it: PostgreSQL (Debian's package) and the Prefect server on
-it through `infra/server.sh`, moto's S3 server. Each waits until it answers over the testbed's network."""
+"""What runs on the test hosts: the services (infra/hostservices.py: PostgreSQL, the Prefect server, moto's S3), a
+dataset in S3, a Ray cluster."""
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.cluster.conftest import hostservices as _hs
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
-PG_PORT, PREFECT_PORT, S3_PORT = 5432, 4200, 9000
-
-
-def pg_bin(name: str) -> str:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    if not found:
-        raise RuntimeError(f"PostgreSQL's {name} not found: make install brings Debian's postgresql")
-    return found[-1]
-
-
-def wait_port(tb, client: str, host: str, port: int, timeout: float, proc: subprocess.Popen | None = None,
-              log: Path | None = None) -> None:
-    """Until `host:port` accepts a connection from `client` (a test host), or fail with the service's log tail."""
-    deadline = time.time() + timeout
-    probe = f"import socket; socket.create_connection(('{host}', {port}), 1)"
-    while tb.run(client, [PY, "-c", probe]).returncode:
-        if proc is not None and proc.poll() is not None or time.time() > deadline:
-            tail = log.read_text()[-2000:] if log and log.exists() else ""
-            raise RuntimeError(f"{host}:{port} did not answer within {timeout:.0f} s: {tail}")
-        time.sleep(0.5)
-
-
-def postgres(tb, host: str, work: Path, database: str = "prefect") -> str:
-    """PostgreSQL on `host` (its own data folder, as the `postgres` user), reachable by the testbed's hosts with a
-    password; returns the database URL Prefect takes."""
-    data, log = work / "pg-data", work / "pg.log"
-    data.mkdir(parents=True)
-    shutil.chown(work, "postgres")
-    shutil.chown(data, "postgres")
-    pw = work / "pg-pass"
-    pw.write_text("roboloop-test\n")
-    shutil.chown(pw, "postgres")
-    subprocess.run(["runuser", "-u", "postgres", "--", pg_bin("initdb"), "-D", str(data), "-U", "roboloop",
-                    "--pwfile", str(pw), "-A", "scram-sha-256"], check=True, capture_output=True)
-    with open(data / "pg_hba.conf", "a") as f:
-        f.write("host all all 198.18.0.0/15 scram-sha-256\n")  # the testbed's hosts, with the password
-    with open(log, "w") as out:
-        proc = tb.popen(host, ["runuser", "-u", "postgres", "--", pg_bin("postgres"), "-D", str(data), "-c",
-                               "listen_addresses=*", "-c", f"unix_socket_directories={work}", "-p", str(PG_PORT)],
-                        stdout=out, stderr=subprocess.STDOUT)
-    wait_port(tb, host, host, PG_PORT, 60, proc, log)
-    env = {**os.environ, "PGPASSWORD": "roboloop-test"}
-    r = tb.run(host, [pg_bin("createdb"), "-h", host, "-p", str(PG_PORT), "-U", "roboloop", database], env=env)
-    if r.returncode:
-        raise RuntimeError(f"createdb failed: {r.stderr}")
-    return f"postgresql+asyncpg://roboloop:roboloop-test@{host}:{PG_PORT}/{database}"
-
-
-def prefect_server(tb, host: str, db_url: str, work: Path, auth: str) -> str:
-    """`infra/server.sh` on `host` (what `make server` runs), on PostgreSQL, bound to the host's address, with basic
-    authentication; returns its API URL."""
-    log = work / "prefect-server.log"
-    env = {**os.environ, "PREFECT_HOME": str(work / "prefect-home"), "PREFECT_HOST": "0.0.0.0",
-           "PREFECT_PORT": str(PREFECT_PORT), "PREFECT_API_DATABASE_CONNECTION_URL": db_url,
-           "PREFECT_SERVER_API_AUTH_STRING": auth, "PREFECT_UI_ENABLED": "false"}
-    with open(log, "w") as out:
-        proc = tb.popen(host, [str(ROOT / "infra" / "server.sh")], stdout=out, stderr=subprocess.STDOUT, env=env,
-                        cwd=ROOT)
-    wait_port(tb, host, host, PREFECT_PORT, 180, proc, log)
-    return f"http://{host}:{PREFECT_PORT}/api"
-
-
-def moto(tb, host: str, work: Path) -> str:
-    log = work / "moto.log"
-    with open(log, "w") as out:
-        proc = tb.popen(host, [str(Path(PY).parent / "moto_server"), "-H", "0.0.0.0", "-p", str(S3_PORT)],
-                        stdout=out, stderr=subprocess.STDOUT)
-    wait_port(tb, host, host, S3_PORT, 60, proc, log)
-    return f"http://{host}:{S3_PORT}"
+PG_PORT, PREFECT_PORT, S3_PORT = _hs.PG_PORT, _hs.PREFECT_PORT, _hs.S3_PORT
+pg_bin, wait_port, postgres, prefect_server, moto = (_hs.pg_bin, _hs.wait_port, _hs.postgres, _hs.prefect_server,
+                                                     _hs.moto)
 
 
 # S3 as the test hosts reach it (moto on `store`)

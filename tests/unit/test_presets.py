@@ -32,7 +32,7 @@ def test_single_machine_deployment_runs_the_demo_preset_and_its_trigger_only_cha
 
 
 def test_schedules_have_an_explicit_timezone_and_loops_run_one_at_a_time():
-    for name in ("closed-loop", "closed-loop-cpu"):
+    for name in ("closed-loop", "closed-loop-cpu", "closed-loop-cluster"):
         d = _deployment(name)
         assert all(s.get("timezone") == "UTC" for s in d["schedules"]), name
         assert d["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}, name
@@ -142,3 +142,16 @@ def test_so101_deployment_runs_the_so101_preset():
     d = _deployment("closed-loop-so101")
     assert d["parameters"]["cfg"] == so101().model_dump(mode="json") and d["work_pool"]["name"] == "cpu"
     assert LoopConfig.model_validate(d["parameters"]["cfg"]) == so101()
+
+
+def test_cluster_deployment_runs_the_cluster_preset_and_its_trigger_passes_only_the_dataset():
+    from roboloop.loop import cluster
+
+    d = _deployment("closed-loop-cluster")
+    assert d["parameters"]["cfg"] == cluster().model_dump(mode="json") and d["work_pool"]["name"] == "cpu"
+    assert cluster().launch.deployment == "train-node/train-node" and cluster().launch.nnodes == 2
+    node = _deployment("train-node")
+    assert node["work_pool"]["name"] == "gpu" and node["entrypoint"] == "flows/train_node.py:train_node"
+    trigger = d["triggers"][0]
+    assert trigger["parameters"] == {"source": "{{ event.resource['roboloop.path'] }}"}  # the rest: deployed cfg
+    assert trigger["match"] == {"prefect.resource.id": "roboloop.location.s3-*"}

@@ -1,0 +1,81 @@
+"""A training job on the gpu pool's nodes, one flow run of the `train-node` deployment per node (process workers,
+one per GPU node, each taking one run at a time: `make worker-gpu`). The train task submits the runs, follows them
+and stops them all when one fails; the runs show as the train task's subflows in the UI."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prefect import get_run_logger, task
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.states import Cancelled
+
+from roboloop.settings import settings
+from roboloop.training.config import LaunchConfig
+from roboloop.training.remote import NodeParams, node_params, run_node
+from roboloop.training.runstore import JoinDoc
+from tasks.common import NO_CACHE, relay
+
+WAITING = {StateType.SCHEDULED, StateType.PENDING}
+
+
+def pool_nodes(launch: LaunchConfig) -> Callable[[JoinDoc], None]:
+    """`stages.train`'s `nodes`: the job's nodes as runs of `launch.deployment`, awaited; a failed one fails all."""
+
+    def run(job: JoinDoc) -> None:
+        from prefect.deployments import run_deployment
+
+        runs: list[FlowRun] = []
+        try:
+            for p in node_params(job, launch):
+                runs.append(run_deployment(launch.deployment, parameters={"params": p.model_dump(mode="json")},
+                                           timeout=0))
+            _await(runs, launch, job)
+        except BaseException:
+            _cancel(runs)
+            raise
+
+    return run
+
+
+def _await(runs: list[FlowRun], launch: LaunchConfig, job: JoinDoc) -> None:
+    """Until every node's run completed; a run that fails or is not taken by a worker in time stops the job."""
+    log, start, said = get_run_logger(), time.monotonic(), set()
+    with get_client(sync_client=True) as client:
+        while True:
+            now = [client.read_flow_run(r.id) for r in runs]
+            for k, r in enumerate(now):
+                kind = r.state.type if r.state else StateType.SCHEDULED
+                if kind == StateType.RUNNING and k not in said:
+                    said.add(k)
+                    log.info(f"{r.name}: running")
+                if r.state and r.state.is_final() and kind != StateType.COMPLETED:
+                    raise RuntimeError(f"{r.name} ended {kind.value}: {r.state.message or 'see its log'}")
+                if kind in WAITING and time.monotonic() - start > settings().join_timeout_s:
+                    raise TimeoutError(f"no worker of {launch.deployment}'s pool took train-node {k} of {job.run_id} "
+                                       f"within {settings().join_timeout_s:.0f} s: run one worker per node "
+                                       "(`make worker-gpu`), each with --limit 1")
+            if all(r.state and r.state.type == StateType.COMPLETED for r in now):
+                return
+            if launch.timeout_s and time.monotonic() - start > launch.timeout_s:
+                raise TimeoutError(f"training {job.run_id} ran past launch.timeout_s={launch.timeout_s:g} s")
+            time.sleep(2)
+
+
+def _cancel(runs: list[FlowRun]) -> None:
+    with get_client(sync_client=True) as client:
+        for r in runs:
+            state = client.read_flow_run(r.id).state
+            if state is None or not state.is_final():
+                client.set_flow_run_state(r.id, Cancelled(message="another node of its job failed"), force=True)
+
+
+@task(name="train-node", cache_policy=NO_CACHE)
+def node_task(params: NodeParams) -> str:
+    """This machine's part of a training job: node 0 leads, the others join (`roboloop.training.remote`)."""
+    import socket
+
+    out = run_node(params, on_line=relay(f"[node {params.node_rank}] "))
+    return f"node {params.node_rank} of {params.run_id} on {socket.gethostname()}: {out}"
