@@ -89,7 +89,7 @@ worker-cpu: install  ## a process worker for the cpu pool
 worker-gpu: install  ## a process worker for the gpu pool (one per GPU node, one training at a time)
 	infra/with-auth.sh $(VENV)/bin/prefect worker start --pool gpu --limit 1
 
-cluster-demo: install  ## the scheduled retraining on test hosts: Prefect+PostgreSQL, S3, two GPU-pool nodes (root; ~15 min)
+cluster-demo: install  ## the scheduled retraining on test hosts: Prefect+PostgreSQL, S3, two GPU-pool nodes (root; ~10 min)
 	$(PY) infra/cluster_demo.py
 
 s3: install  ## moto S3 server on 127.0.0.1:5555 for local S3 development

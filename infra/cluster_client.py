@@ -67,8 +67,12 @@ def cmd_follow(args) -> int:
             children = c.read_flow_runs(flow_run_filter=FlowRunFilter(
                 parent_task_run_id=FlowRunFilterParentTaskRunId(any_=[t.id for t in tasks]))) if tasks else []
             stand_ins = {f.parent_task_run_id for f in children}  # a subflow's task run: the subflow says it
-            rows += [(f"  {re.sub(r'-[0-9a-f]{3}$', '', t.name)}", t, "")
-                     for t in sorted(tasks, key=lambda t: t.expected_start_time or 0) if t.id not in stand_ins]
+            seen: dict[str, int] = {}
+            for t in sorted(tasks, key=lambda t: t.expected_start_time or 0):
+                if t.id not in stand_ins:
+                    name = re.sub(r"-[0-9a-f]{3}$", "", t.name)  # the stage's name (the task's, e.g. evaluate)
+                    seen[name] = seen.get(name, 0) + 1
+                    rows.append((f"  {name}" + (f" ({seen[name]})" if seen[name] > 1 else ""), t, ""))
             rows += [(f"    {f.name}", f, f" by {_host(c, f)}") for f in children]
             for label, obj, where in rows:
                 state = obj.state.type.value if obj.state else "?"

@@ -16,7 +16,7 @@ S3 store; the nodes share no folder. Then, as a team would:
      them, and its trigger starts closed-loop-cluster on them: it retrains and gates against the champion.
 Every host, process and file it made is gone at the end, on failure too (--keep leaves the work folder).
 
-    make cluster-demo                         # root (network namespaces); about 15 minutes on 2 cores
+    make cluster-demo                         # root (network namespaces); about 10 minutes on 2 cores
     python infra/cluster_demo.py --quick      # tests/cluster/test_cluster_loop.py's sizes: every step, no skill
 """
 
@@ -193,7 +193,7 @@ def report(s: dict) -> str:
         lines.append(f"  v{d['version']}: {ev.get('successes')}/{ev.get('episodes')} on {src}; "
                      f"{'promoted' if d['promoted'] else 'not promoted'} ({d['reason']})")
     lines.append(f"  champion: v{s['champion']}; DVC remote s3://roboloop/dvc holds {len(s['dvc_keys'])} objects")
-    lines += [f"  {r['name']}: {r['state']} (worker {r['worker']})" for r in s["runs"]]
+    lines += [f"  {r['name']}: {r['state']} (worker {r['worker']})" for r in sorted(s["runs"], key=lambda r: r["name"])]
     return "\n".join(lines)
 
 
