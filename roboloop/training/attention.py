@@ -59,6 +59,13 @@ def resolve_backend(requested: Backend, device_type: str, dtype: torch.dtype) ->
     return choice
 
 
+@torch.compiler.assume_constant_result
+def _traced_resolve(requested: Backend, device_type: str, dtype: torch.dtype) -> str:
+    """`resolve_backend`, which torch.compile (train.compile) takes as a constant of the compiled block instead of
+    tracing its cache and its checks."""
+    return resolve_backend(requested, device_type, dtype)
+
+
 def block_diagonal_mask(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int,
                         causal: bool = False) -> torch.Tensor:
     """(Tq, Tk) bool mask: True where query i and key j belong to the same sample."""
@@ -76,7 +83,7 @@ def varlen_attention(q_TqHD: torch.Tensor, k_TkHD: torch.Tensor, v_TkHD: torch.T
                      cu_k: torch.Tensor, max_q: int, max_k: int, causal: bool = False,
                      backend: Backend = "auto") -> torch.Tensor:
     """Attention of packed sequences; returns (Tq, H, D)."""
-    which = resolve_backend(backend, q_TqHD.device.type, q_TqHD.dtype)
+    which = _traced_resolve(backend, q_TqHD.device.type, q_TqHD.dtype)
     if which == "flash":
         from flash_attn import flash_attn_varlen_func
 

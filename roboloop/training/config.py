@@ -102,7 +102,7 @@ class TrainRecipe(BaseModel):
         "aux_target", "aux_weight", "deterministic", "device", "family", "fp8_backend", "grad_clip", "init_from",
         "lr", "max_samples", "max_tokens", "model_overrides", "policy_config", "policy_type", "precision", "preset",
         "seed", "shuffle_buffer", "steps", "strategy", "val_fraction", "warmup_steps", "weight_decay", "window",
-        "with_video", "lr_schedule", "ema_decay", "image_shift", "env_state_input", "sample_order"})
+        "with_video", "lr_schedule", "ema_decay", "image_shift", "env_state_input", "sample_order", "compile"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
         "lookahead", "resume", "frame_cache_mb", "host_memory"})
@@ -191,6 +191,10 @@ class TrainRecipe(BaseModel):
                             "whole step to finish (auto: on CUDA, off on CPU, where decode threads compete with "
                             "the step for the cores); same batches either way")
     deterministic: bool = Field(False, description="deterministic kernels (exact resume comparisons)")
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto", description="torch.compile of the model's blocks (regional, dynamic shapes: packed batches of any "
+                            "length reuse them); auto: where bench/compile.py measured it faster for the family and "
+                            "device, else eager; the run record says which and why, with graphs and recompiles")
 
     @model_validator(mode="after")
     def _policy_type_means_lerobot(self):

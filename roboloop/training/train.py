@@ -23,7 +23,18 @@ from tqdm import tqdm
 from roboloop import fsutil, policies
 from roboloop.datasets.layout import ENV_STATE
 from roboloop.errors import DiskFullError
-from roboloop.training import checkpoint, distributed, ema, hostmem, metrics, optim, outdir, precision, runstore
+from roboloop.training import (
+    checkpoint,
+    compiled,
+    distributed,
+    ema,
+    hostmem,
+    metrics,
+    optim,
+    outdir,
+    precision,
+    runstore,
+)
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import Normalizer, SampleStream, V3Dataset
 from roboloop.training.model import num_parameters
@@ -154,6 +165,10 @@ class Trainer:
         self.run_record = precision.run_record(cfg.precision, self.prec, fp8_names, threshold, source, self.device,
                                                kernels)
         self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
+        self.compiling, why = compiled.plan(cfg.compile, cfg.family, self.device.type)  # the blocks, before the wrap
+        types = len({type(b) for b in compiled.regions(self.model)}) if self.compiling else 0
+        self.run_record["compile"] = compiled.record(cfg.compile, self.compiling, why,
+                                                     compiled.apply(self.model) if self.compiling else 0, types)
         # FSDP shards before the optimizer; a model fed no images leaves its image path idle
         self.ddp_model = distributed.wrap(self.model, env, cfg.strategy, idle_params=not self.with_video)
         self.opt, self.run_record["optimizer"] = optim.adamw(self.model.parameters(), cfg.lr, cfg.weight_decay)
@@ -201,6 +216,7 @@ class Trainer:
             print(self.stream.order_line(), flush=True)
             print(f"host memory: {self.run_record['host_memory']}", flush=True)
             print(f"optimizer: {self.run_record['optimizer']}", flush=True)
+            print(f"compile: {self.run_record['compile']['why']}", flush=True)
 
     def resume(self) -> int:
         """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""
@@ -306,6 +322,9 @@ class Trainer:
     def log(self, step: int, loss: float, row: dict, bar: tqdm) -> None:
         cfg = self.cfg
         row["elapsed_s"] = round(time.monotonic() - self.t0, 2)  # since this process started building the run
+        if self.compiling:  # compiled graphs so far: a recompile after the first steps is a shape compiled again
+            c = compiled.update(self.run_record["compile"])
+            row["compile"] = {k: c[k] for k in ("graphs", "recompiles", "graph_breaks")}
         if self.env.is_main:
             with open(self.metrics_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
