@@ -15,7 +15,7 @@ export DO_NOT_TRACK ?= 1
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: help install demo test test-fast lint bench clean server serve pools deploy worker-cpu worker-gpu s3 cluster-demo
+.PHONY: help install demo test test-fast lint bench clean server serve pools deploy worker-cpu worker-gpu s3 cluster-demo gpu-check
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -88,6 +88,9 @@ worker-cpu: install  ## a process worker for the cpu pool
 
 worker-gpu: install  ## a process worker for the gpu pool (one per GPU node, one training at a time)
 	infra/with-auth.sh $(VENV)/bin/prefect worker start --pool gpu --limit 1
+
+gpu-check: install  ## every pending GPU figure in one run of at most 8 minutes (one H100/H200): one JSON line
+	mkdir -p bench/results && $(PY) bench/gpu_check.py --out bench/results/gpu-check-$$(date +%Y%m%d).json
 
 cluster-demo: install  ## the scheduled retraining on test hosts: Prefect+PostgreSQL, S3, two GPU-pool nodes (root; ~10 min)
 	$(PY) infra/cluster_demo.py

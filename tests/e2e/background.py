@@ -47,6 +47,7 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
     "eval": (["--envs", "1"], {"results", "task"}, [pytest.mark.isaac]),
     "overhead": (["--tasks", "3", "--flows", "1"], {"task_overhead_ms", "flow_overhead_s"}, []),
     "startup": ([], {"help_s", "validate_s"}, []),
+    "gpu_check": (["--only", "compile_vla", "gpu_tests"], {"device", "commit", "parts"}, [pytest.mark.gpu]),
     "compile": (["--steps", "4", "--warmup", "2", "--episodes", "2", "--work", "{tmp}"],
                 {"speedup_vla", "loss_difference", "graphs", "recompiles", "graph_breaks"}, []),
     "dagger": (["--demos", "4", "--rounds", "1", "--episodes", "2", "--round-episodes", "2", "--steps", "3",
@@ -87,7 +88,8 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
 # lerobot_train 77, sweep 64, eval 60, loader 58, the rest under 40 each), so what is left when the suite's own
 # tests end is short
 ORDER = ["so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "inference", "compile",
-         "so101_data", "precision", "convert", "packing", "overhead", "startup", "optim", "act_step", "scale"]
+         "so101_data", "precision", "gpu_check", "convert", "packing", "overhead", "startup", "optim", "act_step",
+         "scale"]
 RAY = ["rl", "serve"]  # one after the other, in the lane that opens when the suite's own tests are done
 NICE = 5
 RUN_TIMEOUT_S = 1800  # one run; a niced run beside busy tests takes up to ~3x its time alone
