@@ -151,7 +151,9 @@ class TrainRecipe(BaseModel):
         "auto", description="auto: fp32 on CPU; on a GPU fp8 only where bench/precision.py --grid measured FP8 "
                             "faster, else bf16. bf16 on CPU: autocast, only where the CPU multiplies bf16 natively "
                             "(AMX or AVX512-BF16)")
-    fp8_backend: Literal["te", "torchao"] = Field("te", description="FP8 implementation when precision=fp8")
+    fp8_backend: Literal["te", "torchao"] = Field(
+        "torchao", description="FP8 implementation when precision=fp8: torchao (what make install brings) or te "
+                               "(Transformer Engine, installed separately)")
     seed: int = Field(0, description="seeds weights, data order and flow-matching noise")
     window: int = Field(32, gt=0, description="frames decoded per sequential video read")
     shuffle_buffer: int = Field(256, gt=0, description="frames mixed across windows and episodes (sample_order "

@@ -44,7 +44,7 @@ class PrecisionPlan:
         return contextlib.nullcontext()
 
 
-def plan(requested: str, device_type: str, fp8_backend: str = "te", gpu_name: str | None = None) -> PrecisionPlan:
+def plan(requested: str, device_type: str, fp8_backend: str = "torchao", gpu_name: str | None = None) -> PrecisionPlan:
     """`gpu_name`: the CUDA device's name (asked of torch when not given), for `auto`'s measured break-even."""
     if requested == "fp32":
         return PrecisionPlan("fp32", "requested")
