@@ -238,13 +238,34 @@ def fp8_context(p: PrecisionPlan) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-# Dense bf16 tensor-core peaks (TFLOP/s, SXM parts, no sparsity); FP8 doubles them on Hopper/Blackwell.
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "B200": 2250.0, "GB200": 2500.0,
-                    "L40S": 362.0, "A100": 312.0, "A10G": 70.0, "L4": 121.0}
+# Dense peaks (TFLOP/s, no sparsity) from NVIDIA's datasheets, per GPU model and the mode a step runs in. fp32 is
+# IEEE fp32 on the CUDA cores: roboloop never enables TF32 (torch's default, "highest" matmul precision), so an fp32
+# run is the same arithmetic as on a CPU and its MFU is against the fp32 peak, not TF32's 8x larger one. Names are
+# matched longest first, so "H100 PCIe" and "H100 NVL" are not taken for the SXM part (torch names it "H100 80GB HBM3").
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100": {"bf16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},  # SXM5
+    "H100 PCIe": {"bf16": 756.5, "fp8": 1513.0, "tf32": 378.0, "fp32": 51.2},
+    "H100 NVL": {"bf16": 835.5, "fp8": 1670.5, "tf32": 417.5, "fp32": 60.0},
+    "H200": {"bf16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},  # SXM
+    "H800": {"bf16": 989.4, "fp8": 1978.9, "tf32": 494.7, "fp32": 66.9},
+    "B200": {"bf16": 2250.0, "fp8": 4500.0, "tf32": 1125.0, "fp32": 75.0},  # HGX B200, per GPU
+    "A100": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},  # no FP8 tensor cores
+    "L40S": {"bf16": 362.1, "fp8": 733.0, "tf32": 183.0, "fp32": 91.6},
+    "L4": {"bf16": 121.0, "fp8": 242.5, "tf32": 60.0, "fp32": 30.3},
+    "A10G": {"bf16": 70.0, "tf32": 35.0, "fp32": 31.2},
+}
+
+
+def peak(name: str, mode: str) -> tuple[float, str] | None:
+    """(TFLOP/s, which entry) of a CUDA device named `name` in `mode` (bf16, fp8, fp32), or None where unknown."""
+    key = next((k for k in sorted(PEAK_TFLOPS, key=len, reverse=True) if k in name), None)
+    if key is None or mode not in PEAK_TFLOPS[key]:
+        return None
+    return PEAK_TFLOPS[key][mode], f"{key} {mode} dense peak (NVIDIA datasheet)"
 
 
 def peak_flops(device: torch.device, mode: str) -> float | None:
-    """Peak FLOP/s of `device` for MFU, or None where unknown (CPU: set ROBOLOOP_PEAK_TFLOPS)."""
+    """Peak FLOP/s of `device` in `mode` for MFU, or None where unknown (CPU: set ROBOLOOP_PEAK_TFLOPS)."""
 
     from roboloop.settings import settings
 
@@ -252,10 +273,19 @@ def peak_flops(device: torch.device, mode: str) -> float | None:
         return float(settings().peak_tflops) * 1e12  # type: ignore[arg-type]
     if device.type != "cuda":
         return None
+    found = peak(torch.cuda.get_device_name(device), mode)
+    return found[0] * 1e12 if found else None
+
+
+def peak_record(device: torch.device, mode: str) -> dict:
+    """What a run's MFU is relative to: the peak and where it comes from (the run record's `mfu_peak`)."""
+    from roboloop.settings import settings
+
+    if settings().peak_tflops:
+        return {"tflops": float(settings().peak_tflops), "source": "ROBOLOOP_PEAK_TFLOPS"}  # type: ignore[arg-type]
+    if device.type != "cuda":
+        return {"tflops": None, "source": "no peak known for a CPU: set ROBOLOOP_PEAK_TFLOPS for an MFU"}
     name = torch.cuda.get_device_name(device)
-    tflops = next((v for k, v in sorted(PEAK_BF16_TFLOPS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
-    if tflops is None:
-        return None
-    if mode == "fp32":
-        tflops /= 2  # TF32 tensor cores
-    return tflops * 1e12
+    found = peak(name, mode)
+    return {"tflops": found[0], "source": found[1]} if found else \
+        {"tflops": None, "source": f"{name} in {mode} is not in roboloop's peak table (set ROBOLOOP_PEAK_TFLOPS)"}

@@ -202,6 +202,7 @@ class Trainer:
                                   prefetch=cfg.prefetch,
                                   lookahead=None if cfg.lookahead == "auto" else cfg.lookahead == "on")
         self.peak = precision.peak_flops(self.device, self.prec.name)
+        self.run_record["mfu_peak"] = precision.peak_record(self.device, self.prec.name)
         self.metrics_path = self.out / "metrics.jsonl"
         self.last_ckpt_time = time.time()
         log.info("%s %s: %.2fM parameters, precision %s (%s), %s, device %s, rank %d/%d", cfg.family, cfg.preset,

@@ -136,3 +136,17 @@ def test_torchao_fp8_linear_close_to_bf16():
     x = torch.randn(256, 2048, device="cuda", dtype=torch.bfloat16)
     a, b = ref(x).float(), fp8(x).float()
     assert ((a - b).norm() / a.norm()).item() < 0.1  # FP8 e4m3: a few percent relative error
+
+
+def test_mfu_peaks_are_per_gpu_model_and_mode_and_fp32_is_not_tf32(monkeypatch):
+    assert precision.peak("NVIDIA H100 80GB HBM3", "bf16") == (989.4, "H100 bf16 dense peak (NVIDIA datasheet)")
+    assert precision.peak("NVIDIA H100 PCIe", "bf16")[0] == 756.5  # not the SXM part's
+    assert precision.peak("NVIDIA H100 NVL", "fp8")[0] == 1670.5
+    assert precision.peak("NVIDIA H200", "fp8")[0] == 1978.9
+    assert precision.peak("NVIDIA A100-SXM4-80GB", "fp8") is None  # no FP8 tensor cores: no FP8 MFU
+    assert precision.peak("NVIDIA L40S", "bf16")[0] == 362.1 and precision.peak("NVIDIA B200", "fp8")[0] == 4500.0
+    assert precision.peak("NVIDIA H100 80GB HBM3", "fp32")[0] == 66.9  # roboloop never enables TF32
+    assert not torch.backends.cuda.matmul.allow_tf32 and torch.get_float32_matmul_precision() == "highest"
+    assert precision.peak_record(torch.device("cpu"), "fp32")["tflops"] is None
+    monkeypatch.setenv("ROBOLOOP_PEAK_TFLOPS", "1.5")
+    assert precision.peak_record(torch.device("cpu"), "fp32") == {"tflops": 1.5, "source": "ROBOLOOP_PEAK_TFLOPS"}
