@@ -31,7 +31,7 @@ UNIT_SECONDS = {
     "tests/isaac/test_serve_reach.py": 170,  # session 35's estimate, with the SO-101 served through two cameras
     "bench:dagger": 155,
     "tests/unit/evaluation/test_lerobot_envs.py": 138,
-    "ray-serve": 135,
+    "ray-serve": 330,  # session 41: with bench:rl (66 s) and tests/isaac/test_rl.py (84 s)
     "bench:rl": 130,
     "bench:policy": 120,
     "bench:lerobot_train": 115,
@@ -56,8 +56,10 @@ UNIT_SECONDS = {
     "tests/faults/test_serve_abuse.py": 40,
 }
 # one after another: two Ray clusters at once on 2 cores starved the serving test's robots (tests/cluster)
+# (make test at d014ea6: bench:rl's Ray beside test_ray_hosts's cluster left a robot refused until the end), so every
+# test or bench that starts Ray is in this unit
 RAY_SERVE = {"tests/unit/serving/test_ray_engine.py", "bench:serve", "tests/cluster/test_ray_hosts.py",
-             "tests/cluster/test_ray_rl.py"}
+             "tests/cluster/test_ray_rl.py", "bench:rl", "tests/isaac/test_rl.py"}
 
 
 def distributed() -> bool:
