@@ -4,17 +4,13 @@ breaks, and packed batches of changing length do not recompile them; what `auto`
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from roboloop.training import checkpoint, compiled
 from roboloop.training.config import TrainConfig
 from roboloop.training.train import train
+from tests.unit.training.conftest import kill9_at_step
 
 OVERRIDES = {"image_size": [32, 32], "horizon": 8}
 
@@ -71,18 +67,7 @@ def test_kill9_then_resume_in_compiled_mode_matches_uninterrupted(tiny_v3, tmp_p
     steps = 30
     train(_cfg(tiny_v3, ref, steps=steps, checkpoint_every_steps=10, compile="on"))
     cfg = _cfg(tiny_v3, killed, steps=steps, checkpoint_every_steps=10, compile="on")
-    code = ("import sys; from roboloop.training.config import TrainConfig; from roboloop.training.train import train;"
-            " train(TrainConfig.model_validate_json(sys.argv[1]))")
-    proc = subprocess.Popen([sys.executable, "-c", code, cfg.model_dump_json()], start_new_session=True,
-                            stderr=subprocess.DEVNULL)
-    hb = killed / "heartbeat.json"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if hb.exists() and json.loads(hb.read_text())["step"] >= 15:
-            break
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill9_at_step(cfg, 15)
     assert checkpoint.latest(killed / "checkpoints").name == "step-00000010"
     assert train(cfg).resumed_from == 10
     assert [r["loss"] for r in _rows(killed)] == [r["loss"] for r in _rows(ref)]  # bit for bit

@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +14,7 @@ from roboloop.training import checkpoint
 from roboloop.training.config import TrainConfig
 from roboloop.training.model import VLAPolicy
 from roboloop.training.train import NonFiniteLossError, train
+from tests.unit.training.conftest import kill9_at_step
 
 OVERRIDES = {"image_size": [32, 32], "horizon": 8}
 
@@ -47,18 +43,7 @@ def test_kill9_then_resume_matches_uninterrupted(tiny_v3, tmp_path):
     steps = 30
     train(_cfg(tiny_v3, ref, steps=steps, checkpoint_every_steps=10))
     cfg = _cfg(tiny_v3, killed, steps=steps, checkpoint_every_steps=10)
-    code = ("import sys; from roboloop.training.config import TrainConfig; from roboloop.training.train import train;"
-            " train(TrainConfig.model_validate_json(sys.argv[1]))")
-    proc = subprocess.Popen([sys.executable, "-c", code, cfg.model_dump_json()], start_new_session=True,
-                            stderr=subprocess.DEVNULL)
-    hb = killed / "heartbeat.json"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if hb.exists() and json.loads(hb.read_text())["step"] >= 15:
-            break
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill9_at_step(cfg, 15)
     assert not (killed / "model.safetensors").exists()
     assert checkpoint.latest(killed / "checkpoints").name == "step-00000010"
     result = train(cfg)
