@@ -98,8 +98,9 @@ def policy_config(policy_type: str, overrides: dict, horizon: int | None, device
         pcfg = make_policy_config(policy_type, device=device, **kw)
     except TypeError as e:  # an option LeRobot's config does not have
         raise LeRobotPolicyError(f"policy_config for {policy_type}: {e}") from e
-    for name, value in kw.items():  # JSON has lists where LeRobot's config declares tuples (crop_shape, down_dims):
-        if isinstance(value, list) and isinstance(getattr(type(pcfg), name, None), tuple):  # its saver needs them
+    for name, value in kw.items():  # JSON has lists where LeRobot's config declares tuples (crop_shape, down_dims,
+        # whatever the default: crop_shape's is None); its saver needs them (a list fails at the end of training)
+        if isinstance(value, list) and name in fields and "tuple" in str(fields[name].type):
             setattr(pcfg, name, tuple(value))
     return pcfg
 
@@ -128,6 +129,7 @@ class LossModule(nn.Module):
                  if not isinstance(m, nn.ModuleList | nn.ModuleDict) and any(True for _ in m.parameters())]
         order = {id(m): i for i, m in enumerate(self.modules())}
         return sorted(units, key=lambda m: -order[id(m)])
+
 
 
 class VQBeTLossModule(LossModule):

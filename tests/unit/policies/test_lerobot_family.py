@@ -182,3 +182,14 @@ def test_every_type_lerobot_registers_trains_or_has_its_reason():
     known = set(PreTrainedConfig.get_known_choices())
     assert {"act", "diffusion", "vqbet", "smolvla", "pi0"} <= known
     assert known - set(SUPPORTED) - set(REFUSED) == set(), "a LeRobot type with neither support nor a reason"
+
+
+def test_json_lists_become_the_tuples_lerobots_config_saver_needs(tmp_path):
+    """A recipe's JSON/YAML gives lists; LeRobot's config declares tuples (crop_shape, whose default is None, and
+    down_dims) and its saver fails on a list, which surfaced only when a run wrote its folder at the end."""
+    from roboloop.policies.lerobot import policy_config
+
+    pcfg = policy_config("diffusion", {"crop_shape": [84, 84], "down_dims": [16, 32]}, None, "cpu")
+    assert pcfg.crop_shape == (84, 84) and pcfg.down_dims == (16, 32)
+    pcfg._save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["crop_shape"] == [84, 84]
