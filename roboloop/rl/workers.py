@@ -74,7 +74,14 @@ def _policy(model: str | dict[str, bytes], device: str, rl: dict):
     from roboloop.policies.vla import ModelPolicy  # RL is the VLA family's capability
     from roboloop.rl.policy import FlowNoisePolicy
 
-    mp = ModelPolicy(_folder(model), device)
+    folder = _folder(model)
+    try:
+        mp = ModelPolicy(folder, device)
+    finally:
+        if not isinstance(model, str):  # the copy this worker wrote: read into memory, so it leaves no folder behind
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
     pol = FlowNoisePolicy(mp.model, rl.get("denoise_steps"), rl["init_std"], rl["min_std"], rl["max_std"],
                           rl.get("freeze_backbone", False), rl.get("noise", "chain"),
                           rl["execute_steps"], rl.get("x0", "sample")).to(mp.device)
