@@ -31,6 +31,8 @@ outside the family's module changes. `tests/isaac/test_policy_family.py` is a co
         def extra_metrics(self) -> dict               # more metrics.jsonl fields (e.g. an auxiliary loss)
         def kernels(self, device_type, dtype) -> dict # optional: kernels chosen and why (recorded with the run)
         one_rank_only: str | None                     # optional: why it cannot train on several ranks
+        kind: str                                     # optional: the model kind compile=auto's measurements name
+                                                      # (module.compile_regions() or its `blocks`: what compiles)
 
     class MyPolicy:                                   # implements Policy (what `load` returns)
         name, state_dim, action_dim, horizon, state_key, action_key, camera_keys, image_size, stats

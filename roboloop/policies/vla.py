@@ -40,6 +40,7 @@ class VLATrainable:
     config: ModelConfig
     seed: int
     image_shift: int = 0  # TrainRecipe.image_shift: training images moved by up to this many pixels
+    kind: str = "vla"  # what `compile=auto`'s measurements are keyed by
 
     def loss_inputs(self, batch: PackedBatch, keys: list[int], step: int, denominator: float) -> tuple:
         noise, u = flow_noise(keys, step, self.seed, self.config.horizon, self.config.action_dim)

@@ -139,8 +139,12 @@ class Trainer:
         order = sample_order(cfg, self.with_video)  # before anything is built from the data
         self.train_episodes, self.val_episodes = split_episodes([e.episode_index for e in ds.meta.episodes],
                                                                 cfg.val_fraction, cfg.seed)
+        blocks = compiled.regions(self.model)  # compiled after FP8's conversion, before the wrap
+        self.compiling, why = compiled.plan(cfg.compile, getattr(pol, "kind", cfg.family), self.device.type,
+                                            bool(blocks))
         self.prec = precision.plan(cfg.precision, self.device.type, cfg.fp8_backend,
-                                   torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None)
+                                   torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+                                   compiled=self.compiling)
         self.prec = precision.fit(self.prec, cfg.precision, getattr(pol, "fp32_only", None))
         self.depth_mm = ds.depth_ranges(ds.meta.dataset_stats()) if self.with_video else {}
         if cfg.init_from:
@@ -155,18 +159,18 @@ class Trainer:
             aux_norm = Normalizer.from_meta(ds.meta, [ds.aux_key])
             norm.mean[ds.aux_key], norm.std[ds.aux_key] = aux_norm.mean[ds.aux_key], aux_norm.std[ds.aux_key]
         self.model.to(self.device)
-        threshold, source = precision.fp8_threshold(self.device)
+        threshold, source = precision.fp8_threshold(self.device, self.compiling)
         self.prec, fp8_names = precision.settle(self.prec, self.model, threshold, f"preset {cfg.preset}",
                                                 explicit=cfg.precision == "fp8")
-        precision.apply_fp8(self.model, self.prec, threshold)
+        self.prec.fp8_recipe = cfg.fp8_recipe
+        precision.apply_fp8(self.model, self.prec, threshold, recipe=cfg.fp8_recipe)
         half = self.prec.name in ("bf16", "fp8") and self.device.type == "cuda"
         dtype = torch.bfloat16 if half else torch.float32
         kernels: dict = getattr(pol, "kernels", lambda *_: {})(self.device.type, dtype)
         self.run_record = precision.run_record(cfg.precision, self.prec, fp8_names, threshold, source, self.device,
                                                kernels)
         self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
-        self.compiling, why = compiled.plan(cfg.compile, cfg.family, self.device.type)  # the blocks, before the wrap
-        types = len({type(b) for b in compiled.regions(self.model)}) if self.compiling else 0
+        types = len({type(b) for b in blocks}) if self.compiling else 0
         self.run_record["compile"] = compiled.record(cfg.compile, self.compiling, why,
                                                      compiled.apply(self.model) if self.compiling else 0, types)
         # FSDP shards before the optimizer; a model fed no images leaves its image path idle

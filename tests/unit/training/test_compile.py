@@ -26,19 +26,20 @@ def _rows(out) -> list[dict]:
 
 
 def test_auto_compiles_only_where_measured_faster_and_on_is_refused_where_it_cannot_run(monkeypatch):
-    assert compiled.plan("off", "vla", "cpu") == (False, "off: eager")
-    assert compiled.plan("on", "vla", "cpu")[0]
-    with pytest.raises(ValueError, match="family 'lerobot' trains eager"):
-        compiled.plan("on", "lerobot", "cpu")
-    assert not compiled.plan("auto", "lerobot", "cuda")[0]
+    assert compiled.plan("off", "vla", "cpu", True) == (False, "off: eager")
+    assert compiled.plan("on", "vla", "cpu", True)[0] and compiled.plan("on", "act", "cpu", True)[0]
+    with pytest.raises(ValueError, match="mine has no blocks roboloop compiles"):
+        compiled.plan("on", "mine", "cpu", False)
+    on, why = compiled.plan("auto", "act", "cpu", True)  # measured slower here: eager, and the figure is given
+    assert not on and "1.00x" in why
     monkeypatch.setattr(compiled, "MEASURED", {})
-    on, why = compiled.plan("auto", "vla", "cpu")
+    on, why = compiled.plan("auto", "vla", "cpu", True)
     assert not on and "no bench/compile.py measurement" in why
     monkeypatch.setattr(compiled, "MEASURED", {("vla", "cpu"): (1.05, "here")})
-    on, why = compiled.plan("auto", "vla", "cpu")
+    on, why = compiled.plan("auto", "vla", "cpu", True)
     assert not on and "1.05x" in why
     monkeypatch.setattr(compiled, "MEASURED", {("vla", "cpu"): (1.4, "here")})
-    assert compiled.plan("auto", "vla", "cpu")[0] and not compiled.plan("auto", "vla", "cuda")[0]
+    assert compiled.plan("auto", "vla", "cpu", True)[0] and not compiled.plan("auto", "vla", "cuda", True)[0]
 
 
 @pytest.mark.slow
