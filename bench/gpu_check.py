@@ -8,7 +8,8 @@ next part runs):
   bf16_eager       bench/precision.py at `base`, eager: bf16 step time and MFU (with FP8's, for the record)
   compiled         bench/precision.py --compile at `base` and `n15`: bf16 compiled step time and MFU, FP8 compiled
                    vs bf16 compiled (speedup)
-  fp8_grid         bench/precision.py --grid: the per-linear FP8 break-even, eager (what precision=auto reads today)
+  fp8_grid         bench/precision.py --grid --compile: the per-linear FP8 break-even, compiled (what precision=auto
+                   reads for a run that compiles its blocks; recorded in the cache dir)
   act_lerobot      bench/lerobot_train.py --device cuda: ACT at 480x640 through roboloop vs lerobot-train
                    (samples/s, data-wait fraction)
   diffusion        the same for Diffusion
@@ -31,10 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 PARTS: dict[str, tuple[list[str], int]] = {  # name -> (command, seconds)
-    "compile_vla": ([PY, "bench/compile.py", "--device", "cuda", "--steps", "200"], 75),
-    "bf16_eager": ([PY, "bench/precision.py", "--presets", "base", "--steps", "20"], 45),
+    "compile_vla": ([PY, "bench/compile.py", "--kinds", "vla", "--device", "cuda", "--steps", "200"], 75),
+    "bf16_eager": ([PY, "bench/precision.py", "--presets", "base", "--steps", "20"], 30),
     "compiled": ([PY, "bench/precision.py", "--presets", "base", "n15", "--steps", "20", "--compile"], 110),
-    "fp8_grid": ([PY, "bench/precision.py", "--grid"], 40),
+    "fp8_grid": ([PY, "bench/precision.py", "--grid", "--compile"], 55),
     "act_lerobot": ([PY, "bench/lerobot_train.py", "--device", "cuda", "--policy", "act", "--steps", "30",
                      "--batch", "8", "--workers", "8"], 55),
     "diffusion": ([PY, "bench/lerobot_train.py", "--device", "cuda", "--policy", "diffusion", "--steps", "30",

@@ -12,10 +12,13 @@ so the ratio is FP8's alone. Ends with one JSON line: per preset step ms, MFU an
 `--grid` times forward+backward of one linear (tokens x features x features) in FP8 and in
 bf16 over a grid of widths, prints each ratio and the smallest width from which FP8 is faster
 at every larger one, and records it for this GPU model in the cache dir's
-`fp8_thresholds.json` (null where FP8 was never faster; eager grids only, as the trainer runs eager):
-training then uses it instead of the documented default, and `precision=auto` picks FP8 only on a
-GPU model recorded faster. Measured on an H200 (torchao 0.18, 8192 tokens, eager): FP8 0.11-0.54x of
-bf16 at every width from 256 to 8192; a whole `base` step 0.19x eager and 0.83x with `--compile`.
+`fp8_thresholds.json`, eager or `--compile`d (the key `<GPU name>|compiled`; null where FP8 was never
+faster): a run that trains its blocks compiled (train.compile) uses the compiled grid, an eager run the eager
+one, instead of the documented default, and `precision=auto` picks FP8 only on a GPU model recorded faster
+for how the run trains. `--recipe rowwise` measures torchao's rowwise scaling (recorded with the grid).
+Measured on an H200 (torchao 0.18, 8192 tokens, eager): FP8 0.11-0.54x of bf16 at every width from 256 to
+8192; a whole `base` step 0.19x eager and 0.83x with `--compile` (the whole loss compiled; the trainer now
+compiles per block). The compiled grid is pending a GPU (`make gpu-check`).
 """
 
 from __future__ import annotations
@@ -70,11 +73,12 @@ def step_time(preset: str, mode: str, backend: str, steps: int, max_tokens: int,
             "fp8_linears": converted, "mfu": round(flops / dt / peak, 4) if peak else None, "compiled": compile_}
 
 
-def linear_ms(features: int, tokens: int, mode: str, backend: str, compile_: bool, iters: int = 20) -> float:
+def linear_ms(features: int, tokens: int, mode: str, backend: str, compile_: bool, iters: int = 20,
+              recipe: str = "tensorwise") -> float:
     """ms of forward + backward of one (features x features) linear on `tokens` tokens."""
     lin = torch.nn.Sequential(torch.nn.Linear(features, features, bias=False)).cuda()
     plan = precision.PrecisionPlan(mode, "bench", backend if mode == "fp8" else None)
-    precision.apply_fp8(lin, plan, min_features=16)
+    precision.apply_fp8(lin, plan, min_features=16, recipe=recipe)
     f = torch.compile(lin) if compile_ else lin
     x = torch.randn(tokens, features, device="cuda", requires_grad=True)
     for i in range(iters + 3):
@@ -88,7 +92,7 @@ def linear_ms(features: int, tokens: int, mode: str, backend: str, compile_: boo
     return (time.perf_counter() - t0) / iters * 1e3
 
 
-def grid(backend: str, tokens: int, compile_: bool) -> dict:
+def grid(backend: str, tokens: int, compile_: bool, recipe: str = "tensorwise") -> dict:
     from pathlib import Path
 
     from roboloop import fsutil
@@ -96,23 +100,22 @@ def grid(backend: str, tokens: int, compile_: bool) -> dict:
 
     rows = {}
     for feats in (256, 512, 768, 1024, 1536, 2048, 3072, 4096, 8192):
-        bf, f8 = linear_ms(feats, tokens, "bf16", backend, compile_), linear_ms(feats, tokens, "fp8", backend, compile_)
+        bf = linear_ms(feats, tokens, "bf16", backend, compile_)
+        f8 = linear_ms(feats, tokens, "fp8", backend, compile_, recipe=recipe)
         rows[feats] = round(bf / f8, 3)
         print(f"linear {feats}x{feats}, {tokens} tokens: bf16 {bf:.3f} ms, fp8 {f8:.3f} ms, speedup {bf / f8:.2f}",
               flush=True)
     wins = sorted(rows)
     threshold = next((w for i, w in enumerate(wins) if all(rows[v] > 1.0 for v in wins[i:])), None)
     name = torch.cuda.get_device_name()
-    if not compile_:  # the trainer runs eager: only an eager grid speaks for it (null: FP8 never faster here)
-        f = Path(settings().cache_dir) / precision.FP8_THRESHOLDS_FILE
-        known = json.loads(f.read_text()) if f.is_file() else {}
-        f.parent.mkdir(parents=True, exist_ok=True)
-        fsutil.atomic_write_json(f, {**known, name: threshold})
-    return {"device": name, "fp8_backend": backend, "tokens": tokens, "compiled": compile_,
+    f = Path(settings().cache_dir) / precision.FP8_THRESHOLDS_FILE  # null: FP8 never faster here
+    known = json.loads(f.read_text()) if f.is_file() else {}
+    f.parent.mkdir(parents=True, exist_ok=True)
+    fsutil.atomic_write_json(f, {**known, precision.grid_key(name, compile_): threshold})
+    return {"device": name, "fp8_backend": backend, "fp8_recipe": recipe, "tokens": tokens, "compiled": compile_,
             "speedup_by_features": rows, "break_even_features": threshold,
             "note": ("FP8 never faster on this grid" if threshold is None else f"FP8 faster from {threshold} features")
-            + ("; recorded for training (precision=auto follows it)" if not compile_ else
-               "; not recorded: the trainer runs eager")}
+            + f"; recorded for {'compiled' if compile_ else 'eager'} training (precision=auto follows it)"}
 
 
 def main() -> None:
@@ -123,12 +126,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--compile", action="store_true", help="torch.compile both arms (default: neither)")
     ap.add_argument("--grid", action="store_true", help="measure the per-linear break-even and record it")
+    ap.add_argument("--recipe", default="tensorwise", choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"])
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/precision.py needs a CUDA GPU")
     precision.plan("fp8", "cuda", args.fp8_backend)  # fails early, saying what is missing
     if args.grid:
-        print(json.dumps(grid(args.fp8_backend, args.max_tokens, args.compile)))
+        print(json.dumps(grid(args.fp8_backend, args.max_tokens, args.compile, args.recipe)))
         return
     out = {"device": torch.cuda.get_device_name(), "fp8_backend": args.fp8_backend, "compiled": args.compile,
            "baseline": "bf16 autocast, same model, data and compilation"}

@@ -102,7 +102,8 @@ class TrainRecipe(BaseModel):
         "aux_target", "aux_weight", "deterministic", "device", "family", "fp8_backend", "grad_clip", "init_from",
         "lr", "max_samples", "max_tokens", "model_overrides", "policy_config", "policy_type", "precision", "preset",
         "seed", "shuffle_buffer", "steps", "strategy", "val_fraction", "warmup_steps", "weight_decay", "window",
-        "with_video", "lr_schedule", "ema_decay", "image_shift", "env_state_input", "sample_order", "compile"})
+        "with_video", "lr_schedule", "ema_decay", "image_shift", "env_state_input", "sample_order", "compile",
+        "fp8_recipe"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
         "lookahead", "resume", "frame_cache_mb", "host_memory"})
@@ -154,6 +155,11 @@ class TrainRecipe(BaseModel):
     fp8_backend: Literal["te", "torchao"] = Field(
         "torchao", description="FP8 implementation when precision=fp8: torchao (what make install brings) or te "
                                "(Transformer Engine, installed separately)")
+    fp8_recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = Field(
+        "tensorwise", description="torchao's float8 scaling when precision is fp8: one scale per tensor, or one "
+                                  "per row (more accurate, needs an H100 or newer); rowwise_with_gw_hp keeps the "
+                                  "weight gradient in high precision. Transformer Engine (fp8_backend te) scales "
+                                  "its own way (DelayedScaling): another recipe than tensorwise is refused there")
     seed: int = Field(0, description="seeds weights, data order and flow-matching noise")
     window: int = Field(32, gt=0, description="frames decoded per sequential video read")
     shuffle_buffer: int = Field(256, gt=0, description="frames mixed across windows and episodes (sample_order "
@@ -208,6 +214,10 @@ class TrainRecipe(BaseModel):
             self.family = "lerobot"
         if self.family == "lerobot" and not self.policy_type:
             raise ValueError("family lerobot needs policy_type (e.g. act)")
+        if self.fp8_recipe != "tensorwise" and (self.fp8_backend == "te" or self.precision in ("bf16", "fp32")):
+            raise ValueError(f"fp8_recipe={self.fp8_recipe!r} would do nothing: " + (
+                "it is torchao's; Transformer Engine (fp8_backend te) scales with DelayedScaling" if
+                self.fp8_backend == "te" else f"precision={self.precision} never trains in FP8"))
         from roboloop.policies import unread_settings
 
         for name, why in unread_settings(self).items():  # refuse, never ignore: a setting nothing reads

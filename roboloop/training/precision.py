@@ -18,6 +18,7 @@ policy.json, the lineage.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ class PrecisionPlan:
     name: str  # fp8, bf16 or fp32
     reason: str
     fp8_backend: str | None = None
+    fp8_recipe: str = "tensorwise"  # torchao's scaling (TrainRecipe.fp8_recipe)
 
     def autocast(self, device_type: str) -> contextlib.AbstractContextManager:
         if self.name in ("bf16", "fp8") and device_type in ("cuda", "cpu"):  # fp8 plans are CUDA-only
@@ -44,8 +46,10 @@ class PrecisionPlan:
         return contextlib.nullcontext()
 
 
-def plan(requested: str, device_type: str, fp8_backend: str = "torchao", gpu_name: str | None = None) -> PrecisionPlan:
-    """`gpu_name`: the CUDA device's name (asked of torch when not given), for `auto`'s measured break-even."""
+def plan(requested: str, device_type: str, fp8_backend: str = "torchao", gpu_name: str | None = None,
+         compiled: bool = False) -> PrecisionPlan:
+    """`gpu_name`: the CUDA device's name (asked of torch when not given), for `auto`'s measured break-even;
+    `compiled`: whether the run compiles its blocks (the break-even measured compiled then speaks for it)."""
     if requested == "fp32":
         return PrecisionPlan("fp32", "requested")
     if requested == "bf16":
@@ -70,13 +74,15 @@ def plan(requested: str, device_type: str, fp8_backend: str = "torchao", gpu_nam
             why = str(e)
             continue
         name = gpu_name or torch.cuda.get_device_name()
-        found, break_even, where = recorded_break_even(name)
+        found, break_even, where = recorded_break_even(name, compiled)
+        how = "compiled" if compiled else "eager"
         if found and break_even is not None:
-            return PrecisionPlan("fp8", f"auto: {backend} installed and FP8 measured faster on {name} from "
+            return PrecisionPlan("fp8", f"auto: {backend} installed and FP8 measured faster {how} on {name} from "
                                  f"{break_even} features ({where})", backend)
-        why = (f"FP8 measured slower than bf16 at every width on {name} ({where})" if found else
-               f"FP8 not measured faster on {name}: `python bench/precision.py --grid` measures it and records the "
-               "break-even (torchao's eager float8 ran 0.11-0.54x of bf16 per linear on an H200)")
+        why = (f"FP8 measured slower than bf16 {how} at every width on {name} ({where})" if found else
+               f"FP8 not measured faster {how} on {name}: `python bench/precision.py --grid"
+               f"{' --compile' if compiled else ''}` measures it and records the break-even (torchao's eager float8 "
+               "ran 0.11-0.54x of bf16 per linear on an H200)")
         break
     log.info("precision auto -> bf16 (%s)", why)
     return PrecisionPlan("bf16", f"auto: bf16 ({why})")
@@ -124,9 +130,14 @@ def settle(p: PrecisionPlan, model: nn.Module, min_features: int, what: str,
     return p, names
 
 
-def recorded_break_even(gpu_name: str) -> tuple[bool, int | None, str]:
-    """(measured on this GPU model?, the width from which FP8 was faster or None where it never was, the file)
-    as `bench/precision.py --grid` recorded it."""
+def grid_key(gpu_name: str, compiled: bool) -> str:
+    """The key of a GPU model's break-even in FP8_THRESHOLDS_FILE: measured eager, or compiled (`|compiled`)."""
+    return f"{gpu_name}|compiled" if compiled else gpu_name
+
+
+def recorded_break_even(gpu_name: str, compiled: bool = False) -> tuple[bool, int | None, str]:
+    """(measured on this GPU model, eager or compiled as the run trains?, the width from which FP8 was faster or
+    None where it never was, the file) as `bench/precision.py --grid [--compile]` recorded it."""
     import json
     from pathlib import Path
 
@@ -137,19 +148,21 @@ def recorded_break_even(gpu_name: str) -> tuple[bool, int | None, str]:
         known = json.loads(f.read_text()) if f.is_file() else {}
     except ValueError:
         known = {}
-    if not isinstance(known, dict) or gpu_name not in known:
+    key = grid_key(gpu_name, compiled)
+    if not isinstance(known, dict) or key not in known:
         return False, None, str(f)
-    value = known[gpu_name]
+    value = known[key]
     return True, int(value) if value else None, str(f)
 
 
-def fp8_threshold(device: torch.device) -> tuple[int, str]:
-    """(min features, where it came from): the break-even measured on this GPU model, else the default."""
+def fp8_threshold(device: torch.device, compiled: bool = False) -> tuple[int, str]:
+    """(min features, where it came from): the break-even measured on this GPU model (eager or compiled, as the run
+    trains), else the default."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        found, measured, where = recorded_break_even(name)
+        found, measured, where = recorded_break_even(name, compiled)
         if found and measured:
-            return measured, f"measured on {name} ({where})"
+            return measured, f"measured {'compiled' if compiled else 'eager'} on {name} ({where})"
     return FP8_MIN_FEATURES, "documented default (bench/precision.py --grid measures this GPU's)"
 
 
@@ -159,8 +172,11 @@ def run_record(requested: str, p: PrecisionPlan, fp8_names: list[str], threshold
     and why, device, capability, torch/CUDA versions."""
     cuda = device.type == "cuda"
     cap = torch.cuda.get_device_capability(device) if cuda else None
+    fp8 = p.name == "fp8"
     return {"precision_requested": requested, "precision": p.name, "precision_reason": p.reason,
-            "fp8_backend": p.fp8_backend if p.name == "fp8" else None, "fp8_linears": len(fp8_names),
+            "fp8_backend": p.fp8_backend if fp8 else None,
+            "fp8_recipe": (p.fp8_recipe if p.fp8_backend == "torchao" else "DelayedScaling") if fp8 else None,
+            "fp8_linears": len(fp8_names),
             "fp8_linear_names": fp8_names, "fp8_min_features": threshold, "fp8_threshold_source": threshold_source,
             **(kernels or {}), "device": torch.cuda.get_device_name(device) if cuda else "cpu",
             "capability": f"{cap[0]}.{cap[1]}" if cap else None, "torch": torch.__version__,
@@ -174,8 +190,9 @@ def record_line(rec: dict) -> str:
 
 
 def apply_fp8(model: nn.Module, p: PrecisionPlan, min_features: int = FP8_MIN_FEATURES,
-              emulate: bool = False) -> int:
-    """Convert the large linears for FP8 training; returns how many were converted."""
+              emulate: bool = False, recipe: str = "tensorwise") -> int:
+    """Convert the large linears for FP8 training; returns how many were converted. `recipe`: torchao's scaling
+    (tensorwise, rowwise, rowwise_with_gw_hp)."""
     if p.name != "fp8":
         return 0
     keep = fp8_filter(min_features)
@@ -183,10 +200,18 @@ def apply_fp8(model: nn.Module, p: PrecisionPlan, min_features: int = FP8_MIN_FE
     if p.fp8_backend == "torchao":
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
+        device = next(model.parameters()).device
+        if recipe != "tensorwise" and not emulate and device.type == "cuda" \
+                and torch.cuda.get_device_capability(device) < (9, 0):
+            raise availability.MissingCapability(
+                f"fp8_recipe={recipe}: rowwise-scaled FP8 GEMMs need compute capability 9.0 (H100) or newer; "
+                f"{torch.cuda.get_device_name(device)} has {torch.cuda.get_device_capability(device)}: use tensorwise")
+
         # pad_inner_dim: the weight-gradient GEMM's inner dimension is the packed token count, which is not
         # a multiple of 16 in general
-        convert_to_float8_training(model, module_filter_fn=keep,
-                                   config=Float8LinearConfig(emulate=emulate, pad_inner_dim=True))
+        config = Float8LinearConfig.from_recipe_name(recipe)
+        config = dataclasses.replace(config, emulate=emulate, pad_inner_dim=True)
+        convert_to_float8_training(model, module_filter_fn=keep, config=config)
     else:
         import transformer_engine.pytorch as te
 

@@ -25,12 +25,19 @@ def test_auto_picks_fp8_only_where_fp8_was_measured_faster_on_that_gpu(monkeypat
     monkeypatch.setattr(availability, "has_module", lambda name: name == "torchao")
     h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
     p = precision.plan("auto", "cuda", "te", gpu_name=h200)  # nothing measured yet
-    assert p.name == "bf16" and "not measured faster on NVIDIA H200" in p.reason and "--grid" in p.reason
+    assert p.name == "bf16" and "not measured faster eager on NVIDIA H200" in p.reason and "--grid" in p.reason
     (tmp_path / precision.FP8_THRESHOLDS_FILE).write_text(json.dumps({h100: 2048, h200: None}))
     p = precision.plan("auto", "cuda", "te", gpu_name=h200)  # measured: never faster
-    assert p.name == "bf16" and "slower than bf16 at every width on NVIDIA H200" in p.reason
+    assert p.name == "bf16" and "slower than bf16 eager at every width on NVIDIA H200" in p.reason
     p = precision.plan("auto", "cuda", "te", gpu_name=h100)
     assert (p.name, p.fp8_backend) == ("fp8", "torchao") and "from 2048 features" in p.reason
+    # a run that compiles its blocks reads the grid measured compiled: none recorded for the H100 yet
+    p = precision.plan("auto", "cuda", "torchao", gpu_name=h100, compiled=True)
+    assert p.name == "bf16" and "--grid --compile" in p.reason
+    (tmp_path / precision.FP8_THRESHOLDS_FILE).write_text(json.dumps({h200: None, f"{h200}|compiled": 1024}))
+    p = precision.plan("auto", "cuda", "torchao", gpu_name=h200, compiled=True)
+    assert p.name == "fp8" and "faster compiled on NVIDIA H200 from 1024 features" in p.reason
+    assert precision.plan("auto", "cuda", "torchao", gpu_name=h200).name == "bf16"  # eager: never faster
     assert precision.plan("fp8", "cuda", "torchao", gpu_name=h200).name == "fp8"  # an explicit fp8 is honoured
     with pytest.raises(availability.MissingCapability, match="Transformer Engine is not installed"):
         precision.plan("fp8", "cuda", "te")
@@ -85,7 +92,7 @@ def test_the_measured_threshold_is_used_for_its_gpu(monkeypatch, tmp_path):
     (tmp_path / precision.FP8_THRESHOLDS_FILE).write_text(json.dumps({"NVIDIA H100 80GB HBM3": 2048}))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda _d=None: "NVIDIA H100 80GB HBM3")
     value, source = precision.fp8_threshold(torch.device("cuda"))
-    assert value == 2048 and "measured on NVIDIA H100" in source
+    assert value == 2048 and "measured eager on NVIDIA H100" in source
     (tmp_path / precision.FP8_THRESHOLDS_FILE).write_text(json.dumps({"NVIDIA H100 80GB HBM3": None}))
     assert precision.fp8_threshold(torch.device("cuda"))[0] == precision.FP8_MIN_FEATURES  # never faster: default
 
