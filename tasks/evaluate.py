@@ -63,4 +63,29 @@ def publish_evaluation(s: EvalSummary) -> None:
     videos = [v for v in (video_markdown(p, Path(p).stem) for p in s.videos) if v]
     if videos:
         parts += ["**Rollouts**", "", *videos]
+    parts += robustness_markdown(s)
     create_markdown_artifact("\n".join(parts), key=key + "-report", description=f"{s.policy} on {s.task}")
+
+
+def robustness_markdown(s: EvalSummary) -> list[str]:
+    """Perturbations (a table, the chart, rollouts under the worst factor) and latency, paired with nominal."""
+    from roboloop.evaluation.perturb import worst
+
+    parts: list[str] = []
+    if s.perturbations:
+        parts += ["", "**Perturbed** (the same episodes; drop: nominal minus perturbed)", "",
+                  "| factor | level | success | 95% CI | drop |", "|---|---|---|---|---|"]
+        parts += [f"| {f} | {lv} | {c['success_rate']:.1%} | {c['ci_low']:.1%}-{c['ci_high']:.1%} | {c['drop']:+.1%} |"
+                  for f, levels in s.perturbations.items() for lv, c in levels.items()]
+        chart = png_markdown(f"{s.run_dir}/perturbations.png", "success per perturbation")
+        parts += ["", chart] if chart else []
+        if (w := worst(s.perturbations)) is not None:
+            clips = sorted((Path(s.run_dir) / "perturb" / f"{w[0]}={w[1]}" / "videos").glob("*.mp4"))
+            shown = [v for v in (video_markdown(str(c), f"{w[0]}={w[1]}: {c.stem}") for c in clips) if v]
+            parts += ["", f"**Worst: {w[0]}={w[1]}**", "", *shown] if shown else []
+    if s.latency:
+        parts += ["", "**Latency charged in simulated time**", "", "| setting | ms | steps late | success | drop |",
+                  "|---|---|---|---|---|"]
+        parts += [f"| {r['setting']} | {r['ms']:g} | {r['delay_steps']} | {r['success_rate']:.1%} | {r['drop']:+.1%} |"
+                  for r in s.latency]
+    return parts

@@ -48,6 +48,7 @@ UNIT_SECONDS = {
     "tests/unit/training/test_compile.py": 95,  # session 41: eager + compiled 50 steps, a compiled kill -9 + resume
     "tests/unit/training/test_fp8_compiled.py": 100,  # session 42: fp32, eager and compiled FP8 (emulated), 2 recipes
     "tests/unit/policies/test_lerobot_compile.py": 70,  # session 42: ACT and Diffusion, eager + compiled 50 steps
+    "tests/isaac/test_robust_eval.py": 45,  # session 42: the expert on reach under 2 factors and 200 ms, two env counts
     "tests/cluster/test_lost_node.py": 70,  # session 40: four 2-host runs, one restarted, one cut
     "tests/cluster/test_ray_hosts.py": 62,  # session 40: a Ray cluster on two hosts serving 8 robots, one host cut
     "tests/cluster/test_ray_rl.py": 60,  # session 40: RL's workers on two hosts; one host cut

@@ -30,7 +30,8 @@ class EvalRecipe(BaseModel):
     """How to evaluate (the task, how many episodes, how the policy runs); `EvalConfig` adds what and where."""
     # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
     KEYED: ClassVar[frozenset[str]] = frozenset({
-        "device", "early_stop", "episodes", "execute_steps", "num_envs", "precision", "seed", "task", "videos"})
+        "device", "early_stop", "episodes", "execute_steps", "num_envs", "precision", "seed", "task", "videos",
+        "perturb", "latency"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset()
 
 
@@ -51,6 +52,32 @@ class EvalRecipe(BaseModel):
     early_stop: bool = Field(False, description="in the closed loop: stop as soon as the promotion gate's paired "
                              "decision against the champion (same task, seed, execution) is certain, checked every "
                              "16 episodes (Bonferroni over the looks); `episodes` is then the most it runs")
+    perturb: str | None = Field(
+        None, description="also play the same episodes under perturbations: FACTOR[=LEVEL],... or all (factors: "
+        "obs_noise, action_noise, actuator_gain, frame_drop, frame_delay, camera_shift, brightness; a factor alone: "
+        "its three levels); reports success per factor and level and the paired drop from nominal")
+    latency: str | None = Field(
+        None, description="also play the same episodes with the policy's latency charged in simulated time: "
+        "measured (the nominal run's p50 and p99 chunk times; through the server for serve://) and/or "
+        "milliseconds, comma-separated (e.g. measured,50); the arm holds or finishes the previous chunk meanwhile")
+
+    @model_validator(mode="after")
+    def _suites_parse(self):
+        if self.perturb:
+            from roboloop.evaluation.perturb import parse
+
+            parse(self.perturb)
+        for part in [p.strip() for p in (self.latency or "").split(",") if p.strip()]:
+            if part != "measured":
+                try:
+                    ok = float(part) >= 0
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise ValueError(f"latency: {part!r} is neither measured nor a number of milliseconds >= 0")
+        if (self.perturb or self.latency) and self.early_stop:
+            raise ValueError("perturb/latency pair every episode with the nominal run; early_stop would cut it short")
+        return self
 
 
 class OfflineRecipe(BaseModel):

@@ -69,6 +69,13 @@ class EvalReport:
     stopped_early: str | None = None  # why (the paired decision that was already certain)
     served: dict | None = None  # through a policy server: its URL, the versions that answered, latencies
     precision: str = "fp32"  # what the model's forward passes ran in (e.g. "bf16 (AVX512-BF16)")
+    plan_ms: dict[str, float] = field(default_factory=dict)  # the policy's chunk calls here: p50, p99 (ms)
+    # --perturb: factor -> level -> {success_rate, ci_low, ci_high, episodes, drop, lost, gained} (same episodes)
+    perturbations: dict | None = None
+    perturbation_worst: str | None = None  # factor=level with the largest drop
+    perturbation_videos: list[str] = field(default_factory=list)  # rollouts under the worst one
+    perturbation_plot: str | None = None
+    latency: list[dict] | None = None  # --latency: per setting {setting, ms, delay_steps, success_rate, ..., drop}
 
     def to_json(self, full: bool = False) -> str:
         d = asdict(self)
@@ -111,7 +118,8 @@ def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int 
              output_dir: str | Path | None = None, record_rollouts: bool = False, seed: int = 0,
              max_env_steps: int = 10_000_000, labeler: Policy | None = None,
              stop: Callable[[list[bool]], str | None] | None = None, look_every: int = LOOK_EVERY,
-             progress: Callable[[int, int, int], None] | None = None) -> tuple[EvalReport, list[dict]]:
+             progress: Callable[[int, int, int], None] | None = None,
+             delay_steps: int = 0) -> tuple[EvalReport, list[dict]]:
     """Returns the report and (if `record_rollouts`) the counted episodes' trajectories.
 
     With a `labeler` (the scripted expert), recorded trajectories carry the labeler's action at each
@@ -120,14 +128,19 @@ def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int 
     With `stop`, every `look_every` episodes the outcomes of episodes 0..k-1 (all finished: a prefix by
     start order, so quick episodes are not favoured) are passed to it; a reason returned ends the run
     there, and the report counts exactly those k episodes. `progress(finished, successes, episodes)` is
-    called each time a counted episode ends."""
+    called each time a counted episode ends.
+
+    With `delay_steps` (latency charged in simulated time), a chunk asked for at step t arrives at step t + d: the
+    simulator goes on meanwhile with the previous chunk's later actions (the arm holds, `env.hold_action(obs)`, where
+    none are left or at an episode's start), and the new chunk is executed from its action d on (the ones planned
+    for the steps that passed are stale), `execute_steps` actions, as a robot loop without prefetch would."""
     if episodes < 1:
         raise ValueError("episodes must be >= 1")
     if stop is not None and record_rollouts:
         raise ValueError("early stopping and recorded rollouts do not mix (the rollouts would include episodes "
                          "past the stopping point)")
     run = _Run(env, policy, episodes, execute_steps, videos, output_dir is not None, record_rollouts)
-    run.labeler, run.progress = labeler, progress
+    run.labeler, run.progress, run.delay = labeler, progress, max(0, delay_steps)
     obs = env.reset(seed=seed)
     next_look, why = look_every, None
     while len(run.results) < episodes:
@@ -171,7 +184,12 @@ class _Run:
         self.started = int(self.counted.sum())
         self.number = torch.arange(n)  # start-order number of each env's current episode
         self.chunk: torch.Tensor | None = None
-        self.idx = torch.full((n,), execute_steps, dtype=torch.long)  # >= execute_steps: needs a plan
+        self.idx = torch.full((n,), execute_steps, dtype=torch.long)  # >= end: needs a plan
+        self.end = torch.full((n,), execute_steps, dtype=torch.long)  # the chunk index at which an env re-plans
+        self.delay = 0  # steps a chunk takes to arrive (latency charged in simulated time)
+        self.pending: torch.Tensor | None = None  # chunks on their way, per env
+        self.wait = torch.zeros(n, dtype=torch.long)  # steps until an env's pending chunk arrives (0: none)
+        self.fresh_plan = torch.ones(n, dtype=torch.bool)  # no chunk of this episode has arrived yet: hold
         self.ret, self.length = torch.zeros(n), torch.zeros(n, dtype=torch.long)
         self.results: list[Episode] = []
         self.trajectories: list[dict] = []
@@ -179,6 +197,7 @@ class _Run:
         self.rec = Recorder(n, keep_frames=want_frames) if (record_rollouts or videos) else None
         self.video_eps: list[dict] = []
         self.t0, self.env_steps, self.policy_rows, self.policy_s = time.perf_counter(), 0, 0, 0.0
+        self.call_ms: list[float] = []
         self.labeler: Policy | None = None
         self.past: list[Obs] | None = None  # previous frames, for policies that read several (oldest first)
         self.fresh = torch.zeros(n, dtype=torch.bool)  # envs whose episode starts at the next observation
@@ -186,19 +205,54 @@ class _Run:
         self.successes = 0
 
     def plan(self, obs: Obs) -> None:
-        need = self.idx >= self.execute_steps
+        need = (self.idx >= self.end) & (self.wait == 0)
         if not need.any():
             return
         tp = time.perf_counter()
-        new = self.policy.act(obs.select(need)).detach().float().cpu()
+        if getattr(self.policy, "whole_batch", False):
+            new = self.policy.act(obs).detach().float().cpu()[need]
+        else:
+            new = self.policy.act(obs.select(need)).detach().float().cpu()
         self.policy_s += time.perf_counter() - tp
+        self.call_ms.append((time.perf_counter() - tp) * 1e3)
         self.policy_rows += int(need.sum())
         if new.ndim == 2:
             new = new[:, None]
         if self.chunk is None or self.chunk.shape[1] != new.shape[1]:
             self.chunk = torch.zeros(self.n, new.shape[1], new.shape[2])
-        self.chunk[need] = new
-        self.idx[need] = 0
+            self.pending = torch.zeros_like(self.chunk)
+        if self.delay == 0:
+            self.chunk[need] = new
+            self.idx[need], self.end[need] = 0, self.execute_steps
+            return
+        assert self.pending is not None
+        self.pending[need] = new
+        self.wait[need] = self.delay
+
+    def arrive(self) -> None:
+        """Chunks whose latency has passed replace the executing ones, from the action planned for now on."""
+        if self.delay == 0 or self.pending is None or self.chunk is None:
+            return
+        on_way = self.wait > 0
+        self.wait[on_way] -= 1
+        now = on_way & (self.wait == 0)
+        if now.any():
+            h = self.chunk.shape[1]
+            start = min(self.delay, h - 1)
+            self.chunk[now] = self.pending[now]
+            self.idx[now], self.end[now] = start, min(start + self.execute_steps, h)
+            self.fresh_plan[now] = False
+
+    def action(self, obs: Obs) -> torch.Tensor:
+        assert self.chunk is not None
+        h = self.chunk.shape[1]
+        action = self.chunk[torch.arange(self.n), self.idx.clamp(max=h - 1)]
+        if self.delay:  # waiting with no planned action left (or at an episode's start): the arm holds
+            hold = (self.idx >= h) | self.fresh_plan
+            if hold.any():
+                held = getattr(self.env, "hold_action", None)
+                action[hold] = held(obs)[hold].float().cpu() if held is not None else 0.0
+        return torch.maximum(torch.minimum(action, self.env.action_high), self.env.action_low)
 
     def with_past(self, obs: Obs) -> Obs:
         """For a policy that reads `history` frames: `obs` with its previous frames (an env whose episode just
@@ -214,12 +268,11 @@ class _Run:
 
     def step(self, obs: Obs) -> Obs:
         obs = self.with_past(obs)
+        self.arrive()  # what was asked `delay` steps ago, then what is asked now
         self.plan(obs)
         assert self.chunk is not None
         env = self.env
-        steps_avail = min(self.execute_steps, self.chunk.shape[1])
-        action = self.chunk[torch.arange(self.n), self.idx.clamp(max=self.chunk.shape[1] - 1)]
-        action = torch.maximum(torch.minimum(action, env.action_high), env.action_low)
+        action = self.action(obs)
         if self.rec is not None:
             label = action if self.labeler is None else self.labeler.act(obs).detach().float().cpu()
             for i in self.counted.nonzero().flatten().tolist():
@@ -230,7 +283,9 @@ class _Run:
             self.fresh = res.done.cpu().bool()
         self.env_steps += self.n
         self.idx += 1
-        self.idx[self.idx >= steps_avail] = self.execute_steps
+        if self.delay == 0:
+            self.idx[self.idx >= min(self.execute_steps, self.chunk.shape[1])] = self.execute_steps
+            self.end[:] = self.execute_steps
         self.ret += res.reward.float().cpu()
         self.length += 1
         for i in res.done.nonzero().flatten().tolist():
@@ -257,7 +312,9 @@ class _Run:
         self.number[i] = self.started
         self.started += int(self.counted[i])
         self.ret[i], self.length[i] = 0.0, 0
-        self.idx[i] = self.execute_steps  # re-plan from the new episode's first observation
+        self.idx[i] = self.end[i] = self.execute_steps  # re-plan from the new episode's first observation
+        self.wait[i] = 0  # a chunk still on its way was planned in the episode that ended
+        self.fresh_plan[i] = True
 
     def finished_prefix(self) -> int:
         """k: episodes 0..k-1 (start order) have all finished."""
@@ -286,7 +343,9 @@ class _Run:
             success_rate=succ / episodes, ci_low=lo, ci_high=hi, mean_return=float(np.mean([e.ret for e in results])),
             mean_length=float(np.mean([e.length for e in results])), env_steps_per_s=self.env_steps / wall,
             policy_steps_per_s=self.policy_rows / self.policy_s if self.policy_s > 0 else 0.0, wall_s=wall,
-            num_envs=self.n, versions=package_versions(), per_episode=[asdict(e) for e in results])
+            num_envs=self.n, versions=package_versions(), per_episode=[asdict(e) for e in results],
+            plan_ms={q: round(float(np.percentile(self.call_ms, p)), 2) for q, p in (("p50", 50), ("p99", 99))}
+            if self.call_ms else {})
 
 
 def write_videos(episodes: list[dict], out: Path, fps: int) -> list[str]:

@@ -135,6 +135,13 @@ class IsaacLabEnv:
             raise ValueError(f"the expert acts on all {self.num_envs} envs at once, got {obs.state.shape[0]} states")
         return self.u.expert_action().float().cpu()
 
+    def hold_action(self, obs: Obs) -> torch.Tensor:
+        """The action that keeps the arm where it is (what a robot does while its next chunk is computed): the
+        current joint positions for the SO-101's absolute targets, zero for the reach tasks' and other tasks' deltas."""
+        if "-SO101-" in self.task:
+            return obs.state[:, :self.action_dim].float().cpu()
+        return torch.zeros(obs.state.shape[0], self.action_dim)
+
     def close(self) -> None:
         try:
             self.env.close()

@@ -27,6 +27,7 @@ class RandomPolicy:
 
 class ExpertPolicy:
     name = "expert"
+    whole_batch = True  # it reads the simulator: asked for every env at once, its rows for the envs that need one
 
     def __init__(self, env: BatchedEnv):
         self.env = env

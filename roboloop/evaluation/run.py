@@ -51,6 +51,10 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
         report.precision = ran
         if hasattr(policy, "served"):  # served: which model versions produced the chunks, how fast they came
             report.served = policy.served()
+        if cfg.perturb or cfg.latency:
+            from roboloop.evaluation.suites import run_suites
+
+            run_suites(env, policy, cfg, report, cfg.execute_steps or DEFAULT_EXECUTE_STEPS)
         if cfg.task.startswith("Roboloop-"):
             report.asset_hashes = hashes()
             if "-SO101-" in cfg.task:

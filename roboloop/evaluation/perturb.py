@@ -1,0 +1,202 @@
+"""Perturbation suites: the same evaluation episodes with one named factor changed, so a model's drop from nominal is
+paired episode by episode across models.
+
+A factor is applied between the simulator and the policy (`Perturbed`, a BatchedEnv around the task's env): what
+the policy observes (state noise, camera frames dropped, delayed, shifted, darker or brighter) or what the robot does
+with an action (noise, a weaker or stiffer response). Each draw is a pure function of (seed, factor, level, episode
+number, step in the episode): the episode numbers are the Evaluator's (start order, which does not depend on the
+policy), so two models meet the same perturbation on the same episode, whatever `num_envs`.
+
+    FACTORS[name] = Factor(levels, what)          the suites; `parse("obs_noise=0.02,frame_drop")` picks from them
+    Perturbed(env, factor, level, seed)           the env with one factor applied
+    summarise(nominal, runs) -> {factor: {level: {success_rate, ci_low, ci_high, drop, lost, gained}}}
+
+What a wrapper cannot do is named, not approximated silently: camera pose and lighting are not re-rendered (the
+task's renderer has no such knobs): `camera_shift` moves the rendered image (a camera translated parallel to its image
+plane, no parallax) and `brightness` scales it (lighting, no shadows). Initial poses beyond the training range and
+distractor objects need the task's own reset: not in these suites yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from roboloop.binomial import wilson
+from roboloop.evaluation.protocol import BatchedEnv, Obs, StepResult
+
+
+@dataclass(frozen=True)
+class Factor:
+    levels: tuple[float, ...]
+    what: str
+    acts_on: str  # "state", "images" or "action"
+
+
+FACTORS: dict[str, Factor] = {
+    "obs_noise": Factor((0.005, 0.02, 0.05), "Gaussian noise on the observed state (std, the state's units)", "state"),
+    "action_noise": Factor((0.05, 0.15, 0.3), "Gaussian noise on the executed action (std, a fraction of each "
+                           "action dimension's half range)", "action"),
+    "actuator_gain": Factor((0.6, 0.8, 1.25), "the executed action scaled: a weaker (< 1) or stiffer (> 1) "
+                            "response to the same command", "action"),
+    "frame_drop": Factor((0.1, 0.3, 0.5), "probability at each step that the cameras' frames are the previous "
+                         "ones again (a dropped frame)", "images"),
+    "frame_delay": Factor((1, 2, 4), "camera frames arrive this many steps late (the state is current)", "images"),
+    "camera_shift": Factor((2, 4, 8), "each camera's image moved by this many pixels in a direction drawn per "
+                           "episode (a camera translated in its image plane; not re-rendered)", "images"),
+    "brightness": Factor((0.6, 0.8, 1.3), "each image's brightness scaled (lighting; not re-rendered)", "images"),
+}
+
+
+def parse(spec: str) -> list[tuple[str, float]]:
+    """`all`, or `FACTOR[=LEVEL],...` (a factor without a level: all its levels) -> [(factor, level)]."""
+    out: list[tuple[str, float]] = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        if part == "all":
+            out += [(n, lv) for n, f in FACTORS.items() for lv in f.levels]
+            continue
+        name, _, level = part.partition("=")
+        if name not in FACTORS:
+            raise ValueError(f"perturb: unknown factor {name!r}; the factors are {', '.join(FACTORS)} (or all)")
+        try:
+            levels = [float(level)] if level else list(FACTORS[name].levels)
+        except ValueError:
+            raise ValueError(f"perturb: {part!r}: the level must be a number (e.g. {name}="
+                             f"{FACTORS[name].levels[0]})") from None
+        out += [(name, lv) for lv in levels]
+    if not out:
+        raise ValueError("perturb: no factor given (e.g. obs_noise=0.02,frame_drop or all)")
+    return list(dict.fromkeys(out))
+
+
+def _rng(seed: int, factor: str, level: float, episode: int, step: int) -> np.random.Generator:
+    key = hashlib.blake2b(f"{seed}/{factor}/{level}/{episode}/{step}".encode(), digest_size=8).digest()
+    return np.random.default_rng(int.from_bytes(key, "little"))
+
+
+class Perturbed:
+    """`env` with one factor at one level. Episode numbers follow the Evaluator's rule: the first `num_envs` are
+    0..N-1, then each env that finishes (in env order) starts the next number."""
+
+    def __init__(self, env: BatchedEnv, factor: str, level: float, seed: int):
+        if factor not in FACTORS:
+            raise ValueError(f"unknown factor {factor!r}")
+        self.env, self.factor, self.level, self.seed = env, factor, float(level), seed
+        self.kind = FACTORS[factor].acts_on
+        self.num_envs, self.action_dim, self.fps = env.num_envs, env.action_dim, env.fps
+        self.action_low, self.action_high = env.action_low, env.action_high
+        self.backend, self.task = env.backend, env.task
+        n = env.num_envs
+        self.number = np.arange(n)
+        self.t = np.zeros(n, dtype=int)
+        self.started = n
+        self.frames: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]  # per env: last shown / history
+        self.history: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n)]
+
+    def _draw(self, i: int) -> np.random.Generator:
+        return _rng(self.seed, self.factor, self.level, int(self.number[i]), int(self.t[i]))
+
+    def reset(self, seed: int | None = None) -> Obs:
+        obs = self.env.reset(seed=seed)
+        n = self.num_envs
+        self.number, self.t, self.started = np.arange(n), np.zeros(n, dtype=int), n
+        self.frames = [{} for _ in range(n)]
+        self.history = [[] for _ in range(n)]
+        return self._observe(obs)
+
+    def step(self, actions: torch.Tensor) -> StepResult:
+        if self.kind == "action":
+            actions = self._act(actions)
+        res = self.env.step(actions)
+        self.t += 1
+        for i in res.done.nonzero().flatten().tolist():  # the Evaluator's numbering: env order
+            self.number[i], self.started, self.t[i] = self.started, self.started + 1, 0
+            self.frames[i], self.history[i] = {}, []
+        return StepResult(self._observe(res.obs), res.reward, res.done, res.success)
+
+    def _act(self, actions: torch.Tensor) -> torch.Tensor:
+        a = actions.clone()
+        if self.factor == "actuator_gain":
+            return a * self.level
+        half = (self.action_high - self.action_low).to(a) / 2
+        for i in range(self.num_envs):
+            noise = self._draw(i).standard_normal(self.action_dim)
+            a[i] += torch.as_tensor(noise, dtype=a.dtype) * self.level * half
+        return torch.maximum(torch.minimum(a, self.action_high.to(a)), self.action_low.to(a))
+
+    def _observe(self, obs: Obs) -> Obs:
+        if self.kind == "state":
+            state = obs.state.clone()
+            for i in range(self.num_envs):
+                state[i] += torch.as_tensor(self._draw(i).standard_normal(state.shape[1]), dtype=state.dtype,
+                                            device=state.device) * self.level
+            return Obs(state, obs.images, obs.instructions, obs.env_state, obs.past)
+        if self.kind == "images" and obs.images:
+            images = {k: v.clone() for k, v in obs.images.items()}
+            for i in range(self.num_envs):
+                now = {k: v[i] for k, v in obs.images.items()}
+                if self.factor == "frame_delay":  # this episode's frames so far; the one `level` steps back
+                    self.history[i] = [*self.history[i], now][-(int(self.level) + 1):]
+                    now = self.history[i][0]
+                for k in images:
+                    images[k][i] = self._image(i, k, now[k])
+            return Obs(obs.state, images, obs.instructions, obs.env_state, obs.past)
+        return obs
+
+    def _image(self, i: int, key: str, frame: torch.Tensor) -> torch.Tensor:
+        """Env `i`'s camera `key` as the policy sees it now ((H, W, 3) uint8)."""
+        if self.factor == "frame_delay":
+            return frame
+        if self.factor == "frame_drop":
+            shown = self.frames[i].get(key)
+            if shown is not None and self._draw(i).random() < self.level:
+                return shown
+            self.frames[i][key] = frame
+            return frame
+        if self.factor == "camera_shift":
+            angle = _rng(self.seed, self.factor, self.level, int(self.number[i]), -1).uniform(0, 2 * np.pi)
+            dy, dx = round(self.level * np.sin(angle)), round(self.level * np.cos(angle))
+            p, (h, w) = int(abs(self.level)) + 1, frame.shape[:2]
+            img = torch.nn.functional.pad(frame.permute(2, 0, 1)[None].float(), (p, p, p, p), mode="replicate")
+            out = img[0, :, p - dy:p - dy + h, p - dx:p - dx + w]  # content moved by (dy, dx), edges repeated
+            return out.permute(1, 2, 0).to(frame.dtype)
+        return (frame.float() * self.level).clamp(0, 255).to(torch.uint8)  # brightness
+
+    def expert(self, obs: Obs) -> torch.Tensor | None:
+        return self.env.expert(obs)
+
+    def hold_action(self, obs: Obs) -> torch.Tensor:
+        held = getattr(self.env, "hold_action", None)
+        return held(obs) if held is not None else torch.zeros(obs.state.shape[0], self.action_dim)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def summarise(nominal: list[dict], runs: dict[tuple[str, float], list[dict]]) -> dict[str, dict[str, dict]]:
+    """Per factor and level: success with its Wilson interval and the paired change from nominal on the same
+    numbered episodes (drop = nominal rate - perturbed rate; lost: nominal successes that failed; gained: the
+    reverse)."""
+    base = {e["index"]: bool(e["success"]) for e in nominal}
+    out: dict[str, dict[str, dict]] = {}
+    for (factor, level), eps in runs.items():
+        got = {e["index"]: bool(e["success"]) for e in eps}
+        common = sorted(set(base) & set(got))
+        k, n = sum(got[i] for i in common), len(common)
+        lo, hi = wilson(k, n)
+        out.setdefault(factor, {})[f"{level:g}"] = {
+            "success_rate": k / n, "ci_low": lo, "ci_high": hi, "episodes": n,
+            "drop": sum(base[i] for i in common) / n - k / n,
+            "lost": sum(base[i] and not got[i] for i in common), "gained": sum(got[i] and not base[i] for i in common),
+            "outcomes": "".join("01"[got[i]] for i in common)}
+    return out
+
+
+def worst(perturbations: dict[str, dict[str, dict]]) -> tuple[str, str] | None:
+    """(factor, level) with the largest drop; None where none dropped."""
+    cells = [(v["drop"], f, lv) for f, levels in perturbations.items() for lv, v in levels.items()]
+    best = max(cells) if cells else None
+    return (best[1], best[2]) if best is not None and best[0] > 0 else None

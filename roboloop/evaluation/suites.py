@@ -1,0 +1,95 @@
+"""After the nominal evaluation: the same episodes under each perturbation (`--perturb`) and with the policy's latency
+charged in simulated time (`--latency`), each paired with the nominal run episode by episode.
+
+    run_suites(env, policy, cfg, report, execute_steps)   fills report.perturbations and report.latency, writes
+                                                          perturbations.png and the worst factor's rollout videos
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from roboloop.binomial import wilson
+from roboloop.evaluation import perturb
+from roboloop.evaluation.evaluator import EvalReport, evaluate, progress_printer
+
+
+def latencies(spec: str, report: EvalReport) -> list[tuple[str, float]]:
+    """`measured` -> the nominal run's own chunk times (p50, p99: through the server for a served policy, else the
+    policy's calls in this process); numbers are milliseconds. Returns [(label, ms)]."""
+    out: list[tuple[str, float]] = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        if part == "measured":
+            served = report.served or {}
+            p50 = served.get("roundtrip_ms_p50", report.plan_ms.get("p50"))
+            p99 = served.get("roundtrip_ms_p99", report.plan_ms.get("p99"))
+            out += [("measured p50", float(p50 or 0.0)), ("measured p99", float(p99 or 0.0))]
+        else:
+            out.append((f"{float(part):g} ms", float(part)))
+    return out
+
+
+def _paired(nominal: list[dict], eps: list[dict]) -> dict[str, Any]:
+    base = {e["index"]: bool(e["success"]) for e in nominal}
+    got = {e["index"]: bool(e["success"]) for e in eps}
+    common = sorted(set(base) & set(got))
+    k, n = sum(got[i] for i in common), len(common)
+    lo, hi = wilson(k, n)
+    return {"success_rate": k / n, "ci_low": lo, "ci_high": hi, "episodes": n,
+            "drop": sum(base[i] for i in common) / n - k / n, "outcomes": "".join("01"[got[i]] for i in common)}
+
+
+def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None:
+    out = Path(cfg.output_dir)
+    if cfg.perturb:
+        runs: dict[tuple[str, float], list[dict]] = {}
+        videos: dict[tuple[str, float], list[str]] = {}
+        for factor, level in perturb.parse(cfg.perturb):
+            tag = f"{factor}={level:g}"
+            rep, _ = evaluate(perturb.Perturbed(env, factor, level, cfg.seed), policy, cfg.episodes, execute_steps,
+                              min(cfg.videos, 1), out / "perturb" / tag if cfg.videos else None, seed=cfg.seed,
+                              progress=progress_printer(f"[progress] perturbed {tag}"))
+            runs[(factor, level)], videos[(factor, level)] = rep.per_episode, rep.videos
+        report.perturbations = perturb.summarise(report.per_episode, runs)
+        worst = perturb.worst(report.perturbations)
+        if worst is not None:
+            report.perturbation_worst = f"{worst[0]}={worst[1]}"
+            report.perturbation_videos = videos.get((worst[0], float(worst[1])), [])
+        report.perturbation_plot = str(plot(report, out / "perturbations.png"))
+    if cfg.latency:
+        rows = [{"setting": "0 ms", "ms": 0.0, "delay_steps": 0, **_paired(report.per_episode, report.per_episode)}]
+        for label, ms in latencies(cfg.latency, report):
+            steps = math.floor(ms * env.fps / 1000 + 0.5)  # to the nearest control step
+            rep, _ = evaluate(env, policy, cfg.episodes, execute_steps, 0, None, seed=cfg.seed, delay_steps=steps,
+                              progress=progress_printer(f"[progress] latency {label} ({steps} steps)"))
+            rows.append({"setting": label, "ms": round(ms, 2), "delay_steps": steps,
+                         **_paired(report.per_episode, rep.per_episode)})
+        report.latency = rows
+
+
+def plot(report: EvalReport, png: Path) -> Path:
+    """Success per factor and level with its Wilson interval, the nominal rate as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [(f, lv, v) for f, levels in (report.perturbations or {}).items() for lv, v in levels.items()]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(cells) + 2), 3.4))
+    xs = list(range(len(cells)))
+    rates = [v["success_rate"] for _, _, v in cells]
+    err = [[r - v["ci_low"] for r, (_, _, v) in zip(rates, cells, strict=True)],
+           [v["ci_high"] - r for r, (_, _, v) in zip(rates, cells, strict=True)]]
+    ax.bar(xs, rates, yerr=err, capsize=2, color="tab:orange")
+    ax.axhline(report.success_rate, color="tab:blue", label=f"nominal {report.success_rate:.2f}")
+    ax.set_xticks(xs, [f"{f}={lv}" for f, lv, _ in cells], rotation=60, ha="right", fontsize=7)
+    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("success rate (95% Wilson)")
+    ax.legend(loc="lower left", fontsize=7)
+    ax.set_title(f"{report.task} - {report.policy}: perturbed, same {report.episodes} episodes", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png

@@ -1,0 +1,59 @@
+"""`roboloop evaluate --perturb ... --latency ...` on the real reach task: the same numbered episodes under each
+factor and each latency, paired with the nominal run, and the same per-episode outcomes whatever `num_envs`.
+
+The scripted expert reads the simulator, not the camera: a camera factor cannot change what it does, so its outcomes
+must equal nominal episode for episode (the pairing is exact); 200 ms of latency (6 control steps at 30 Hz) leaves it
+acting on stale states and fails most episodes (measured 5/16 against 16/16)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.isaac
+
+
+def _evaluate(out: Path, num_envs: int) -> dict:
+    cmd = [sys.executable, "-m", "roboloop.cli", "evaluate", "--policy", "expert", "--task", "Roboloop-Reach-Color-v0",
+           "--episodes", "12", "--num-envs", str(num_envs), "--videos", "1", "--output-dir", str(out),
+           "--perturb", "frame_drop=0.5,action_noise=0.3", "--latency", "200"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _stage(out: Path, num_envs: int) -> dict:
+    """The same through the loop's evaluate stage: its receipt carries the suites, its report artifact shows them."""
+    from roboloop import stages
+    from roboloop.evaluation.config import EvalRecipe
+    from tasks.evaluate import robustness_markdown
+
+    recipe = EvalRecipe(episodes=12, num_envs=num_envs, videos=1, perturb="frame_drop=0.5,action_noise=0.3",
+                        latency="200")
+    s = stages.evaluate("expert", recipe, output_dir=str(out), on_line=lambda _l: None)
+    text = "\n".join(robustness_markdown(s))
+    assert "| frame_drop | 0.5 |" in text and "| action_noise | 0.3 |" in text and "| 200 ms | 200 | 6 |" in text
+    assert "![success per perturbation](data:image/png;base64," in text
+    return json.loads((out / "report.json").read_text())
+
+
+def test_perturbed_and_latency_runs_pair_with_nominal_whatever_the_number_of_envs(tmp_path):
+    a, b = _evaluate(tmp_path / "a", 6), _stage(tmp_path / "b", 5)
+    nominal = "".join("01"[e["success"]] for e in sorted(json.loads((tmp_path / "a" / "report.json").read_text())
+                                                          ["per_episode"], key=lambda e: e["index"]))
+    camera = a["perturbations"]["frame_drop"]["0.5"]
+    assert camera["outcomes"] == nominal and camera["drop"] == 0, (camera, nominal)
+    late = a["latency"][-1]
+    assert late["ms"] == 200 and late["delay_steps"] == 6, late
+    assert late["drop"] >= 0.25, late  # stale states: the expert misses
+    assert a["latency"][0]["outcomes"] == nominal
+    # determinism: every setting's outcomes, episode by episode, are the same with 6 and with 5 envs
+    for run in (a, b):
+        run["outcomes"] = [c["outcomes"] for levels in run["perturbations"].values() for c in levels.values()] + \
+            [r["outcomes"] for r in run["latency"]]
+    assert a["outcomes"] == b["outcomes"], (a["outcomes"], b["outcomes"])
+    assert Path(a["perturbation_plot"]).stat().st_size > 10_000

@@ -1,0 +1,159 @@
+"""Perturbation factors and latency charged in simulated time, on small envs whose every step is known: what each
+factor does to what the policy sees or the robot does, that its draws depend on the episode and not on how many envs
+ran, and that a chunk asked for at step t acts from step t + d on, its stale actions skipped, the arm holding until
+the episode's first chunk arrives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from roboloop.evaluation import perturb
+from roboloop.evaluation.evaluator import evaluate
+from roboloop.evaluation.protocol import Obs, StepResult
+
+
+class CountingEnv:
+    """Env i's k-th episode lasts `length` steps and succeeds; the state is (episode number, step), the camera's
+    pixel (0, 0) holds the step, the rest of the image a gradient; executed actions are kept."""
+
+    backend, task, fps, action_dim = "counting", "counting", 10, 2
+
+    def __init__(self, num_envs: int, length: int = 6):
+        self.num_envs, self.length = num_envs, length
+        self.action_low, self.action_high = -torch.ones(2), torch.ones(2)
+        self.executed: list[torch.Tensor] = []
+
+    def _obs(self) -> Obs:
+        img = torch.arange(16 * 16 * 3, dtype=torch.int64).reshape(16, 16, 3) % 200
+        images = img[None].repeat(self.num_envs, 1, 1, 1).to(torch.uint8)
+        images[:, 0, 0, 0] = torch.as_tensor(self.t, dtype=torch.uint8)
+        state = torch.tensor(np.stack([self.number, self.t], 1), dtype=torch.float32)
+        return Obs(state, {"cam": images}, ["go"] * self.num_envs)
+
+    def reset(self, seed: int | None = None) -> Obs:
+        self.number, self.t, self.started = np.arange(self.num_envs), np.zeros(self.num_envs, dtype=int), self.num_envs
+        return self._obs()
+
+    def step(self, actions: torch.Tensor) -> StepResult:
+        self.executed.append(actions.clone())
+        self.t += 1
+        done = self.t >= self.length
+        for i in np.nonzero(done)[0]:
+            self.number[i], self.started, self.t[i] = self.started, self.started + 1, 0
+        d = torch.from_numpy(done)
+        return StepResult(self._obs(), torch.zeros(self.num_envs), d, d.clone())
+
+    def expert(self, obs: Obs) -> None:
+        return None
+
+    def hold_action(self, obs: Obs) -> torch.Tensor:
+        return torch.full((obs.state.shape[0], 2), -0.5)
+
+    def close(self) -> None:
+        pass
+
+
+def _noise_by_episode(num_envs: int, factor: str, level: float) -> dict[tuple[int, int], torch.Tensor]:
+    env = perturb.Perturbed(CountingEnv(num_envs), factor, level, seed=3)
+    clean = CountingEnv(num_envs)
+    seen, obs, ref = {}, env.reset(seed=0), clean.reset(seed=0)
+    for _ in range(20):
+        for i in range(num_envs):
+            seen[(int(ref.state[i, 0]), int(ref.state[i, 1]))] = obs.state[i] - ref.state[i]
+        zero = torch.zeros(num_envs, 2)
+        obs, ref = env.step(zero).obs, clean.step(zero).obs
+    return seen
+
+
+def test_a_factors_draws_follow_the_episode_not_the_number_of_envs():
+    two, five = _noise_by_episode(2, "obs_noise", 0.05), _noise_by_episode(5, "obs_noise", 0.05)
+    common = set(two) & set(five)
+    assert len(common) >= 12
+    assert all(torch.equal(two[k], five[k]) for k in common)
+    assert 0.02 < torch.stack(list(two.values())).std().item() < 0.08  # the level is the noise's std
+    other = _noise_by_episode(2, "obs_noise", 0.02)
+    assert not torch.equal(two[(0, 0)], other[(0, 0)])
+
+
+def test_image_factors_show_what_they_name():
+    def frames(factor, level, steps=5):
+        env = perturb.Perturbed(CountingEnv(1, length=50), factor, level, seed=0)
+        out = [env.reset(seed=0).images["cam"][0]]
+        for _ in range(steps):
+            out.append(env.step(torch.zeros(1, 2)).obs.images["cam"][0])
+        return out
+
+    clean = frames("brightness", 1.0)
+    delayed = frames("frame_delay", 2)
+    assert [int(f[0, 0, 0]) for f in delayed] == [0, 0, 0, 1, 2, 3]  # two steps late, the first frame held
+    dropped = frames("frame_drop", 0.5, steps=60)
+    repeats = sum(torch.equal(a, b) for a, b in zip(dropped, dropped[1:], strict=False)) / 60
+    assert 0.3 < repeats < 0.7
+    shifted = frames("camera_shift", 4)[1]
+    moved = [(dy, dx) for dy in range(-4, 5) for dx in range(-4, 5)
+             if torch.equal(shifted[5:11, 5:11], clean[1][5 - dy:11 - dy, 5 - dx:11 - dx])]
+    assert len(moved) == 1 and max(abs(moved[0][0]), abs(moved[0][1])) >= 2, moved  # one shift, ~4 px
+    dark = frames("brightness", 0.5)[1]
+    assert torch.equal(dark, (clean[1].float() * 0.5).to(torch.uint8))
+
+
+def test_action_factors_change_what_the_robot_does():
+    env = perturb.Perturbed(CountingEnv(3), "actuator_gain", 0.6, seed=0)
+    env.reset(seed=0)
+    env.step(torch.full((3, 2), 0.5))
+    assert torch.allclose(env.env.executed[-1], torch.full((3, 2), 0.3))
+    noisy = perturb.Perturbed(CountingEnv(3), "action_noise", 0.3, seed=0)
+    noisy.reset(seed=0)
+    noisy.step(torch.zeros(3, 2))
+    a = noisy.env.executed[-1]
+    assert a.abs().max() <= 1 and 0 < a.std() < 1 and not torch.equal(a[0], a[1])
+
+
+def test_parse_names_factors_and_levels_and_refuses_the_unknown():
+    assert perturb.parse("obs_noise=0.02,frame_drop") == [("obs_noise", 0.02), ("frame_drop", 0.1),
+                                                          ("frame_drop", 0.3), ("frame_drop", 0.5)]
+    assert len(perturb.parse("all")) == sum(len(f.levels) for f in perturb.FACTORS.values())
+    with pytest.raises(ValueError, match="unknown factor 'fog'"):
+        perturb.parse("fog=1")
+    with pytest.raises(ValueError, match="must be a number"):
+        perturb.parse("obs_noise=high")
+
+
+class ChunkPolicy:
+    """Chunk j of a call holds (call number, j) in every action dimension, scaled to stay within [-1, 1]."""
+
+    name = "chunks"
+
+    def __init__(self, horizon: int = 8):
+        self.calls, self.horizon = 0, horizon
+
+    def act(self, obs: Obs) -> torch.Tensor:
+        self.calls += 1
+        n = obs.state.shape[0]
+        j = torch.arange(self.horizon, dtype=torch.float32)
+        chunk = (self.calls * 10 + j) / 100
+        return chunk[None, :, None].expand(n, self.horizon, 2).clone()
+
+
+def test_latency_runs_the_old_chunk_or_holds_then_the_new_chunk_from_its_action_d():
+    env = CountingEnv(1, length=12)
+    evaluate(env, ChunkPolicy(), episodes=1, execute_steps=4, videos=0, delay_steps=2)
+    got = [round(float(a[0, 0]) * 100) for a in env.executed]
+    # call 1 at step 0 arrives at step 2 (the arm holds: -50), acts from its action 2 for 4 steps; call 2, asked at
+    # step 6, arrives at 8: meanwhile call 1 goes on (actions 6, 7)
+    assert got[:12] == [-50, -50, 12, 13, 14, 15, 16, 17, 22, 23, 24, 25], got
+    env0 = CountingEnv(1, length=12)
+    evaluate(env0, ChunkPolicy(), episodes=1, execute_steps=4, videos=0)
+    assert [round(float(a[0, 0]) * 100) for a in env0.executed] == [10, 11, 12, 13, 20, 21, 22, 23, 30, 31, 32, 33]
+
+
+def test_summary_pairs_each_factor_with_the_nominal_episodes():
+    nominal = [{"index": i, "success": i < 8} for i in range(10)]
+    worse = [{"index": i, "success": i < 4 or i == 9} for i in range(10)]
+    out = perturb.summarise(nominal, {("frame_drop", 0.5): worse, ("obs_noise", 0.02): nominal})
+    cell = out["frame_drop"]["0.5"]
+    assert cell["success_rate"] == 0.5 and cell["drop"] == pytest.approx(0.3)
+    assert (cell["lost"], cell["gained"]) == (4, 1) and cell["ci_low"] < 0.5 < cell["ci_high"]
+    assert out["obs_noise"]["0.02"]["drop"] == 0 and perturb.worst(out) == ("frame_drop", "0.5")
