@@ -135,6 +135,9 @@ class Lineage(BaseModel):
            **kw: Any) -> Lineage:
         """A lineage from the stages' receipts (the flat fields derived from them)."""
         ev = eval_record(evaluation) if evaluation is not None else None
+        checks = {k: (configs.get("eval") or {}).get(k) for k in ("gate_robustness", "gate_latency")}
+        if ev is not None and any(v not in (None, False) for v in checks.values()):
+            ev["gate"] = checks  # what the promotion gate checks besides the nominal episodes
         if baseline is not None:
             kw.setdefault("baseline_eval", {**eval_record(baseline), "policy": baseline.policy})
         return cls(raw=raw, dataset=dataset, model=model, evaluation=evaluation, baseline=baseline, offline=offline,
@@ -152,4 +155,10 @@ def eval_record(evaluation: EvalSummary) -> dict[str, Any]:
     ev["execute_steps"] = evaluation.execution.execute_steps
     if evaluation.outcomes is not None:
         ev["outcomes"] = evaluation.outcomes
+    if evaluation.perturbations:  # per factor and level: the success and the outcomes on the same episodes
+        ev["perturbations"] = {f: {lv: {"success_rate": c["success_rate"], "outcomes": c["outcomes"]}
+                                   for lv, c in levels.items()} for f, levels in evaluation.perturbations.items()}
+    if evaluation.latency:
+        ev["latency"] = [{k: r[k] for k in ("setting", "ms", "delay_steps", "success_rate", "outcomes")}
+                         for r in evaluation.latency]
     return ev

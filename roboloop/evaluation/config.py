@@ -32,7 +32,7 @@ class EvalRecipe(BaseModel):
     KEYED: ClassVar[frozenset[str]] = frozenset({
         "device", "early_stop", "episodes", "execute_steps", "num_envs", "precision", "seed", "task", "videos",
         "perturb", "latency"})
-    NOT_KEYED: ClassVar[frozenset[str]] = frozenset()
+    NOT_KEYED: ClassVar[frozenset[str]] = frozenset({"gate_robustness", "gate_latency"})
 
 
     task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task id (Isaac-*/Roboloop-*), a "
@@ -61,8 +61,21 @@ class EvalRecipe(BaseModel):
         "measured (the nominal run's p50 and p99 chunk times; through the server for serve://) and/or "
         "milliseconds, comma-separated (e.g. measured,50); the arm holds or finishes the previous chunk meanwhile")
 
+    gate_robustness: float | None = Field(
+        None, ge=0, le=1, description="promotion also needs, under every perturbation both the challenger and the "
+        "champion were evaluated with (perturb), the challenger not worse than the champion by more than this margin "
+        "(paired, per factor and level); empty: the nominal episodes alone decide")
+    gate_latency: bool = Field(
+        False, description="promotion also needs the challenger's success at its own measured p99 latency not worse "
+        "than the champion's at its own (paired; latency must include measured)")
+
     @model_validator(mode="after")
     def _suites_parse(self):
+        if self.gate_robustness is not None and not self.perturb:
+            raise ValueError("gate_robustness would do nothing: no perturbation is evaluated (set perturb)")
+        if self.gate_latency and "measured" not in (self.latency or ""):
+            raise ValueError("gate_latency would do nothing: it compares success at the measured p99 latency "
+                             "(set latency to measured)")
         if self.perturb:
             from roboloop.evaluation.perturb import parse
 

@@ -333,7 +333,8 @@ class Registry:
             raise RegistryError(f"{name} v{v}: lineage has no eval report (successes, episodes) and no offline "
                                 "evaluation; evaluate it before promoting")
         out: dict[str, Any] = {"successes": int(ev["successes"]), "episodes": int(ev["episodes"]),
-                               **{k: ev.get(k) for k in ("task", "seed", "execute_steps")}}
+                               **{k: ev.get(k) for k in ("task", "seed", "execute_steps", "perturbations", "latency",
+                                                         "gate")}}
         base = lin.get("baseline_eval")
         if isinstance(base, dict) and isinstance(base.get("successes"), int) and isinstance(base.get("episodes"), int):
             out["baseline"] = base
@@ -401,9 +402,15 @@ def _gate(new: dict[str, Any], old: dict[str, Any], margin: float, alpha: float)
         return paired_error_gate(new["offline"]["per_episode"], old["offline"]["per_episode"], margin, alpha)
     same = all(new.get(k) == old.get(k) and new.get(k) is not None for k in ("task", "seed", "execute_steps"))
     if same and new.get("outcomes") and old.get("outcomes"):
-        return paired_gate(new["outcomes"], old["outcomes"], margin, alpha)
-    ok, _p, reason = non_inferior(new["successes"], new["episodes"], old["successes"], old["episodes"], margin, alpha)
-    return ok, f"unpaired (not the same episodes): {reason}"
+        ok, reason = paired_gate(new["outcomes"], old["outcomes"], margin, alpha)
+    else:
+        ok, _p, why = non_inferior(new["successes"], new["episodes"], old["successes"], old["episodes"], margin, alpha)
+        reason = f"unpaired (not the same episodes): {why}"
+    if not ok or not new.get("gate"):
+        return ok, reason
+    from roboloop.registry.checks import robustness_and_latency
+
+    return robustness_and_latency(new, old, same, margin, alpha, reason)
 
 
 def parse_ref(ref: str) -> tuple[str | None, str, str]:

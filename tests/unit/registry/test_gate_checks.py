@@ -1,0 +1,78 @@
+"""The gate's robustness and latency checks: a challenger better on the nominal episodes but worse under one
+perturbation (or at its measured p99 latency) is refused, and the reason names the check that decided."""
+
+from __future__ import annotations
+
+from roboloop.registry import Registry
+from tests.unit.registry.test_registry import _model, _paired
+
+CHAMP = "1" * 40 + "0" * 20  # 40/60 nominal
+BETTER = "1" * 54 + "0" * 6  # 54/60 nominal: better on the same episodes
+
+
+def _with(outcomes: str, perturbed: dict[str, str], p99: str | None = None, ms: float = 20.0, **gate) -> dict:
+    lin = _paired(outcomes)
+    lin["eval"]["perturbations"] = {f: {lv: {"success_rate": o.count("1") / len(o), "outcomes": o}}
+                                    for f, (lv, o) in perturbed.items()}
+    if p99 is not None:
+        lin["eval"]["latency"] = [{"setting": "measured p99", "ms": ms, "delay_steps": 1,
+                                   "success_rate": p99.count("1") / len(p99), "outcomes": p99}]
+    if gate:
+        lin["eval"]["gate"] = gate
+    return lin
+
+
+def test_better_nominally_but_worse_under_a_factor_is_refused_by_the_robustness_check(tmp_path):
+    reg = Registry(tmp_path / "registry")
+    champ = _with(CHAMP, {"frame_drop": ("0.5", CHAMP), "obs_noise": ("0.02", CHAMP)}, p99=CHAMP)
+    assert reg.promote("reach", reg.register("reach", _model(tmp_path, "1"), champ)).promoted
+    fragile = {"frame_drop": ("0.5", "1" * 10 + "0" * 50), "obs_noise": ("0.02", BETTER)}  # 10/60 with drops
+    # without the check the nominal episodes decide: promoted
+    plain = reg.register("reach", _model(tmp_path, "2"), _with(BETTER, fragile))
+    d = reg.promote("reach", plain, margin=0.05)
+    assert d.promoted, d.reason
+    reg.promote("reach", 1, force=True)  # back to the robust champion
+    checked = reg.register("reach", _model(tmp_path, "3"), _with(BETTER, fragile, gate_robustness=0.1))
+    d = reg.promote("reach", checked, margin=0.05)
+    assert not d.promoted and "robustness frame_drop=0.5 (margin 0.1)" in d.reason, d.reason
+    assert d.reason.endswith("decided by robustness: not promoted") and d.reason.startswith("nominal: paired")
+    robust = {"frame_drop": ("0.5", CHAMP), "obs_noise": ("0.02", BETTER)}
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "4"), _with(BETTER, robust, gate_robustness=0.1)))
+    assert d.promoted and "not worse under 2 perturbation(s)" in d.reason, d.reason
+
+
+def test_a_slower_challenger_that_loses_success_at_its_p99_is_refused_by_the_latency_check(tmp_path):
+    reg = Registry(tmp_path / "registry")
+    assert reg.promote("reach", reg.register("reach", _model(tmp_path, "1"), _with(CHAMP, {}, p99=CHAMP))).promoted
+    slow = _with(BETTER, {}, p99="1" * 20 + "0" * 40, ms=180.0, gate_latency=True)
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "2"), slow))
+    assert not d.promoted and "latency at each one's measured p99 (180 vs 20 ms)" in d.reason, d.reason
+    assert d.reason.endswith("decided by latency: not promoted")
+    # a champion evaluated before latency was measured: the check is named as not made, not passed in silence
+    reg2 = Registry(tmp_path / "registry2")
+    assert reg2.promote("reach", reg2.register("reach", _model(tmp_path, "5"), _paired(CHAMP))).promoted
+    d = reg2.promote("reach", reg2.register("reach", _model(tmp_path, "6"), slow))
+    assert d.promoted and "latency not checked: the champion was not evaluated at its measured p99" in d.reason
+
+
+def test_the_lineage_keeps_what_the_checks_read_and_a_check_without_its_evaluation_is_refused():
+    import pytest
+
+    from roboloop.evaluation.config import EvalRecipe
+    from roboloop.lineage import eval_record
+    from roboloop.receipts import EvalSummary
+
+    s = EvalSummary(run_dir="/r", report_sha256="0" * 64, policy="m", policy_id="w", task="t", episodes=4,
+                    successes=3, success_rate=0.75, ci_low=0.3, ci_high=0.95, outcomes="1101",
+                    perturbations={"frame_drop": {"0.5": {"success_rate": 0.5, "ci_low": 0.1, "ci_high": 0.9,
+                                                          "episodes": 4, "drop": 0.25, "outcomes": "1001"}}},
+                    latency=[{"setting": "measured p99", "ms": 31.0, "delay_steps": 1, "success_rate": 0.25,
+                              "ci_low": 0.0, "ci_high": 0.7, "episodes": 4, "drop": 0.5, "outcomes": "0001"}])
+    ev = eval_record(s)
+    assert ev["perturbations"] == {"frame_drop": {"0.5": {"success_rate": 0.5, "outcomes": "1001"}}}
+    assert ev["latency"][0]["outcomes"] == "0001" and ev["latency"][0]["ms"] == 31.0
+    with pytest.raises(ValueError, match="gate_robustness would do nothing: no perturbation is evaluated"):
+        EvalRecipe(gate_robustness=0.1)
+    with pytest.raises(ValueError, match="gate_latency would do nothing"):
+        EvalRecipe(gate_latency=True, latency="50")
+    assert EvalRecipe(perturb="frame_drop", gate_robustness=0.1, latency="measured", gate_latency=True).gate_latency
