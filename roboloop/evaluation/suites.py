@@ -80,8 +80,8 @@ def plot(report: EvalReport, png: Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(5.0, 0.45 * len(cells) + 2), 3.4))
     xs = list(range(len(cells)))
     rates = [v["success_rate"] for _, _, v in cells]
-    err = [[r - v["ci_low"] for r, (_, _, v) in zip(rates, cells, strict=True)],
-           [v["ci_high"] - r for r, (_, _, v) in zip(rates, cells, strict=True)]]
+    err = [[max(0.0, r - v["ci_low"]) for r, (_, _, v) in zip(rates, cells, strict=True)],  # rounding: >= 0
+           [max(0.0, v["ci_high"] - r) for r, (_, _, v) in zip(rates, cells, strict=True)]]
     ax.bar(xs, rates, yerr=err, capsize=2, color="tab:orange")
     ax.axhline(report.success_rate, color="tab:blue", label=f"nominal {report.success_rate:.2f}")
     ax.set_xticks(xs, [f"{f}={lv}" for f, lv, _ in cells], rotation=60, ha="right", fontsize=7)

@@ -50,6 +50,8 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
     "gpu_check": (["--only", "compile_vla", "gpu_tests"], {"device", "commit", "parts"}, [pytest.mark.gpu]),
     "compile": (["--kinds", "vla", "--steps", "4", "--warmup", "2", "--episodes", "2", "--work", "{tmp}"],
                 {"speedup_vla", "vla"}, []),
+    "robustness": (["--demos", "4", "--steps", "3", "--episodes", "2", "--perturb", "obs_noise=0.02", "--latency",
+                    "50", "--work", "{tmp}"], {"policy", "expert", "train_minutes"}, [pytest.mark.isaac]),
     "dagger": (["--demos", "4", "--rounds", "1", "--episodes", "2", "--round-episodes", "2", "--steps", "3",
                 "--round-steps", "2", "--work", "{tmp}"], {"success_by_round", "gain"}, [pytest.mark.isaac]),
     "policy": (["--demos", "4", "--steps", "3", "--episodes", "2", "--skip-vision", "--work", "{tmp}"],
@@ -87,9 +89,9 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
 # longest first (seconds measured one at a time on a faster machine: so101 117, dagger 104, rl 90, policy 81,
 # lerobot_train 77, sweep 64, eval 60, loader 58, the rest under 40 each), so what is left when the suite's own
 # tests end is short
-ORDER = ["so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "inference", "compile",
-         "so101_data", "precision", "gpu_check", "convert", "packing", "overhead", "startup", "optim", "act_step",
-         "scale"]
+ORDER = ["so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "robustness", "inference",
+         "compile", "so101_data", "precision", "gpu_check", "convert", "packing", "overhead", "startup", "optim",
+         "act_step", "scale"]
 RAY = ["rl", "serve"]  # one after the other, in the lane that opens when the suite's own tests are done
 NICE = 5
 RUN_TIMEOUT_S = 1800  # one run; a niced run beside busy tests takes up to ~3x its time alone
