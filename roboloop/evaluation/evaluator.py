@@ -268,6 +268,8 @@ class _Run:
 
     def step(self, obs: Obs) -> Obs:
         obs = self.with_past(obs)
+        obs = Obs(obs.state, obs.images, obs.instructions, obs.env_state, obs.past,
+                  torch.stack([self.number, self.length], 1))  # each row's (episode, step): its noise's key
         self.arrive()  # what was asked `delay` steps ago, then what is asked now
         self.plan(obs)
         assert self.chunk is not None

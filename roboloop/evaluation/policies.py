@@ -10,18 +10,22 @@ from typing import Any
 import torch
 
 from roboloop.errors import ModelMismatchError
-from roboloop.evaluation.protocol import BatchedEnv, Obs
+from roboloop.evaluation.protocol import BatchedEnv, Obs, row_generator
 
 
 class RandomPolicy:
     name = "random"
 
     def __init__(self, env: BatchedEnv, seed: int = 0):
-        self.low, self.high = env.action_low, env.action_high
+        self.low, self.high, self.seed = env.action_low, env.action_high, seed
         self.g = torch.Generator().manual_seed(seed)
 
     def act(self, obs: Obs) -> torch.Tensor:
-        u = torch.rand(obs.state.shape[0], self.low.shape[0], generator=self.g)
+        a = self.low.shape[0]
+        if obs.keys is not None:  # per (episode, step): the same actions whatever the batching
+            u = torch.stack([torch.rand(a, generator=row_generator(self.seed, k)) for k in obs.keys])
+        else:
+            u = torch.rand(obs.state.shape[0], a, generator=self.g)
         return self.low + u * (self.high - self.low)
 
 

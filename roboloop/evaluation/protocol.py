@@ -25,13 +25,17 @@ class Obs:
     env_state: torch.Tensor | None = None
     # for policies that read several frames (`history` > 1): the previous observations, oldest first
     past: list[Obs] | None = None
+    # (N, 2) int64 (episode number, step in the episode), set by the Evaluator: a sampling policy draws each row's
+    # noise from these, so an episode's draws do not depend on which other envs were batched with it
+    keys: torch.Tensor | None = None
 
     def select(self, mask: torch.Tensor) -> Obs:
         idx = mask.nonzero().flatten()
         return Obs(self.state[idx], {k: v[idx] for k, v in self.images.items()},
                    [self.instructions[i] for i in idx.tolist()],
                    None if self.env_state is None else self.env_state[idx],
-                   None if self.past is None else [p.select(mask) for p in self.past])
+                   None if self.past is None else [p.select(mask) for p in self.past],
+                   None if self.keys is None else self.keys[idx])
 
     def where(self, mask: torch.Tensor, other: Obs) -> Obs:
         """This observation with the envs in `mask` taken from `other` (same shapes)."""
@@ -40,6 +44,12 @@ class Obs:
             return torch.where(m, b, a)
         return Obs(mix(self.state, other.state), {k: mix(v, other.images[k]) for k, v in self.images.items()},
                    self.instructions, self.env_state)
+
+
+def row_generator(seed: int, key: torch.Tensor) -> torch.Generator:
+    """A generator for one row's draws, from the run's seed and the row's (episode, step)."""
+    e, t = (int(v) for v in key.tolist())
+    return torch.Generator().manual_seed(((seed * 1_000_003 + e) * 10_000_019 + t) % (2**63))
 
 
 @dataclass

@@ -147,6 +147,7 @@ class ModelPolicy:
         self.stats = {k: {s: np.asarray(v, dtype=np.float32) for s, v in d.items()} for k, d in st.items()}
         self.steps = inference_steps
         self.g = torch.Generator(device=self.device).manual_seed(seed)
+        self.seed = seed
         self.name = f"model:{self.dir.name}"
         self.state_dim, self.action_dim, self.horizon = self.cfg.state_dim, self.cfg.action_dim, self.cfg.horizon
         self.state_key, self.action_key = self.data["state_key"], self.data["action_key"]
@@ -217,5 +218,11 @@ class ModelPolicy:
 
     @torch.no_grad()
     def act(self, obs: Obs) -> torch.Tensor:
-        chunk = self.model.sample_actions(self.batch(obs), steps=self.steps, generator=self.g)
+        x0 = None
+        if obs.keys is not None and self.model.cfg.initial_noise == "sample":  # per (episode, step): batch-free
+            from roboloop.evaluation.protocol import row_generator
+
+            shape = (self.model.cfg.horizon, self.model.cfg.action_dim)
+            x0 = torch.stack([torch.randn(shape, generator=row_generator(self.seed, k)) for k in obs.keys])
+        chunk = self.model.sample_actions(self.batch(obs), steps=self.steps, generator=self.g, x0=x0)
         return self.unnormalise(chunk)

@@ -281,11 +281,13 @@ class VLAPolicy(nn.Module):
         return torch.randn(shape, generator=generator, device=device)
 
     @torch.no_grad()
-    def sample_actions(self, b: PackedBatch, steps: int | None = None,
-                       generator: torch.Generator | None = None) -> torch.Tensor:
+    def sample_actions(self, b: PackedBatch, steps: int | None = None, generator: torch.Generator | None = None,
+                       x0: torch.Tensor | None = None) -> torch.Tensor:
+        """`x0`: the initial chunk (N, H, A) when the caller draws it (per row, from its own keys)."""
         ctx, cu, max_len = self.encode(b)
         n = b.num_samples
-        x = self.initial_chunk(n, ctx.device, generator, self.cfg.initial_noise)
+        x = x0.to(ctx.device) if x0 is not None else self.initial_chunk(n, ctx.device, generator,
+                                                                         self.cfg.initial_noise)
         k = steps or self.cfg.inference_steps
         for i in range(k):
             t = torch.full((n,), i / k, device=ctx.device)
