@@ -157,7 +157,7 @@ class PolicyClient:
 
     def act(self, state: np.ndarray, images: dict[str, np.ndarray] | None = None,
             instructions: list[str] | str | None = None, past: list[dict] | None = None,
-            env_state: np.ndarray | None = None, retry: bool = True) -> Reply:
+            env_state: np.ndarray | None = None, retry: bool = True, keys: list[list[int]] | None = None) -> Reply:
         """`env_state`: observation.environment_state, for a model that reads it (`info()["env_state_dim"]`).
         `retry=False`: a broken connection raises ServerLostError at once, whatever the reconnect budget (a robot
         loop holds the arm while it reconnects, rather than wait inside a request)."""
@@ -171,6 +171,8 @@ class PolicyClient:
             msg["env_state"] = np.asarray(env_state, dtype=np.float32)
         if past is not None:
             msg["past"] = past
+        if keys is not None:  # each row's (episode, step): the server draws its noise from them, as in-process
+            msg["keys"] = keys
         t0 = time.perf_counter()
         r = self.request(msg, retry=retry)
         actions = self._check(r.get("actions"), len(state), str(r.get("version")))
@@ -217,7 +219,9 @@ class RemotePolicy:
         f = _frame(obs, self.camera_keys, env)
         past = [_frame(p, self.camera_keys, env) for p in obs.past] if obs.past is not None and self.history > 1 \
             else None
-        r = self.client.act(f["state"], f["images"], list(obs.instructions) or None, past, f.get("env_state"))
+        keys = obs.keys.tolist() if obs.keys is not None else None
+        r = self.client.act(f["state"], f["images"], list(obs.instructions) or None, past, f.get("env_state"),
+                            keys=keys)
         self.versions[r.version] += 1
         self.infer_ms.append(r.infer_ms)
         self.roundtrip_ms.append(r.roundtrip_ms)

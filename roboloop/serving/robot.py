@@ -116,11 +116,14 @@ class RobotLoop:
         self.pending: Future | None = None
         self.lost: Future | None = None  # the reconnection under way while the robot holds
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="roboloop-robot-request")
+        self.episode, self.episode_tick = 0, 0  # this episode's number and first tick: each request's noise key
+        self.last_tick = -1
 
     def _request(self, obs: dict[str, Any], tick: int) -> Chunk:
         state = np.asarray([float(obs[k]) for k in self.state_names], dtype=np.float32)
         images = {k: np.asarray(obs[c], dtype=np.uint8) for k, c in self.cam_of.items()}
-        r = self.client.act(state, images, [self.cfg.instruction], retry=False)  # losses: `step` holds
+        keys = [[self.episode, tick - self.episode_tick]]  # a sampling model draws as the Evaluator's would
+        r = self.client.act(state, images, [self.cfg.instruction], retry=False, keys=keys)  # losses: `step` holds
         self.stats.roundtrip_ms.append(r.roundtrip_ms)
         self.stats.versions[r.version] += 1
         return Chunk(np.asarray(r.actions[0]), tick, r.version)
@@ -129,7 +132,12 @@ class RobotLoop:
         return 0 if self.chunk is None else self.chunk.base + self.cfg.execute_steps - tick
 
     def reset(self) -> None:
-        """Forget the current chunk (a new episode, an operator's stop): the next tick asks afresh."""
+        """A new episode (or an operator's stop): forget the current chunk, the next tick asks afresh and counts as
+        the episode's first."""
+        self._forget()
+        self.episode, self.episode_tick = self.episode + 1, self.last_tick + 1
+
+    def _forget(self) -> None:
         self.chunk = None
         if self.pending is not None:
             self.pending.cancel()
@@ -151,6 +159,7 @@ class RobotLoop:
         from roboloop.serving.client import ServerError, ServerLostError
 
         obs = self.robot.get_observation()
+        self.last_tick = tick
         if self.lost is not None:
             return self._hold(obs)
         try:
@@ -159,14 +168,14 @@ class RobotLoop:
             self.stats.server_losses += 1
             if not self.holds:
                 raise
-            self.reset()
+            self._forget()
             self.lost = self.pool.submit(self.client.reopen, str(e))
             return self._hold(obs)
         except ServerError:  # a chunk refused (not finite, another shape): never executed; hold, ask again next tick
             self.stats.refused += 1
             if not self.holds:
                 raise
-            self.reset()
+            self._forget()
             return self._hold(obs)
 
     def _hold(self, obs: dict[str, Any]) -> dict[str, Any]:

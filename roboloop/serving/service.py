@@ -284,13 +284,24 @@ def to_obs(msg: dict[str, Any], slot: ModelSlot) -> Obs:
                 raise WireError(f"past[{i}]: expected a map")
             s, im = _frame(fr, slot, f"past[{i}].", n)
             past.append(Obs(s, im, instr, _env_state(fr, dim, n, f"past[{i}].")))
-    return Obs(state, images, instr, _env_state(msg, dim, n, ""), past=past)
+    return Obs(state, images, instr, _env_state(msg, dim, n, ""), past=past, keys=_keys(msg.get("keys"), n))
+
+
+def _keys(keys: Any, n: int) -> torch.Tensor | None:
+    """An evaluation's (episode, step) per row, which a sampling model draws its noise from (numbers only)."""
+    if keys is None:
+        return None
+    if not isinstance(keys, list) or len(keys) != n or not all(
+            isinstance(k, list) and len(k) == 2 and all(isinstance(v, int) and 0 <= v < 2**40 for v in k)
+            for k in keys):
+        raise WireError(f"keys: expected {n} pairs of non-negative integers (episode, step)")
+    return torch.tensor(keys, dtype=torch.int64)
 
 
 def signature(obs: Obs) -> tuple:
     """Requests with equal signatures can share one forward pass."""
     return (tuple((k, tuple(v.shape[1:])) for k, v in sorted(obs.images.items())),
-            None if obs.past is None else len(obs.past))
+            None if obs.past is None else len(obs.past), obs.keys is None)
 
 
 def concat(batch: list[Obs]) -> Obs:
@@ -303,7 +314,7 @@ def concat(batch: list[Obs]) -> Obs:
                                                      for k in batch[0].images},
                [s for o in batch for s in o.instructions],
                None if batch[0].env_state is None else torch.cat([o.env_state for o in batch]),  # type: ignore[misc]
-               past=past)
+               past=past, keys=None if batch[0].keys is None else torch.cat([o.keys for o in batch]))  # type: ignore[misc]
 
 
 class NonFiniteChunk(WireError):

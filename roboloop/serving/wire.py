@@ -12,7 +12,8 @@ Messages (one websocket binary frame each; the client's token travels in the HTT
     request  {"type": "act", "id": int, "timestamp": float,
               "state": (N, S) float32, "images": {camera: (N, H, W, 3) uint8}, "instructions": [str] * N,
               "env_state": (N, E) float32  # only for a model that reads observation.environment_state
-              "past": [{"state": ..., "images": ...}, ...]  # optional: earlier frames, oldest first}
+              "past": [{"state": ..., "images": ...}, ...]  # optional: earlier frames, oldest first
+              "keys": [[episode, step]] * N  # optional (an evaluation): each row's noise is drawn from them}
     request  {"type": "info", "id": int}
     reply    {"type": "chunk", "id", "timestamp" (echoed), "actions": (N, H, A) float32, "version": str,
               "infer_ms": float, "batch": int (requests in that forward pass), "note": str (optional)}
