@@ -53,3 +53,24 @@ def run_name(template: str, **fields: str):
         return template.format(**{k: _short("?" if v is None or v == "" else v) for k, v in values.items()})
 
     return name
+
+
+def finish(result, message: str):
+    """The flow's result as a Completed state carrying `message`, which the runs list and the run's header show
+    (callers of the flow still get `result`)."""
+    from prefect.states import Completed
+
+    return Completed(message=message, data=result)
+
+
+def rename(name: str) -> None:
+    """Rename the running flow run (e.g. once an alias is resolved to the version it names)."""
+    from prefect import get_run_logger
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, name=name)
+    except Exception as e:  # the run goes on under its first name; the log says why
+        get_run_logger().warning("could not rename this run to %r: %s", name, e)

@@ -22,7 +22,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows import run_name
+from flows import finish, run_name
 from roboloop.loop import (  # noqa: F401  (presets, re-exported)
     PRESETS,
     LoopConfig,
@@ -49,4 +49,4 @@ def closed_loop(cfg: LoopConfig = demo(), source: str | None = None) -> LoopSumm
     if len(s.rounds) > 1:
         rounds_artifact(s.rounds, str(Path(s.eval_run)))
     create_markdown_artifact(s.markdown(), key="closed-loop-report", description="closed loop summary")
-    return s
+    return finish(s, s.message())  # type: ignore[return-value]

@@ -10,9 +10,10 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel, Field
 
-from flows import run_name
+from flows import finish, rename, run_name
 from roboloop.evaluation.config import EvalRecipe
 from roboloop.receipts import EvalSummary
+from roboloop.summary import eval_message
 from tasks.evaluate import evaluate_task
 
 
@@ -23,6 +24,11 @@ class EvaluateParams(BaseModel):
 
 
 @flow(name="evaluate", log_prints=True,
-      flow_run_name=run_name("evaluate {policy} on {task}", policy="params.policy", task="params.eval.task"))
+      flow_run_name=run_name("evaluate {policy} on {task} seed {seed}", policy="params.policy",
+                             task="params.eval.task", seed="params.eval.seed"))
 def evaluate_flow(params: EvaluateParams = EvaluateParams()) -> EvalSummary:
-    return evaluate_task(params.policy, params.eval)
+    """Named by the version the alias resolved to, ending with the result as its state message."""
+    s = evaluate_task(params.policy, params.eval)
+    if s.policy != params.policy:  # an alias resolved: registry:reach-vla@champion -> reach-vla@3
+        rename(f"evaluate {s.policy} on {s.task} seed {s.seed}")
+    return finish(s, eval_message(s))  # type: ignore[return-value]

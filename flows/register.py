@@ -5,9 +5,10 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel, Field
 
-from flows import run_name
+from flows import finish, run_name
 from roboloop.lineage import Lineage
 from roboloop.receipts import Decision
+from roboloop.summary import decision_message
 from tasks.register import register_task
 
 
@@ -22,5 +23,6 @@ class RegisterParams(BaseModel):
 def register_flow(params: RegisterParams) -> Decision:
     if params.lineage.model is None:
         raise ValueError("the lineage names no model (lineage.model)")
-    return register_task(params.lineage.model, params.lineage, params.name, margin=params.margin,
-                         promote=params.promote)
+    d = register_task(params.lineage.model, params.lineage, params.name, margin=params.margin,
+                      promote=params.promote)
+    return finish(d, decision_message(d))  # type: ignore[return-value]

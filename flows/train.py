@@ -5,8 +5,9 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel, Field
 
-from flows import run_name
+from flows import finish, run_name
 from roboloop.receipts import ModelRef
+from roboloop.summary import train_message
 from roboloop.training.config import LaunchConfig, TrainRecipe
 from tasks.data import ingest_task
 from tasks.train import train_task
@@ -23,4 +24,5 @@ class TrainParams(BaseModel):
       flow_run_name=run_name("train {preset} on {data}", preset="params.train.preset", data="params.dataset"))
 def train_flow(params: TrainParams = TrainParams()) -> ModelRef:
     data = ingest_task(params.dataset, track=params.track)
-    return train_task(data, params.train, params.launch, track=params.track)
+    model = train_task(data, params.train, params.launch, track=params.track)
+    return finish(model, train_message(model))  # type: ignore[return-value]

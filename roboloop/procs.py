@@ -149,7 +149,7 @@ def run_streaming(cmd: list[str], on_line: Callable[[str], None] = print, timeou
 # What a child's line is worth in a run log: simulator and library chatter is DEBUG unless it is an error.
 _CHATTER = re.compile(
     r"^(\[INFO\]|\t|\s{2,}\S|Finalize builder|Initialize solver|Module \S+ load|Warp \d|Warp CUDA warning|Warning: "
-    r"|.*\b(FutureWarning|DeprecationWarning|UserWarning|RuntimeWarning)\b"
+    r"|Failed to get root com velocity|.*\b(FutureWarning|DeprecationWarning|UserWarning|RuntimeWarning)\b"
     r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING|DEBUG) (isaaclab|newton|warp|omni|pxr))")
 _ERROR = re.compile(r"Traceback \(most recent call last\)|\b\w*Error\b|\bERROR\b|\bFATAL\b|Killed")
 

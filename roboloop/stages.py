@@ -329,13 +329,15 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     reference = champion_outcomes(against, recipe, registry) if recipe.early_stop and against and \
         save_rollouts is None else None
     label = policy if isinstance(policy, str) else f"{model.name or Path(model.path).name}"  # type: ignore[union-attr]
+    if isinstance(policy, str) and policy.startswith("registry:") and model is not None and model.version:
+        label = f"{model.name}@{model.version}"  # the version an alias resolved to (reach-vla@3), not "@champion"
     policy_id = model.weights_sha256 if model else str(policy)
     acts = acting_digest(model.path) if model else None  # config.json, stats.json: how the weights act
     key = cache_key("evaluate", policy_id, acts, keyed(recipe), save_rollouts is not None, reference, margin)
     cache = None if str(policy).startswith("serve://") else cache  # a server's model can change: never cached
     if cache and save_rollouts is None and (hit := cache.get(key, EvalSummary)) and \
             (output_dir is None or Path(hit.run_dir) == Path(output_dir).absolute()):
-        return hit
+        return hit.model_copy(update={"reused": True})
     stamp = time.strftime("%Y%m%dT%H%M%S")
     run_dir = Path(output_dir).absolute() if output_dir else Path(runs_root or artifacts_root() / "evals") / \
         f"{slug(label, 32, keep_end=True)}-{slug(recipe.task, 32)}-{stamp}-{secrets.token_hex(2)}"

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from roboloop.receipts import Decision, OfflineSummary
+from roboloop.receipts import Decision, EvalSummary, ModelRef, OfflineSummary
 from roboloop.serving.check import ServedCheck, serve_ref
 
 
@@ -123,6 +123,19 @@ class LoopSummary(BaseModel):
     served: ServedCheck | None = Field(None, description="the registered version served and driven through its "
                                        "server (LoopConfig.serve_check)")
 
+    def message(self) -> str:
+        """The run's state message: the decision first, then the result it rests on."""
+        d = self.decision
+        verdict = ("promoted to champion" if d.promoted else "registered, gate not run" if d.promoted is None
+                   else f"not promoted (champion stays v{d.champion})")
+        if self.success_rate is not None and self.ci is not None:
+            result = f"{self.success_rate:.1%} [{100 * self.ci[0]:.0f}, {100 * self.ci[1]:.0f}]"
+            if self.random_success_rate is not None:
+                result += f" vs random {self.random_success_rate:.0%}"
+        else:
+            result = f"offline mse_norm {self.offline.mse_norm:.4f}" if self.offline else "no evaluation"
+        return _cut(f"{d.name} v{d.version}: {verdict}; {result}; {d.reason}")
+
     def markdown(self) -> str:
         d = self.decision
         loss = "n/a" if self.final_loss is None else f"{self.final_loss:.4f}"
@@ -200,3 +213,41 @@ class LoopSummary(BaseModel):
             d |= {"offline_mse_norm": self.offline.mse_norm,
                   "offline_baselines": {k: b["mse_norm"] for k, b in self.offline.baselines.items()}}
         return json.dumps(d)
+
+
+# One line per run for the Prefect runs list (a run's state message): what a person scanning runs needs.
+MESSAGE_MAX = 240
+
+
+def _cut(text: str, n: int = MESSAGE_MAX) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def eval_message(s: EvalSummary) -> str:
+    """`reach-vla@3: 46/48 = 95.8% [86, 99], seed 0` (+ how it stopped early, + the worst perturbation)."""
+    line = (f"{s.policy.removeprefix('registry:')}: {s.successes}/{s.episodes} = {s.success_rate:.1%} "
+            f"[{100 * s.ci_low:.0f}, {100 * s.ci_high:.0f}], seed {s.seed}")
+    if s.stopped_early:
+        line += f", stopped early of {s.planned_episodes}"
+    if s.reused:
+        line = f"reused {Path(s.run_dir).name}: {line}"
+    if s.perturbations:
+        from roboloop.evaluation.perturb import worst
+
+        w = worst(s.perturbations)
+        line += f"; worst perturbation {w[0]}={w[1]}: {s.perturbations[w[0]][w[1]]['success_rate']:.0%}" if w else \
+            "; no perturbation lowered it"
+    return _cut(line)
+
+
+def train_message(m: ModelRef) -> str:
+    loss, steps = m.metrics.get("final_loss"), m.metrics.get("steps")
+    return _cut(f"{Path(m.path).name}: final loss {loss:.4f} after {steps} steps" if loss is not None else
+                f"{Path(m.path).name}: trained")
+
+
+def decision_message(d: Decision) -> str:
+    if d.promoted is None:
+        return f"{d.name} v{d.version}: registered (gate not run)"
+    verdict = "promoted to champion" if d.promoted else f"not promoted (champion stays v{d.champion})"
+    return _cut(f"{d.name} v{d.version}: {verdict}; {d.reason}")

@@ -19,6 +19,9 @@ def evaluate_task(policy: str | ModelRef, recipe: EvalRecipe, against: str | Non
     """`recipe.episodes` episodes (fewer with `recipe.early_stop` once the paired decision against `against`'s
     champion is certain); keyed on the policy's weights (aliases resolved first) + recipe + code."""
     s = stages.evaluate(policy, recipe, cache=receipts(), on_line=relay("[eval] "), against=against, margin=margin)
+    if s.reused:
+        get_run_logger().info("reused the evaluation in %s (checked: the same weights, recipe and code); change the "
+                              "seed or the episodes to play new ones", s.run_dir)
     get_run_logger().info("%s", outcome_line(s))
     publish_evaluation(s)
     return s

@@ -71,10 +71,12 @@ def _summaries(tmp: Path, policy: str) -> list[dict]:
     return [s for s in found if s["policy"] == policy]
 
 
-def _completed(stack, name: str, parameters: dict, pool: str = "cpu", timeout: float = 600) -> None:
+def _completed(stack, name: str, parameters: dict, pool: str = "cpu", timeout: float = 600) -> dict:
+    """The finished run as the API gives it (its name, its state and the state's message)."""
     run = _run(stack["api"], name, parameters)
     assert _wait(stack["api"], run, {"COMPLETED", "FAILED", "CRASHED"}, timeout) == "COMPLETED", \
         (stack["tmp"] / f"worker-{pool}.log").read_text()[-4000:]
+    return api_call("GET", f"{stack['api']}/flow_runs/{run}").json()
 
 
 def _reach_models(tmp: Path, registry: Path) -> list[str]:
@@ -114,13 +116,17 @@ def test_evaluate_deployment_defaults_with_champion_and_version_then_a_new_champ
     defaults = _deployment(stack["api"], "evaluate/evaluate")["parameters"]["params"]
     assert defaults["policy"] == "registry:reach-vla@champion" and defaults["eval"]["episodes"] == 50
     shorter = {"params": {**defaults, "eval": {**defaults["eval"], "episodes": 8, "num_envs": 8}}}
-    _completed(stack, "evaluate/evaluate", shorter)
-    champion = _summaries(tmp, "registry:reach-vla@champion")
+    run = _completed(stack, "evaluate/evaluate", shorter)
+    champion = _summaries(tmp, "reach-vla@1")  # the alias resolved: the version is what the run reports
     assert champion and champion[-1]["policy_id"] == v1 and champion[-1]["episodes"] == 8
+    # the runs list tells runs apart (version and seed in the name) and shows the result (the state's message)
+    s = champion[-1]
+    assert run["name"] == "evaluate reach-vla@1 on Roboloop-Reach-Color-v0 seed 0", run["name"]
+    assert run["state"]["message"].startswith(f"reach-vla@1: {s['successes']}/8 = {s['success_rate']:.1%} ["), run
     Registry(tmp / "registry").promote("reach-vla", 2, force=True)  # a new champion: not the cached old one
     _completed(stack, "evaluate/evaluate", {"params": {"policy": "registry:reach-vla@champion",
                                                        "eval": {"episodes": 4, "num_envs": 4, "videos": 0}}})
-    assert _summaries(tmp, "registry:reach-vla@champion")[-1]["policy_id"] == v2
+    assert _summaries(tmp, "reach-vla@2")[-1]["policy_id"] == v2
     # @2 names the same weights as @champion now: the same recipe is a (verified) cache hit, no new run
     before = len(list((tmp / "artifacts" / "evals").glob("*/summary.json")))
     _completed(stack, "evaluate/evaluate", {"params": {"policy": "registry:reach-vla@2",

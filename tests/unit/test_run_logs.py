@@ -11,6 +11,8 @@ from roboloop.procs import log_level
 # lines an Isaac Lab evaluation on CPU prints (copied from a real run's output)
 CHATTER = [
     "[INFO]: Base environment:",
+    "Failed to get root com velocity. If the articulation is fixed, this is expected. Setting root com velocity to "
+    "zeros.",  # isaaclab_newton's logger.warning, printed bare by Python's last-resort handler
     "\tEnvironment device    : cpu",
     "Finalize builder took: Last: 0.030187 s, Mean: 0.030187 s, Std: 0.000000 s, N: 1",
     "Warp CUDA warning: Could not find or load the NVIDIA CUDA driver. GPU execution will not be available.",
@@ -57,3 +59,21 @@ def test_run_names_from_parameters():
     assert _short("registry:/srv/registry#reach-vla@champion") == "reach-vla@champion"
     assert _short("/data/artifacts/models/tiny-0123") == "tiny-0123"
     assert _short("s3://bucket/robots/arm1") == "s3://bucket/robots/arm1"
+
+
+def test_state_messages_give_the_result_a_person_scans_the_runs_list_for():
+    from roboloop.receipts import Decision, EvalSummary
+    from roboloop.summary import decision_message, eval_message
+
+    s = EvalSummary(run_dir="/r", report_sha256="0" * 64, policy="reach-vla@3", policy_id="w", task="t",
+                    episodes=48, successes=46, success_rate=46 / 48, ci_low=0.859, ci_high=0.988, seed=1)
+    assert eval_message(s) == "reach-vla@3: 46/48 = 95.8% [86, 99], seed 1"
+    drop = {"success_rate": 0.5, "ci_low": 0.3, "ci_high": 0.7, "episodes": 48, "drop": 0.46, "outcomes": ""}
+    same = {**drop, "success_rate": 46 / 48, "drop": 0.0}
+    hit = s.model_copy(update={"perturbations": {"frame_drop": {"0.5": drop}, "obs_noise": {"0.02": same}}})
+    assert eval_message(hit).endswith("; worst perturbation frame_drop=0.5: 50%")
+    d = Decision(registry="r", name="reach-vla", version=4, promoted=False, reason="paired ...: worse", champion=3)
+    assert decision_message(d) == "reach-vla v4: not promoted (champion stays v3); paired ...: worse"
+    long = d.model_copy(update={"promoted": True, "reason": "x" * 500})
+    msg = decision_message(long)
+    assert msg.startswith("reach-vla v4: promoted to champion; xxx") and len(msg) == 240
