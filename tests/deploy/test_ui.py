@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,7 +122,9 @@ def test_evaluate_form_submits_a_named_run_whose_page_shows_the_plot_and_a_playa
 
     final = _until(finished, RUN_S, "the run to finish")
     assert final["state"]["type"] == "COMPLETED", (stack["tmp"] / "worker-cpu.log").read_text()[-4000:]
-    assert final["name"] == "evaluate expert on Roboloop-Reach-Color-v0"
+    assert final["name"] == "evaluate expert on Roboloop-Reach-Color-v0 seed 0"
+    # the runs list shows the result: the state's message (expert: 6/6 = 100.0% [61, 100], seed 0)
+    assert re.match(r"expert: \d/6 = \d+\.\d% \[\d+, \d+\], seed 0$", final["state"]["message"]), final["state"]
 
     for attempt in range(1, ATTEMPTS + 1):
         if _browser("check", shots, "--ui", ui, "--run", run["id"]):
