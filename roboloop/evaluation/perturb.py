@@ -176,22 +176,25 @@ class Perturbed:
         self.env.close()
 
 
-def summarise(nominal: list[dict], runs: dict[tuple[str, float], list[dict]]) -> dict[str, dict[str, dict]]:
-    """Per factor and level: success with its Wilson interval and the paired change from nominal on the same
-    numbered episodes (drop = nominal rate - perturbed rate; lost: nominal successes that failed; gained: the
-    reverse)."""
+def paired(nominal: list[dict], eps: list[dict]) -> dict:
+    """One run against the nominal one on the numbered episodes both played: success with its Wilson interval and
+    the paired change (drop = nominal rate - this rate; lost: nominal successes that failed; gained: the reverse)."""
     base = {e["index"]: bool(e["success"]) for e in nominal}
-    out: dict[str, dict[str, dict]] = {}
-    for (factor, level), eps in runs.items():
-        got = {e["index"]: bool(e["success"]) for e in eps}
-        common = sorted(set(base) & set(got))
-        k, n = sum(got[i] for i in common), len(common)
-        lo, hi = wilson(k, n)
-        out.setdefault(factor, {})[f"{level:g}"] = {
-            "success_rate": k / n, "ci_low": lo, "ci_high": hi, "episodes": n,
+    got = {e["index"]: bool(e["success"]) for e in eps}
+    common = sorted(set(base) & set(got))
+    k, n = sum(got[i] for i in common), len(common)
+    lo, hi = wilson(k, n)
+    return {"success_rate": k / n, "ci_low": lo, "ci_high": hi, "episodes": n,
             "drop": sum(base[i] for i in common) / n - k / n,
             "lost": sum(base[i] and not got[i] for i in common), "gained": sum(got[i] and not base[i] for i in common),
             "outcomes": "".join("01"[got[i]] for i in common)}
+
+
+def summarise(nominal: list[dict], runs: dict[tuple[str, float], list[dict]]) -> dict[str, dict[str, dict]]:
+    """Per factor and level: `paired` against the nominal run."""
+    out: dict[str, dict[str, dict]] = {}
+    for (factor, level), eps in runs.items():
+        out.setdefault(factor, {})[f"{level:g}"] = paired(nominal, eps)
     return out
 
 

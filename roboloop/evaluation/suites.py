@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
-from roboloop.binomial import wilson
 from roboloop.evaluation import perturb
 from roboloop.evaluation.evaluator import EvalReport, evaluate, progress_printer
 
@@ -29,16 +27,6 @@ def latencies(spec: str, report: EvalReport) -> list[tuple[str, float]]:
         else:
             out.append((f"{float(part):g} ms", float(part)))
     return out
-
-
-def _paired(nominal: list[dict], eps: list[dict]) -> dict[str, Any]:
-    base = {e["index"]: bool(e["success"]) for e in nominal}
-    got = {e["index"]: bool(e["success"]) for e in eps}
-    common = sorted(set(base) & set(got))
-    k, n = sum(got[i] for i in common), len(common)
-    lo, hi = wilson(k, n)
-    return {"success_rate": k / n, "ci_low": lo, "ci_high": hi, "episodes": n,
-            "drop": sum(base[i] for i in common) / n - k / n, "outcomes": "".join("01"[got[i]] for i in common)}
 
 
 def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None:
@@ -59,13 +47,14 @@ def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None
             report.perturbation_videos = videos.get((worst[0], float(worst[1])), [])
         report.perturbation_plot = str(plot(report, out / "perturbations.png"))
     if cfg.latency:
-        rows = [{"setting": "0 ms", "ms": 0.0, "delay_steps": 0, **_paired(report.per_episode, report.per_episode)}]
+        nominal = report.per_episode
+        rows = [{"setting": "0 ms", "ms": 0.0, "delay_steps": 0, **perturb.paired(nominal, nominal)}]
         for label, ms in latencies(cfg.latency, report):
             steps = math.floor(ms * env.fps / 1000 + 0.5)  # to the nearest control step
             rep, _ = evaluate(env, policy, cfg.episodes, execute_steps, 0, None, seed=cfg.seed, delay_steps=steps,
                               progress=progress_printer(f"[progress] latency {label} ({steps} steps)"))
             rows.append({"setting": label, "ms": round(ms, 2), "delay_steps": steps,
-                         **_paired(report.per_episode, rep.per_episode)})
+                         **perturb.paired(report.per_episode, rep.per_episode)})
         report.latency = rows
 
 
