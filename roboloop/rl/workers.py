@@ -64,9 +64,15 @@ def _folder(model: str | dict[str, bytes]) -> str:
     from roboloop.fsutil import check_relative
 
     d = Path(tempfile.mkdtemp(prefix="roboloop-rl-model-"))
-    for name, data in model.items():
-        check_relative(name)
-        (d / name).write_bytes(data)
+    try:
+        for name, data in model.items():
+            check_relative(name)
+            (d / name).write_bytes(data)
+    except BaseException:  # a refused name or a full disk: no half-written copy left behind
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
+        raise
     return str(d)
 
 
