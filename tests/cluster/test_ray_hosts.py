@@ -2,7 +2,8 @@
 for a cluster), the policy server as a Ray Serve application with one replica on each host (`--replicas 2
 --replicas-per-node 1`), its model from the S3 registry (each replica downloads it onto its own host). Robots act
 through node-0's proxy; node-1's cable is pulled: the sessions on node-1's replica lose the request in flight (the
-client's timeout), reconnect and go on against node-0's replica; the others never notice. A reconnect routed to the
+client's timeout), reconnect and go on against node-0's replica; the others usually never notice (not asserted:
+under load, node-0's side too can miss the robots' 5 s timeout while Ray finds node-1 gone). A reconnect routed to the
 lost replica before Serve's health check removes it is refused (counted apart: no request was sent on it).
 
 Without a load balancer in front of the proxies (a Kubernetes Service does it for KubeRay), Serve's proxy would keep
@@ -103,5 +104,7 @@ def test_serving_goes_on_when_a_replica_host_is_lost(hosts, work):
     assert lost and len(lost) + len(refused) == len(failures), failures
     assert all(sum("went away" in f for f in r["failures"]) <= 1 for r in results), results  # only the one in flight
     assert all(r["ok_before"] > 0 and r["ok_after"] > 0 for r in results), results  # every robot goes on
-    assert len(lost) < CLIENTS, results  # some sessions were on node-0's replica and never noticed
+    # Sessions on node-0's replica usually never notice, but not always: under make test's load on the CI machine all
+    # 8 timed out once (node-0's side, too, did not answer within 5 s while Ray found node-1 gone). What a robot
+    # relies on, and what is asserted above: one request lost at most, then it goes on.
     assert server.poll() is None
