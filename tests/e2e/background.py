@@ -67,7 +67,7 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
               {"env_steps_per_s_cameras", "env_steps_per_s_no_cameras", "speed", "expert", "random"},
               [pytest.mark.isaac]),
     "inference": (["--preset", "demo", "--demos", "4", "--steps", "3", "--episodes", "2", "--num-envs", "2",
-                   "--variants", "base", "zero", "k2", "e2", "--work", "{tmp}"], {"variants", "baseline"},
+                   "--variants", "base", "k2", "--work", "{tmp}"], {"variants", "baseline"},
                   [pytest.mark.isaac]),
     "so101_data": (["--record", "{tmp}/demos", "--episodes", "4", "--noise", "0"],
                    {"reference_roll_fit", "datasets"}, [pytest.mark.isaac]),

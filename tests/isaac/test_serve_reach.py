@@ -43,11 +43,12 @@ def _dims(task: str) -> tuple[int, int]:
 def test_evaluation_through_the_server_equals_in_process(tmp_path, task, cameras, episodes):
     state_dim, action_dim = _dims(task)
     model = untrained_model(tmp_path / "m", state_dim, action_dim, 16, cameras=cameras, seed=4)
-    env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(tmp_path / "token"), "OMP_NUM_THREADS": "2",
+    env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(tmp_path / "token"), "OMP_NUM_THREADS": "1",
            "ROBOLOOP_CACHE_DIR": str(tmp_path / "cache"), "ROBOLOOP_ARTIFACTS": str(tmp_path / "artifacts")}
-    # --threads 2: as the in-process evaluation (OMP_NUM_THREADS=2), so both sum in the same order
+    # --threads 1: as the in-process evaluation (OMP_NUM_THREADS=1, one thread each as make test runs), so both sum in
+    # the same order
     server = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--port", "0",
-                               "--threads", "2"], stderr=subprocess.PIPE, text=True, env=env)
+                               "--threads", "1"], stderr=subprocess.PIPE, text=True, env=env)
     try:
         port, deadline, seen = None, time.time() + 120, []
         while port is None and time.time() < deadline:

@@ -1,5 +1,5 @@
 """`compile=on` for LeRobot's policies: ACT's encoder and decoder layers and Diffusion's U-Net blocks compiled one
-region each (inductor's C++ backend here) train as eager does over 50 steps, dropout included (the compiled blocks
+region each (inductor's C++ backend here) train as eager does over 24 steps, dropout included (the compiled blocks
 draw from torch's generator as eager does), with no graph break inside a region and no recompile after the first
 steps; the run record says what compiled."""
 
@@ -23,7 +23,7 @@ CONFIGS = {
                    "spatial_softmax_num_keypoints": 8, "n_groups": 4, "crop_shape": [28, 28]}, 5 + 2 + 3 + 1,
                   1e-3),
 }
-STEPS = 50
+STEPS = 24
 
 
 @pytest.fixture(scope="module")
