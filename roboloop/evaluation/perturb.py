@@ -13,8 +13,9 @@ policy), so two models meet the same perturbation on the same episode, whatever 
 
 What a wrapper cannot do is named, not approximated silently: camera pose and lighting are not re-rendered (the
 task's renderer has no such knobs): `camera_shift` moves the rendered image (a camera translated parallel to its image
-plane, no parallax) and `brightness` scales it (lighting, no shadows). Initial poses beyond the training range and
-distractor objects need the task's own reset: not in these suites yet.
+plane, no parallax) and `brightness` scales it (lighting, no shadows). `instruction` rewords what a language-conditioned
+policy is told (a policy that reads no instruction is unaffected by it, as it should be). Initial poses beyond the
+training range and distractor objects need the task's own reset: not in these suites yet.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from roboloop.evaluation.protocol import BatchedEnv, Obs, StepResult
 class Factor:
     levels: tuple[float, ...]
     what: str
-    acts_on: str  # "state", "images" or "action"
+    acts_on: str  # "state", "images", "action" or "instruction"
 
 
 FACTORS: dict[str, Factor] = {
@@ -48,7 +49,16 @@ FACTORS: dict[str, Factor] = {
     "camera_shift": Factor((2, 4, 8), "each camera's image moved by this many pixels in a direction drawn per "
                            "episode (a camera translated in its image plane; not re-rendered)", "images"),
     "brightness": Factor((0.6, 0.8, 1.3), "each image's brightness scaled (lighting; not re-rendered)", "images"),
+    "instruction": Factor((1, 2), "the instruction reworded, drawn per episode: 1 another verb (touch the red ball), "
+                          "2 another verb and noun in a longer sentence (please move over to the red sphere now); "
+                          "the words that name the goal (its colour) are kept", "instruction"),
 }
+
+# paraphrases of the tasks' own wording (reach the red ball; pick up the cube): level 1 swaps the verb, level 2 the
+# noun too and wraps the sentence
+VERBS = {"reach": ("touch", "go to", "move to", "point at"), "pick up": ("grab", "lift", "take")}
+NOUNS = {"ball": ("sphere", "orb", "dot"), "cube": ("block", "box")}
+WRAPS = ("please {} now", "{}, slowly", "can you {}?")
 
 
 def parse(spec: str) -> list[tuple[str, float]]:
@@ -144,7 +154,22 @@ class Perturbed:
                 for k in images:
                     images[k][i] = self._image(i, k, now[k])
             return Obs(obs.state, images, obs.instructions, obs.env_state, obs.past)
+        if self.kind == "instruction" and obs.instructions:
+            said = [self._reword(i, text) for i, text in enumerate(obs.instructions)]
+            return Obs(obs.state, obs.images, said, obs.env_state, obs.past)
         return obs
+
+    def _reword(self, i: int, text: str) -> str:
+        """Env `i`'s instruction as this episode's paraphrase (one draw per episode, the goal's words kept)."""
+        rng = _rng(self.seed, self.factor, self.level, int(self.number[i]), -1)
+        for old, new in VERBS.items():
+            if text.startswith(old + " "):
+                text = str(rng.choice(new)) + text[len(old):]
+        if self.level >= 2:
+            words = text.split(" ")
+            words = [str(rng.choice(NOUNS[w])) if w in NOUNS else w for w in words]
+            text = str(rng.choice(WRAPS)).format(" ".join(words))
+        return text
 
     def _image(self, i: int, key: str, frame: torch.Tensor) -> torch.Tensor:
         """Env `i`'s camera `key` as the policy sees it now ((H, W, 3) uint8)."""

@@ -157,3 +157,35 @@ def test_summary_pairs_each_factor_with_the_nominal_episodes():
     assert cell["success_rate"] == 0.5 and cell["drop"] == pytest.approx(0.3)
     assert (cell["lost"], cell["gained"]) == (4, 1) and cell["ci_low"] < 0.5 < cell["ci_high"]
     assert out["obs_noise"]["0.02"]["drop"] == 0 and perturb.worst(out) == ("frame_drop", "0.5")
+
+
+class TalkingEnv(CountingEnv):
+    """CountingEnv whose episode k is told to reach the ball of colour k % 3."""
+
+    def _obs(self) -> Obs:
+        o = super()._obs()
+        said = [f"reach the {('red', 'green', 'blue')[n % 3]} ball" for n in self.number]
+        return Obs(o.state, o.images, said)
+
+
+def _said(num_envs: int, level: float) -> dict[int, set[str]]:
+    """Episode number -> the instructions the policy was given over its steps."""
+    env = perturb.Perturbed(TalkingEnv(num_envs), "instruction", level, seed=5)
+    obs, out = env.reset(), {}
+    for _ in range(6 * 8 // num_envs):
+        for i, text in enumerate(obs.instructions):
+            out.setdefault(int(obs.state[i, 0]), set()).add(text)
+        obs = env.step(torch.zeros(num_envs, 2)).obs
+    return {k: v for k, v in out.items() if k < 8}
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_instructions_are_reworded_per_episode_keeping_the_goal(level):
+    one, three = _said(1, level), _said(3, level)
+    assert one == three and all(len(v) == 1 for v in one.values()), (one, three)  # one wording an episode, any envs
+    said = {k: next(iter(v)) for k, v in one.items()}
+    for k, text in said.items():
+        colour = ("red", "green", "blue")[k % 3]
+        assert f"the {colour} " in text and not text.startswith("reach "), text
+        assert (" ball" in text) == (level == 1), text  # level 2 names the ball another way
+    assert len({t.split(" the ")[0] for t in said.values()}) >= 2, said  # episodes are told differently
