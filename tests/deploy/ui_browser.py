@@ -108,7 +108,7 @@ def submit(d, ui: str, deployment: str) -> None:
 
     d.get(f"{ui}/deployments/deployment/{deployment}/run")
     until(lambda: d.find_elements(By.TAG_NAME, "textarea"), 30, "the evaluate form")
-    want = {"Policy", "Task", "Episodes", "Num Envs", "Device", "Seed", "Execute Steps", "Videos"}
+    want = {"Policy", "Task", "Episodes", "Num Envs", "Device", "Seed", "Execute Steps", "Videos", "Against", "Margin"}
 
     def labels() -> list[str]:
         return [e.text.split(" (")[0] for e in d.find_elements(By.TAG_NAME, "label")]
