@@ -19,8 +19,14 @@ nominal; under obs_noise up to 0.05 and action_noise up to 0.3, 48/48; actuator_
 50 ms 48/48, 100 ms 48/48, 200 ms 21/48 (drop 56%). The expert: 48/48 under every factor; 50 ms 40/48, 100 ms 28/48,
 200 ms 15/48 (it acts on the state it saw, one action per chunk, so a late action is a stale one). That run drew the
 VLA's noise from one generator across calls, so its p50 row (0 steps late, i.e. nominal) differed by one episode;
-since then each chunk's noise is drawn per (episode, step) and a 0-step row equals nominal. Pending: the SO-101
-preset's figures (a 20-minute training) and the camera factors on a vision policy.
+since then each chunk's noise is drawn per (episode, step) and a 0-step row equals nominal.
+
+Reworded instructions (`--perturb instruction --latency ""`, 2026-12-05, commit 549f2d3, the same VM, training 3.2 min):
+the demo policy 48/48 nominal; another verb (touch the red ball) 25/48 = 52% [38, 66]; another verb and noun in a
+longer sentence (please go to the red sphere now) 9/48 = 19% [10, 32]. The expert (it reads the target, not the words)
+48/48 under both. The demo's recipe trains on one wording per colour, and its byte-level tokens let a reworded
+sentence move the colour word: the policy keyed on the template, not the colour. Pending: the SO-101 preset's figures
+(a 20-minute training) and the camera factors on a vision policy.
 """
 
 from __future__ import annotations
