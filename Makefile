@@ -84,10 +84,10 @@ deploy: pools  ## register every deployment of deployments/prefect.yaml
 	ROBOLOOP_HOME=$(CURDIR) infra/with-auth.sh $(VENV)/bin/prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
 
 worker-cpu: install  ## a process worker for the cpu pool
-	infra/with-auth.sh $(VENV)/bin/prefect worker start --pool cpu
+	infra/with-auth.sh $(PY) infra/worker.py -- $(VENV)/bin/prefect worker start --pool cpu
 
 worker-gpu: install  ## a process worker for the gpu pool (one per GPU node, one training at a time)
-	infra/with-auth.sh $(VENV)/bin/prefect worker start --pool gpu --limit 1
+	infra/with-auth.sh $(PY) infra/worker.py -- $(VENV)/bin/prefect worker start --pool gpu --limit 1
 
 gpu-check: install  ## every pending GPU figure in one run of at most 8 minutes (one H100/H200): one JSON line
 	mkdir -p bench/results && $(PY) bench/gpu_check.py --out bench/results/gpu-check-$$(date +%Y%m%d).json

@@ -74,8 +74,8 @@ def stack(tmp_path_factory, request):
         assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
         registered, scheduled = _pause_schedules(api)
         for pool in ("cpu", "gpu"):
-            procs.append(_spawn([*auth, PREFECT, "worker", "start", "--pool", pool, "--limit", "2"], env,
-                                tmp / f"worker-{pool}.log"))
+            procs.append(_spawn([*auth, sys.executable, "infra/worker.py", "--", PREFECT, "worker", "start", "--pool",
+                                 pool, "--limit", "2"], env, tmp / f"worker-{pool}.log"))
         yield {"api": api, "ui": api.removesuffix("/api"), "tmp": tmp, "registered": registered,
                "scheduled": scheduled,
                "env": {**env, "PREFECT_API_AUTH_STRING": ":".join(AUTH)}}
