@@ -65,7 +65,8 @@ def test_sigterm_stops_the_worker_within_seconds_and_cancels_its_run_with_the_re
     assert re.search(r"\[worker\] SIGTERM: worker stopped .* 1 run\(s\) it held cancelled: " + run, text), text[-3000:]
     end = _wait(api, run, {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}, 60)
     message = api_call("GET", f"{api}/flow_runs/{run}").json()["state"]["message"]
-    assert end == "CANCELLED" and message.startswith("cancelled: its worker was stopped (SIGTERM)"), (end, message, text[-3000:])
+    assert end == "CANCELLED" and message.startswith("cancelled: its worker was stopped (SIGTERM)"), \
+        (end, message, text[-3000:])
     config = re.search(r"roboloop.entry evaluate (\S+evaluate_config.json)", text).group(1)
     time.sleep(2)
     left = [c for c in Path("/proc").glob("[0-9]*/cmdline") if _reads(c) and config in _reads(c)]
