@@ -342,7 +342,7 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     run_dir = Path(output_dir).absolute() if output_dir else Path(runs_root or artifacts_root() / "evals") / \
         f"{slug(label, 32, keep_end=True)}-{slug(recipe.task, 32)}-{stamp}-{secrets.token_hex(2)}"
     cfg = EvalConfig.of(recipe, policy=model.path if model else str(policy), output_dir=str(run_dir),
-                        save_rollouts=save_rollouts, stop_against=reference, stop_margin=margin)
+                        save_rollouts=save_rollouts, stop_against=reference, stop_margin=margin, label=label)
     existed = run_dir.exists()
     try:
         report = evaluate_in_subprocess(cfg, on_line=on_line)

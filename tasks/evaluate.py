@@ -65,7 +65,10 @@ def publish_evaluation(s: EvalSummary) -> None:
         parts += [plot, ""]
     videos = [v for v in (video_markdown(p, Path(p).stem) for p in s.videos) if v]
     if videos:
-        parts += ["**Rollouts**", "", *videos]
+        parts += ["**Rollouts** (one failure among them whenever an episode failed)", "", *videos]
+    sheet = png_markdown(f"{s.run_dir}/contact.png", "contact sheet: a row of frames per rollout")
+    if sheet:
+        parts += ["", sheet, ""]
     parts += robustness_markdown(s)
     create_markdown_artifact("\n".join(parts), key=key + "-report", description=f"{s.policy} on {s.task}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, JsonValue, model_validator
@@ -116,12 +117,17 @@ class EvalConfig(EvalRecipe):
     stop_against: str | None = Field(None, description="early stop: the champion's outcomes ('1'/'0' per numbered "
                                      "episode) to pair with")
     stop_margin: float = Field(0.05, ge=0, le=1, description="early stop: the gate's non-inferiority margin")
+    label: str | None = Field(None, description="the model as people name it (reach-vla@3): the videos' captions")
+
+    def shown_as(self) -> str:
+        """The name the videos' captions give the model: the stage's (reach-vla@3), else the policy as given."""
+        return self.label or (Path(self.policy).name if Path(self.policy).is_dir() else self.policy)
 
     @classmethod
     def of(cls, recipe: EvalRecipe, policy: str, output_dir: str, save_rollouts: str | None = None,
-           stop_against: str | None = None, stop_margin: float = 0.05) -> EvalConfig:
+           stop_against: str | None = None, stop_margin: float = 0.05, label: str | None = None) -> EvalConfig:
         return cls(**recipe.model_dump(), policy=policy, output_dir=output_dir, save_rollouts=save_rollouts,
-                   stop_against=stop_against, stop_margin=stop_margin)
+                   stop_against=stop_against, stop_margin=stop_margin, label=label)
 
 
 class CollectConfig(BaseModel):

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from roboloop.binomial import wilson
+from roboloop.evaluation import videos as clips
 from roboloop.evaluation.protocol import BatchedEnv, Obs
 from roboloop.lineage import package_versions
 
@@ -75,6 +76,7 @@ class EvalReport:
     perturbation_worst: str | None = None  # factor=level with the largest drop
     perturbation_videos: list[str] = field(default_factory=list)  # rollouts under the worst one
     perturbation_plot: str | None = None
+    contact_sheet: str | None = None  # contact.png: a row of frames per rollout video, captioned
     latency: list[dict] | None = None  # --latency: per setting {setting, ms, delay_steps, success_rate, ..., drop}
 
     def to_json(self, full: bool = False) -> str:
@@ -119,7 +121,7 @@ def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int 
              max_env_steps: int = 10_000_000, labeler: Policy | None = None,
              stop: Callable[[list[bool]], str | None] | None = None, look_every: int = LOOK_EVERY,
              progress: Callable[[int, int, int], None] | None = None,
-             delay_steps: int = 0) -> tuple[EvalReport, list[dict]]:
+             delay_steps: int = 0, label: str = "policy") -> tuple[EvalReport, list[dict]]:
     """Returns the report and (if `record_rollouts`) the counted episodes' trajectories.
 
     With a `labeler` (the scripted expert), recorded trajectories carry the labeler's action at each
@@ -133,7 +135,10 @@ def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int 
     With `delay_steps` (latency charged in simulated time), a chunk asked for at step t arrives at step t + d: the
     simulator goes on meanwhile with the previous chunk's later actions (the arm holds, `env.hold_action(obs)`, where
     none are left or at an episode's start), and the new chunk is executed from its action d on (the ones planned
-    for the steps that passed are stale), `execute_steps` actions, as a robot loop without prefetch would."""
+    for the steps that passed are stale), `execute_steps` actions, as a robot loop without prefetch would.
+
+    With `output_dir`: `videos` rollouts (one of them a failure whenever any episode failed), captioned with `label`
+    (the model and version), and a contact sheet (contact.png): `roboloop.evaluation.videos`."""
     if episodes < 1:
         raise ValueError("episodes must be >= 1")
     if stop is not None and record_rollouts:
@@ -162,7 +167,10 @@ def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int 
     if output_dir is not None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        report.videos = write_videos(run.video_eps, out, env.fps)
+        shown = clips.pick(run.video_eps, run.first_failure)
+        report.videos = clips.write_videos(shown, out, env.fps, label)
+        sheet = clips.contact_sheet(shown, out / "contact.png", label)
+        report.contact_sheet = str(sheet) if sheet else None
         report.plot = str(plot_report(report, out / "eval.png"))
         (out / "report.json").write_text(report.to_json(full=True))
     return report, run.trajectories
@@ -196,6 +204,7 @@ class _Run:
         want_frames = record_rollouts or (videos > 0 and to_disk)
         self.rec = Recorder(n, keep_frames=want_frames) if (record_rollouts or videos) else None
         self.video_eps: list[dict] = []
+        self.first_failure: dict | None = None  # kept while every video episode succeeded
         self.t0, self.env_steps, self.policy_rows, self.policy_s = time.perf_counter(), 0, 0, 0.0
         self.call_ms: list[float] = []
         self.labeler: Policy | None = None
@@ -303,11 +312,14 @@ class _Run:
                 self.progress(len(self.results), self.successes, self.episodes)
             if self.rec is not None:
                 traj = self.rec.pop(i)
-                traj["success"] = success
+                traj["success"], traj["episode"] = success, int(self.number[i])
                 if self.record_rollouts:
                     self.trajectories.append(traj)
                 if len(self.video_eps) < self.videos and traj["images"]:
                     self.video_eps.append(traj)
+                elif self.videos and not success and traj["images"] and self.first_failure is None and \
+                        all(e["success"] for e in self.video_eps):
+                    self.first_failure = traj
         elif self.rec is not None:
             self.rec.pop(i)
         self.counted[i] = self.started < self.episodes
@@ -348,22 +360,6 @@ class _Run:
             num_envs=self.n, versions=package_versions(), per_episode=[asdict(e) for e in results],
             plan_ms={q: round(float(np.percentile(self.call_ms, p)), 2) for q, p in (("p50", 50), ("p99", 99))}
             if self.call_ms else {})
-
-
-def write_videos(episodes: list[dict], out: Path, fps: int) -> list[str]:
-    from roboloop.datasets.video import encode_frames
-
-    paths = []
-    for j, ep in enumerate(episodes):
-        for cam, frames in ep["images"].items():
-            tag = "success" if ep["success"] else "failure"
-            p = out / "videos" / f"rollout{j:02d}_{cam.replace('.', '_')}_{tag}.mp4"
-            p.parent.mkdir(parents=True, exist_ok=True)
-            arr = np.stack(frames)
-            h, w = arr.shape[1] - arr.shape[1] % 2, arr.shape[2] - arr.shape[2] % 2  # yuv420p needs even sizes
-            encode_frames(arr[:, :h, :w], p, fps)
-            paths.append(str(p))
-    return paths
 
 
 def plot_report(report: EvalReport, png: Path) -> Path:

@@ -47,7 +47,7 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
             stop = lambda outcomes: early_decision(outcomes, ref, cfg.episodes, LOOK_EVERY, margin)  # noqa: E731
         report, trajs = evaluate(env, policy, cfg.episodes, cfg.execute_steps or DEFAULT_EXECUTE_STEPS, cfg.videos,
                                  cfg.output_dir, record_rollouts=bool(cfg.save_rollouts), seed=cfg.seed, stop=stop,
-                                 progress=progress_printer("[progress] evaluating"))
+                                 progress=progress_printer("[progress] evaluating"), label=cfg.shown_as())
         report.precision = ran
         if hasattr(policy, "served"):  # served: which model versions produced the chunks, how fast they came
             report.served = policy.served()

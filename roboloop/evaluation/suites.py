@@ -38,7 +38,8 @@ def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None
             tag = f"{factor}={level:g}"
             rep, _ = evaluate(perturb.Perturbed(env, factor, level, cfg.seed), policy, cfg.episodes, execute_steps,
                               min(cfg.videos, 1), out / "perturb" / tag if cfg.videos else None, seed=cfg.seed,
-                              progress=progress_printer(f"[progress] perturbed {tag}"))
+                              progress=progress_printer(f"[progress] perturbed {tag}"),
+                              label=f"{cfg.shown_as()} under {tag}")
             runs[(factor, level)], videos[(factor, level)] = rep.per_episode, rep.videos
         report.perturbations = perturb.summarise(report.per_episode, runs)
         worst = perturb.worst(report.perturbations)
