@@ -25,10 +25,32 @@ def train_task(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | Non
     nodes = pool_nodes(launch) if launch and launch.deployment else None  # the gpu pool's nodes train
     model = stages.train(data, recipe, launch, cache=receipts(), track=track, execution=execution,
                          on_line=relay("[train] "), nodes=nodes)
-    row = {"model": model.path, "weights_sha256": model.weights_sha256[:16], **model.metrics}
+    run = model.metrics.get("run") or {}
+    row = {"model": model.path, "weights_sha256": model.weights_sha256[:16],
+           **{k: v for k, v in model.metrics.items() if k != "run"}}
     create_table_artifact([row], key=artifact_key("train-summary", recipe.preset),
                           description=f"{recipe.preset} on {Path(data.path).name}")
     plot = png_markdown(Path(model.path) / "loss.png", "training loss")
-    if plot:
-        create_markdown_artifact(f"### Training loss\n\n{plot}", key=artifact_key("train-loss", recipe.preset))
+    parts = [f"### Training loss\n\n{plot}"] if plot else []
+    parts += run_record_markdown(run)
+    if parts:
+        create_markdown_artifact("\n".join(parts), key=artifact_key("train-loss", recipe.preset),
+                                 description=f"loss curve and run record of {Path(model.path).name}")
     return model
+
+
+def run_record_markdown(run: dict) -> list[str]:
+    """The run record (metrics.jsonl's `run`: precision, attention, compile, optimizer, ... and why each was chosen)
+    as a two-column table, nested records flattened (compile.why)."""
+    if not run:
+        return []
+    rows: list[tuple[str, object]] = []
+    for key, value in run.items():
+        if key == "fp8_linear_names":
+            continue
+        if isinstance(value, dict):
+            rows += [(f"{key}.{k}", v) for k, v in value.items()]
+        else:
+            rows.append((key, value))
+    cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+    return ["", "### Run record", "", "| setting | value |", "|---|---|", *(f"| {k} | {cell(v)} |" for k, v in rows)]

@@ -74,6 +74,11 @@ def test_closed_loop_end_to_end_cached_restored_and_reproduced(loop_env, reach_d
     assert list((root / "artifacts" / "datasets").glob("v3-*.dvc")) and (root / "data.dvc").exists()
     report = Artifact.get("closed-loop-report")
     assert report is not None and "policy success" in str(report.data) and "checkpoint picked" in str(report.data)
+    from tasks.common import artifact_key
+
+    trained = str(Artifact.get(artifact_key("train-loss", cfg.train.preset)).data)  # the loss curve and run record
+    assert "![training loss](data:image/png;base64," in trained and "| precision | fp32 |" in trained, trained[-2000:]
+    assert "| compile.why | auto: " in trained and "| optimizer | AdamW" in trained, trained[-2000:]
     assert lineage["config"]["select"]["picked_step"] == pick.picked_step
 
     t0 = time.perf_counter()
