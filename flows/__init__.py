@@ -29,7 +29,7 @@ def _get(obj: object, dotted: str) -> object:
     return obj
 
 
-def _short(value: object) -> str:
+def short(value: object) -> str:
     s = str(value).removeprefix("registry:")
     if "#" in s:  # registry:URI#NAME@REF: the name and version say it
         return s.split("#", 1)[1]
@@ -50,7 +50,7 @@ def run_name(template: str, **fields: str):
         params = flow_run.parameters or {}
         values = {k: next((v for p in path.split("|") if (v := _get(params, p)) is not None), None)
                   for k, path in fields.items()}  # "a|b": the first of them given
-        return template.format(**{k: _short("?" if v is None or v == "" else v) for k, v in values.items()})
+        return template.format(**{k: short("?" if v is None or v == "" else v) for k, v in values.items()})
 
     return name
 

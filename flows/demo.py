@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from flows.closed_loop import closed_loop
 
     with embedded():
-        s = closed_loop(cfg)
+        s = closed_loop(cfg=cfg)
     print("\n" + s.report(time.time() - t0))
     return 0
 

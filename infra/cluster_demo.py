@@ -59,15 +59,13 @@ class Sizes:
 QUICK = Sizes(episodes=16, new_episodes=16, steps=30, eval_episodes=8, baseline_episodes=4, num_envs=16)
 
 
-def loop_cfg(sizes: Sizes) -> dict:
-    """roboloop.loop.cluster() at these sizes: what the team deploys closed-loop-cluster with."""
-    from roboloop.loop import cluster
-
-    cfg = cluster().model_dump(mode="json")
-    cfg["train"].update(steps=sizes.steps, checkpoint_every_steps=max(10, sizes.steps // 6))
-    cfg["eval"].update(episodes=sizes.eval_episodes, num_envs=min(16, sizes.eval_episodes))
-    cfg["baseline_episodes"] = sizes.baseline_episodes
-    return cfg
+def loop_params(sizes: Sizes) -> dict:
+    """closed-loop-cluster's parameters at these sizes, as a team deploys it: its preset (cluster, from the
+    deployment), the settings people change, and the rest as overrides."""
+    return {"steps": sizes.steps, "episodes": sizes.eval_episodes,
+            "overrides": {"train": {"checkpoint_every_steps": max(10, sizes.steps // 6)},
+                          "eval": {"num_envs": min(16, sizes.eval_episodes)},
+                          "baseline_episodes": sizes.baseline_episodes}}
 
 
 def node_env(work: Path, host: str, api: str) -> dict[str, str]:
@@ -122,7 +120,7 @@ def deploy(tb, env: dict, cwd: Path, sizes: Sizes) -> None:
     for pool in ("cpu", "gpu"):
         sh(tb, "node-0", [*prefect, "work-pool", "create", pool, "--type", "process"], env, cwd, what="pool")
     file = ["--prefect-file", "deployments/prefect.yaml"]
-    for name, params in (("closed-loop-cluster", {"cfg": loop_cfg(sizes)}), ("train-node", None),
+    for name, params in (("closed-loop-cluster", loop_params(sizes)), ("train-node", None),
                          ("watch-datasets", {"params": {"location": INCOMING}})):
         extra = ["--params", json.dumps(params)] if params else []
         sh(tb, "node-0", [*prefect, "deploy", *file, "--name", name, *extra], env, cwd, what=f"deploy {name}")

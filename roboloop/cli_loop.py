@@ -45,11 +45,10 @@ def config(args: argparse.Namespace):
 
 
 def override(cfg, text: str):
-    """`cfg` with the JSON object `text` merged into it (objects merge key by key, anything else replaces); a name
-    the config does not have is refused, naming its path (pydantic would drop it silently)."""
+    """`cfg` with the JSON object `text` merged into it (roboloop.loop_form.override: every name checked)."""
     import json
 
-    from roboloop.loop import LoopConfig
+    from roboloop.loop_form import override as merge_over
 
     try:
         over = json.loads(text)
@@ -57,39 +56,7 @@ def override(cfg, text: str):
         raise ValueError(f"--override is not JSON: {e}") from None
     if not isinstance(over, dict):
         raise ValueError("--override takes a JSON object, e.g. '{\"train\": {\"steps\": 500}}'")
-
-    def merge(base, new):
-        if isinstance(base, dict) and isinstance(new, dict):
-            return {**base, **{k: merge(base.get(k), v) for k, v in new.items()}}
-        return new
-
-    merged = LoopConfig.model_validate(_without_unread(cfg, merge(cfg.model_dump(mode="json"), over), over))
-    dumped = merged.model_dump(mode="json")
-
-    def check(node, new, path):
-        for k, v in new.items():
-            if not isinstance(node, dict) or k not in node:
-                raise ValueError(f"--override: {'.'.join([*path, k])} is not a setting of the loop")
-            if isinstance(v, dict):
-                check(node[k], v, [*path, k])
-
-    check(dumped, over, [])
-    return merged
-
-
-def _without_unread(cfg, data: dict, over: dict) -> dict:
-    """The merged settings with the preset's train settings that the chosen family does not read set back to their
-    defaults (said on stderr); those the override names stay, and validation refuses them."""
-    from roboloop.training.config import TrainRecipe
-
-    if not isinstance(data.get("train"), dict):
-        return data
-    given = set(over["train"]) if isinstance(over.get("train"), dict) else set()
-    data["train"], reset = TrainRecipe.without_unread(data["train"], given)
-    for name in reset:
-        sys.stderr.write(f"roboloop loop: train.{name} {cfg.train.model_dump(mode='json')[name]!r} from the preset "
-                         "does not apply to this family: left at its default\n")
-    return data
+    return merge_over(cfg, over)
 
 
 def cmd_loop(args: argparse.Namespace) -> int:

@@ -1,8 +1,8 @@
 """The closed loop: its configuration (one model, named presets as functions) and the loop itself.
 
-`LoopConfig` is the `closed-loop` flow's parameter (the Prefect UI renders it as a form), what
-`make demo` runs (`demo()`, or `ci()` for CI's fresh-clone check) and what the nightly
-deployment runs (`nightly_gpu()`; `deployments/prefect.yaml` is kept equal to it by a test).
+`LoopConfig` is what the `closed-loop` flow runs: a preset named in its deployment (`nightly_gpu()` for the
+nightly one, `demo()` for closed-loop-cpu and `make demo`, `ci()` for CI's fresh-clone check), the few settings
+people change and any overrides settled into it (`roboloop.loop_form.settle`), or a whole config given as `cfg`.
 Fields the loop decides itself (where each stage writes, which dataset a model trains on, which
 policy an evaluation runs) are not parameters.
 

@@ -247,14 +247,18 @@ def test_a_dataset_arriving_in_the_watched_location_starts_the_closed_loop_on_it
     deadline, loops = time.time() + 120, []
     while time.time() < deadline and not loops:
         loops = [r for r in _runs_of(api, "closed-loop/closed-loop-cpu")
-                 if r["parameters"]["cfg"]["source"] == str(arrived.absolute())]
+                 if r["parameters"].get("source") == str(arrived.absolute())]
         time.sleep(2)
     assert loops, "no closed-loop-cpu run for the dataset that arrived"
-    cfg = loops[0]["parameters"]["cfg"]
-    assert cfg["collect_if_missing"] is None and cfg["train"]["steps"] == 1200  # the demo recipe, on that data
+    from roboloop.loop_form import settle
+
+    params = loops[0]["parameters"]
+    assert params == {"preset": "demo", "source": str(arrived.absolute())}, params  # the deployment's preset
+    cfg = settle(**params)
+    assert cfg.collect_if_missing is None and cfg.train.steps == 1200  # the demo recipe, on that data
     httpx.post(f"{api}/flow_runs/{loops[0]['id']}/set_state", auth=AUTH, timeout=30,
                json={"state": {"type": "CANCELLING"}, "force": True})
     _completed(stack, "watch-datasets/watch-datasets", {"params": {"location": str(inbox)}})  # seen: no new run
     time.sleep(5)
     assert len([r for r in _runs_of(api, "closed-loop/closed-loop-cpu")
-                if r["parameters"]["cfg"]["source"] == str(arrived.absolute())]) == 1
+                if r["parameters"].get("source") == str(arrived.absolute())]) == 1

@@ -5,6 +5,8 @@ group whatever they are doing. Exit 0: the phase saw what it had to; any failure
 
   submit --ui URL --deployment ID   log in, check the `evaluate` form (fields, choices), fill it, submit it
   check  --ui URL --run ID          log in, open the run's page: the report artifact's plot loads, its video plays
+  form   --ui URL --deployment ID   log in, open a closed-loop deployment's run form: the settings people change
+                                    at the top, few inputs, a page that fits a screen (printed as JSON)
 
 Credentials come from $ROBOLOOP_UI_AUTH ("user:password")."""
 
@@ -195,9 +197,33 @@ def check(d, ui: str, run: str) -> None:
           "the video to play")
 
 
+def loop_form(d, ui: str, deployment: str) -> None:
+    """The closed-loop form as a person meets it: its labels in order, how many inputs, how tall the page is."""
+    import json
+
+    from selenium.webdriver.common.by import By
+
+    d.get(f"{ui}/deployments/deployment/{deployment}/run")
+    want = ["Preset", "Source", "Policy", "Steps", "Episodes", "Margin", "Evaluation", "Overrides", "Cfg"]
+
+    def labels() -> list[str]:
+        return [t for e in d.find_elements(By.TAG_NAME, "label") if (t := e.text.split(" (")[0].strip())]
+
+    with contextlib.suppress(AssertionError):
+        until(lambda: set(want) <= set(labels()), 30, "the form's labels")
+    time.sleep(2)  # a late re-render
+    shown = labels()
+    inputs = d.execute_script("return document.querySelectorAll('main input, main select, main textarea, "
+                              "main button[role=combobox]').length")
+    height = d.execute_script("return document.documentElement.scrollHeight")
+    print(json.dumps({"labels": shown, "inputs": inputs, "height_px": height}))
+    assert [w for w in shown if w in want] == want, shown  # the settings people change first, advanced last
+    assert inputs <= 20 and height <= 2600, (inputs, height, shown)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("phase", choices=["submit", "check"])
+    ap.add_argument("phase", choices=["submit", "check", "form"])
     ap.add_argument("--ui", required=True)
     ap.add_argument("--deployment")
     ap.add_argument("--run")
@@ -208,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         login(d, a.ui, os.environ["ROBOLOOP_UI_AUTH"])
         if a.phase == "submit":
             submit(d, a.ui, a.deployment)
+        elif a.phase == "form":
+            loop_form(d, a.ui, a.deployment)
         else:
             check(d, a.ui, a.run)
         print(f"{a.phase}: ok")

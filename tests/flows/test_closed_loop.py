@@ -53,7 +53,7 @@ def test_closed_loop_end_to_end_cached_restored_and_reproduced(loop_env, reach_d
     root = loop_env
     cfg = _cfg(root).model_copy(update={"select": SelectRecipe(episodes=4, seed=1)})
     shutil.copytree(reach_demos, root / "data")
-    first = closed_loop(cfg)
+    first = closed_loop(cfg=cfg)
     # the pick: the step-15 checkpoint and the final model on 4 validation episodes (seed 1), the better carried on
     (pick,) = first.selections
     assert [(c.step, c.episodes) for c in pick.candidates] == [(15, 4), (30, 4)]
@@ -82,7 +82,7 @@ def test_closed_loop_end_to_end_cached_restored_and_reproduced(loop_env, reach_d
     assert lineage["config"]["select"]["picked_step"] == pick.picked_step
 
     t0 = time.perf_counter()
-    second = closed_loop(cfg)  # every stage: a verified cache hit
+    second = closed_loop(cfg=cfg)  # every stage: a verified cache hit
     rerun_s = time.perf_counter() - t0
     assert second.weights_sha256 == first.weights_sha256 and second.success_rate == first.success_rate
     assert second.eval_run == first.eval_run  # the same evaluation, not a new one
@@ -90,7 +90,7 @@ def test_closed_loop_end_to_end_cached_restored_and_reproduced(loop_env, reach_d
     assert rerun_s < 60, f"cached rerun took {rerun_s:.1f} s"
 
     shutil.rmtree(root / "artifacts")  # a cache hit must not point at outputs that no longer exist
-    third = closed_loop(cfg)
+    third = closed_loop(cfg=cfg)
     assert (third.dataset_md5, third.weights_sha256) == (first.dataset_md5, first.weights_sha256)  # from DVC
     assert third.success_rate == first.success_rate and third.decision.reused
     # the run came back from DVC without its checkpoints/; the exports the pick chose among came back too
@@ -117,7 +117,7 @@ def test_corrupt_dataset_stops_at_validation(loop_env):
     victim = next((src / "videos").rglob("episode_000001.mp4"))
     victim.unlink()
     with pytest.raises(DatasetDefectError, match="episode_000001"):
-        closed_loop(cfg)
+        closed_loop(cfg=cfg)
     art = Artifact.get("validation-report")
     assert art is not None and "episode 1" in str(art.data)
     assert not (root / "artifacts" / "datasets").exists()
@@ -131,7 +131,7 @@ def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(lo
     cfg = _cfg(root).model_copy(update={"rounds": 2, "baseline": False,
                                         "dagger": DaggerConfig(episodes=6, num_envs=6, steps=10, warmup_steps=3),
                                         "serve_check": ServeCheckRecipe(episodes=6)})
-    s = closed_loop(cfg)
+    s = closed_loop(cfg=cfg)
     assert [r.round for r in s.rounds] == [0, 1]
     # the last version registered, served by `roboloop serve` (a child process) and driven through it: the same
     # episodes end as they did in-process, answered by that version
@@ -184,7 +184,7 @@ def test_rl_round_fine_tunes_the_last_model_and_registers_it_as_its_child(loop_e
     shutil.copytree(reach_demos, root / "data")
     rl = RLRecipe(mode="sync", env_steps=2 * 256, env_workers=1, envs_per_worker=8, segment_decisions=4,
                   segments_per_update=2, epochs=1, minibatch=32, critic_warmup_updates=0)
-    s = closed_loop(_cfg(root).model_copy(update={"baseline": False, "rl": rl}))
+    s = closed_loop(cfg=_cfg(root).model_copy(update={"baseline": False, "rl": rl}))
     assert [(r.round, r.kind) for r in s.rounds] == [(0, "demonstrations"), (1, "rl")]
     r0, r1 = s.rounds
     assert r1.weights_sha256 != r0.weights_sha256 and r1.dataset_md5 == r0.dataset_md5

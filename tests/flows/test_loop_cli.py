@@ -46,7 +46,7 @@ def test_roboloop_loop_in_a_fresh_folder_then_cached_then_the_flow_agrees(tmp_pa
     for k in ("ROBOLOOP_REGISTRY", "ROBOLOOP_ARTIFACTS", "ROBOLOOP_CACHE_DIR"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.chdir(tmp_path)
-    s = closed_loop(ci())
+    s = closed_loop(cfg=ci())
     assert (s.dataset_md5, s.weights_sha256, s.eval_run, s.decision.version) == \
         (first["dataset_md5"], first["weights_sha256"], first["eval_run"], 1)
     assert s.decision.reused

@@ -32,7 +32,7 @@ def test_offline_loop_scores_held_out_episodes_and_gates_paired(dvc_repo, monkey
     robot = dvc_repo / "robot"
     lerobot_writer({"observation.images.top": (32, 32)}, {}, ["pick the cube", "place it"], num_episodes=6)(robot)
 
-    first = closed_loop(_cfg(robot))
+    first = closed_loop(cfg=_cfg(robot))
     assert first.success_rate is None and first.offline is not None
     # 6 steps of training do not beat predicting the mean action on the held-out frames: registered, not promoted
     base = first.offline.baselines
@@ -48,14 +48,14 @@ def test_offline_loop_scores_held_out_episodes_and_gates_paired(dvc_repo, monkey
     assert "baseline: mean action" in str(Artifact.get("closed-loop-report").data)
     assert Artifact.get(f"eval-offline-{first.weights_sha256[:12]}") is not None
 
-    second = closed_loop(_cfg(robot, steps=8))  # same data and split: paired over the same held-out episodes
+    second = closed_loop(cfg=_cfg(robot, steps=8))  # same data and split: paired over the same held-out episodes
     assert second.weights_sha256 != first.weights_sha256 and second.decision.version == 2
     assert second.decision.reason.startswith(f"offline, paired over {len(held_out)} held-out episodes"), \
         second.decision.reason
 
     more = dvc_repo / "robot-v2"  # a new data version: the champion is scored on the challenger's held-out episodes
     lerobot_writer({"observation.images.top": (32, 32)}, {}, ["pick the cube", "place it"], num_episodes=9)(more)
-    third = closed_loop(_cfg(more))
+    third = closed_loop(cfg=_cfg(more))
     assert third.decision.reason.startswith("offline, paired over"), third.decision.reason
 
 
@@ -83,7 +83,7 @@ def test_loop_on_a_read_only_source_outside_the_repository_tracks_its_own_copy(d
         p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
     before, siblings = _tree(outside), sorted(os.listdir(outside.parent))
 
-    s = closed_loop(_cfg(outside).model_copy(update={"track": True}))
+    s = closed_loop(cfg=_cfg(outside).model_copy(update={"track": True}))
     assert s.decision.version == 1
     assert _tree(outside) == before and sorted(os.listdir(outside.parent)) == siblings  # no .dvc beside it
     copy = dvc_repo / "artifacts" / "datasets"

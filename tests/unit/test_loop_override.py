@@ -46,3 +46,28 @@ def test_a_family_chosen_by_override_drops_the_presets_settings_it_does_not_read
     assert "train.max_tokens 4096 from the preset does not apply to this family" in capsys.readouterr().err
     with pytest.raises(ValueError, match="max_tokens=4096 would do nothing"):
         config(_args(override='{"train": {"policy_type": "act", "max_tokens": 4096}}'))
+
+
+def test_the_loop_form_settles_a_preset_its_top_level_settings_and_overrides():
+    """What the closed-loop deployments' form takes: a preset, the settings people change, the rest as overrides
+    or a whole cfg; each setting lands where the loop reads it, and one that would do nothing is refused."""
+    from roboloop.loop import demo, so101
+    from roboloop.loop_form import settle
+
+    assert settle() == demo()
+    s = settle(preset="so101", steps=1000, episodes=4, margin=0.1, overrides={"train": {"lr": 0.002}})
+    assert (s.train.steps, s.eval.episodes, s.margin, s.train.lr) == (1000, 4, 0.1, 0.002)
+    assert s.model_dump(exclude={"train", "eval", "margin"}) == so101().model_dump(exclude={"train", "eval", "margin"})
+    act = settle(policy="act")
+    assert act.train.policy_type == "act" and act.train.family == "lerobot"
+    assert settle(cfg=act, policy="vla").train.family == "vla"
+    arrived = settle(source="/data/arm")
+    assert arrived.source == "/data/arm" and arrived.collect_if_missing is None
+    with pytest.raises(ValueError, match="preset 'demo' would do nothing: cfg gives the whole config"):
+        settle(preset="demo", cfg=demo())
+    with pytest.raises(ValueError, match="episodes would do nothing: an offline evaluation"):
+        settle(evaluation="offline", episodes=5)
+    with pytest.raises(ValueError, match="override: train.stepz is not a setting of the loop"):
+        settle(overrides={"train": {"stepz": 5}})
+    with pytest.raises(ValueError, match="unknown preset 'nightly'"):
+        settle(preset="nightly")

@@ -16,19 +16,30 @@ def _deployment(name: str) -> dict:
     return next(d for d in doc["deployments"] if d["name"] == name)
 
 
-def test_nightly_deployment_runs_the_nightly_preset():
-    assert _deployment("closed-loop")["parameters"]["cfg"] == nightly_gpu().model_dump(mode="json")
-    assert LoopConfig.model_validate(_deployment("closed-loop")["parameters"]["cfg"]) == nightly_gpu()
+def test_each_closed_loop_deployment_names_its_preset_and_nothing_else():
+    """The form: a preset and the settings people change, empty; the rest (overrides, cfg) collapsed."""
+    from roboloop.loop_form import settle
+
+    for name, preset in (("closed-loop", "nightly_gpu"), ("closed-loop-cpu", "demo"),
+                         ("closed-loop-cluster", "cluster"), ("closed-loop-so101", "so101")):
+        params = _deployment(name)["parameters"]
+        assert params == {"preset": preset}, (name, params)
+        assert settle(**params) == PRESETS[preset](), name
+    assert settle(preset="nightly_gpu") == nightly_gpu()
 
 
 def test_single_machine_deployment_runs_the_demo_preset_and_its_trigger_only_changes_the_source():
     from roboloop.loop import demo
+    from roboloop.loop_form import settle
 
     d = _deployment("closed-loop-cpu")
-    assert d["parameters"]["cfg"] == demo().model_dump(mode="json") and d["work_pool"]["name"] == "cpu"
-    triggered = d["triggers"][0]["parameters"]["cfg"]
-    assert {k for k in triggered if triggered[k] != d["parameters"]["cfg"][k]} == {"source", "collect_if_missing"}
-    assert triggered["collect_if_missing"] is None  # a dataset that arrived is never overwritten by a recording
+    assert d["work_pool"]["name"] == "cpu"
+    triggered = d["triggers"][0]["parameters"]
+    assert set(triggered) == {"source"}  # merged with the deployment's preset
+    ran = settle(**{**d["parameters"], "source": "/data/arrived"}).model_dump(mode="json")
+    want = demo().model_dump(mode="json")
+    assert {k for k in ran if ran[k] != want[k]} == {"source", "collect_if_missing"}
+    assert ran["collect_if_missing"] is None  # a dataset that arrived is never overwritten by a recording
 
 
 def test_schedules_have_an_explicit_timezone_and_loops_run_one_at_a_time():
@@ -137,21 +148,18 @@ def test_the_served_check_is_refused_offline_and_says_what_it_saw():
 
 
 def test_so101_deployment_runs_the_so101_preset():
-    from roboloop.loop import so101
-
     d = _deployment("closed-loop-so101")
-    assert d["parameters"]["cfg"] == so101().model_dump(mode="json") and d["work_pool"]["name"] == "cpu"
-    assert LoopConfig.model_validate(d["parameters"]["cfg"]) == so101()
+    assert d["parameters"] == {"preset": "so101"} and d["work_pool"]["name"] == "cpu"
 
 
 def test_cluster_deployment_runs_the_cluster_preset_and_its_trigger_passes_only_the_dataset():
     from roboloop.loop import cluster
 
     d = _deployment("closed-loop-cluster")
-    assert d["parameters"]["cfg"] == cluster().model_dump(mode="json") and d["work_pool"]["name"] == "cpu"
+    assert d["parameters"] == {"preset": "cluster"} and d["work_pool"]["name"] == "cpu"
     assert cluster().launch.deployment == "train-node/train-node" and cluster().launch.nnodes == 2
     node = _deployment("train-node")
     assert node["work_pool"]["name"] == "gpu" and node["entrypoint"] == "flows/train_node.py:train_node"
     trigger = d["triggers"][0]
-    assert trigger["parameters"] == {"source": "{{ event.resource['roboloop.path'] }}"}  # the rest: deployed cfg
+    assert trigger["parameters"] == {"source": "{{ event.resource['roboloop.path'] }}"}  # the rest: the deployment's
     assert trigger["match"] == {"prefect.resource.id": "roboloop.location.s3-*"}
