@@ -107,6 +107,8 @@ class EvalSummary(Receipt):
                                        "paired drop from nominal and outcomes on the same episodes")
     latency: list[dict] | None = Field(None, description="--latency: per setting (0 ms, measured p50/p99, given ms) "
                                        "the success with the latency charged in simulated time, paired with nominal")
+    initial_states_sha256: str | None = Field(None, description="the episodes' initial states (state, scene, "
+                                              "instruction), chained in episode order: equal hashes, same episodes")
 
     def identity(self) -> str:
         return self.report_sha256

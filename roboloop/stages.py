@@ -359,7 +359,8 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
                           execution=ExecutionSettings(execute_steps=recipe.execute_steps or 4), plot=report.get("plot"),
                           videos=list(report.get("videos") or []), outcomes=_outcomes(json.loads(full)),
                           planned_episodes=report.get("planned_episodes"), stopped_early=report.get("stopped_early"),
-                          perturbations=report.get("perturbations"), latency=report.get("latency"))
+                          perturbations=report.get("perturbations"), latency=report.get("latency"),
+                          initial_states_sha256=report.get("initial_states_sha256"))
     fsutil.atomic_write_text(run_dir / "summary.json", summary.model_dump_json(indent=1))
     if cache and save_rollouts is None:
         cache.put(key, summary)

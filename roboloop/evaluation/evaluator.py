@@ -11,6 +11,7 @@ once. Policy calls are batched over the envs that need a new chunk.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -77,6 +78,7 @@ class EvalReport:
     perturbation_videos: list[str] = field(default_factory=list)  # rollouts under the worst one
     perturbation_plot: str | None = None
     contact_sheet: str | None = None  # contact.png: a row of frames per rollout video, captioned
+    initial_states_sha256: str | None = None  # the counted episodes' initial states (`initial_digest`), chained
     latency: list[dict] | None = None  # --latency: per setting {setting, ms, delay_steps, success_rate, ..., drop}
 
     def to_json(self, full: bool = False) -> str:
@@ -205,6 +207,7 @@ class _Run:
         self.rec = Recorder(n, keep_frames=want_frames) if (record_rollouts or videos) else None
         self.video_eps: list[dict] = []
         self.first_failure: dict | None = None  # kept while every video episode succeeded
+        self.initial: dict[int, str] = {}  # episode number -> its initial state's digest
         self.t0, self.env_steps, self.policy_rows, self.policy_s = time.perf_counter(), 0, 0, 0.0
         self.call_ms: list[float] = []
         self.labeler: Policy | None = None
@@ -279,6 +282,8 @@ class _Run:
         obs = self.with_past(obs)
         obs = Obs(obs.state, obs.images, obs.instructions, obs.env_state, obs.past,
                   torch.stack([self.number, self.length], 1))  # each row's (episode, step): its noise's key
+        for i in ((self.length == 0) & self.counted).nonzero().flatten().tolist():  # a counted episode's start
+            self.initial[int(self.number[i])] = initial_digest(obs, i)
         self.arrive()  # what was asked `delay` steps ago, then what is asked now
         self.plan(obs)
         assert self.chunk is not None
@@ -359,7 +364,21 @@ class _Run:
             policy_steps_per_s=self.policy_rows / self.policy_s if self.policy_s > 0 else 0.0, wall_s=wall,
             num_envs=self.n, versions=package_versions(), per_episode=[asdict(e) for e in results],
             plan_ms={q: round(float(np.percentile(self.call_ms, p)), 2) for q, p in (("p50", 50), ("p99", 99))}
-            if self.call_ms else {})
+            if self.call_ms else {},
+            initial_states_sha256=hashlib.sha256("\n".join(
+                self.initial.get(e.index, "?") for e in sorted(results, key=lambda e: e.index)).encode()).hexdigest())
+
+
+def initial_digest(obs: Obs, i: int) -> str:
+    """Row `i`'s initial state as every policy meets it (the task's state vector and the instruction; not the scene
+    state only a policy that reads it observes, so a model and the random baseline hash alike), rounded to 1e-4 so
+    that a batch size's last-bit differences in the first physics step do not count, as a short digest. An
+    evaluation's `initial_states_sha256` chains its episodes' digests in episode order: two runs with different
+    hashes did not play the same initial states, and the gate does not pair them. What it cannot see: a layout the
+    state does not carry (the SO-101's cube is in its scene state and cameras, not in its joint state)."""
+    row = (np.round(obs.state[i].detach().float().cpu().numpy(), 4) + 0.0).tolist()  # + 0.0: no -0.0
+    text = json.dumps([row, obs.instructions[i] if obs.instructions else ""])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def plot_report(report: EvalReport, png: Path) -> Path:

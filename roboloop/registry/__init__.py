@@ -334,7 +334,7 @@ class Registry:
                                 "evaluation; evaluate it before promoting")
         out: dict[str, Any] = {"successes": int(ev["successes"]), "episodes": int(ev["episodes"]),
                                **{k: ev.get(k) for k in ("task", "seed", "execute_steps", "perturbations", "latency",
-                                                         "gate")}}
+                                                         "gate", "initial_states")}}
         base = lin.get("baseline_eval")
         if isinstance(base, dict) and isinstance(base.get("successes"), int) and isinstance(base.get("episodes"), int):
             out["baseline"] = base
@@ -377,7 +377,7 @@ def _beats_random(ev: dict[str, Any], base: dict[str, Any], alpha: float) -> tup
 
     s, n, bs, bn = ev["successes"], ev["episodes"], base["successes"], base["episodes"]
     head = f"first version {s}/{n} vs {base.get('policy', 'random')} baseline {bs}/{bn}"
-    same = all(ev.get(k) == base.get(k) and ev.get(k) is not None for k in ("task", "seed"))
+    same = same_episodes(ev, base, ("task", "seed"))
     if same and ev.get("outcomes") and base.get("outcomes"):
         z = NormalDist().inv_cdf(1 - alpha)
         r = paired_difference({i: c == "1" for i, c in enumerate(ev["outcomes"])},
@@ -392,6 +392,14 @@ def _beats_random(ev: dict[str, Any], base: dict[str, Any], alpha: float) -> tup
                                      "not shown better than the baseline: not promoted")
 
 
+def same_episodes(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...]) -> bool:
+    """Two evaluation records played the same numbered episodes: the same task, seed (and execution), and, where
+    both recorded them, the same initial states (a changed task or scene draws other ones for the same seed)."""
+    if not all(a.get(k) == b.get(k) and a.get(k) is not None for k in keys):
+        return False
+    return not (a.get("initial_states") and b.get("initial_states") and a["initial_states"] != b["initial_states"])
+
+
 def _gate(new: dict[str, Any], old: dict[str, Any], margin: float, alpha: float) -> tuple[bool, str]:
     """Paired when both runs played the same numbered episodes (task, seed, execution); else unpaired.
     Offline-only versions: paired over the held-out episodes both were scored on."""
@@ -400,7 +408,7 @@ def _gate(new: dict[str, Any], old: dict[str, Any], margin: float, alpha: float)
             return False, ("not comparable: no simulator evaluation of both, and no offline scores on the same "
                            "held-out episodes; not promoted")
         return paired_error_gate(new["offline"]["per_episode"], old["offline"]["per_episode"], margin, alpha)
-    same = all(new.get(k) == old.get(k) and new.get(k) is not None for k in ("task", "seed", "execute_steps"))
+    same = same_episodes(new, old, ("task", "seed", "execute_steps"))
     if same and new.get("outcomes") and old.get("outcomes"):
         ok, reason = paired_gate(new["outcomes"], old["outcomes"], margin, alpha)
     else:

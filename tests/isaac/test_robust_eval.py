@@ -79,7 +79,8 @@ def test_a_sampling_policys_outcomes_are_the_same_whatever_the_number_of_envs(tm
     for n in (1, 8):
         s = stages.evaluate(model, EvalRecipe(episodes=8, num_envs=n, videos=0, execute_steps=4, latency="200"),
                             on_line=quiet)
-        seen.add((s.outcomes, s.latency[-1]["outcomes"]))
-    assert len(seen) == 1, seen
-    (nominal, late), = seen
+        seen.add((s.outcomes, s.latency[-1]["outcomes"], s.initial_states_sha256))
+    assert len(seen) == 1, seen  # the same outcomes, of the same initial states (hashed from what the policy saw)
+    (nominal, late, initial), = seen
+    assert initial and len(initial) == 64
     assert "0" in nominal + late and "1" in nominal + late, seen  # mixed outcomes: the match means something

@@ -76,3 +76,21 @@ def test_evaluate_shows_the_first_failure_and_names_the_model(tmp_path):
     assert [e["success"] for e in sorted(report.per_episode, key=lambda e: e["index"])] == [1, 1, 0, 1, 1, 0]
     assert [v.rsplit("_", 1)[1] for v in report.videos] == ["success.mp4", "failure.mp4"], report.videos
     assert report.contact_sheet == str(tmp_path / "contact.png") and (tmp_path / "contact.png").is_file()
+
+
+def test_the_initial_states_hash_names_the_episodes_not_the_env_count():
+    """Episode k starts in state (k, 0) however many envs run: the same hash at 1 and 3 envs; another scene (the
+    state shifted) is another hash."""
+    from tests.unit.evaluation.test_perturb import ChunkPolicy
+
+    one, _ = evaluate(CountingEnv(1), ChunkPolicy(), episodes=5, execute_steps=4, videos=0)
+    three, _ = evaluate(CountingEnv(3), ChunkPolicy(), episodes=5, execute_steps=4, videos=0)
+    assert one.initial_states_sha256 == three.initial_states_sha256 and len(one.initial_states_sha256) == 64
+
+    class Shifted(CountingEnv):
+        def _obs(self):
+            o = super()._obs()
+            return type(o)(o.state + 1, o.images, o.instructions)
+
+    other, _ = evaluate(Shifted(3), ChunkPolicy(), episodes=5, execute_steps=4, videos=0)
+    assert other.initial_states_sha256 != one.initial_states_sha256

@@ -76,3 +76,20 @@ def test_the_lineage_keeps_what_the_checks_read_and_a_check_without_its_evaluati
     with pytest.raises(ValueError, match="gate_latency would do nothing"):
         EvalRecipe(gate_latency=True, latency="50")
     assert EvalRecipe(perturb="frame_drop", gate_robustness=0.1, latency="measured", gate_latency=True).gate_latency
+
+
+def test_the_gate_pairs_only_evaluations_of_the_same_initial_states(tmp_path):
+    """Same task, seed and execution but other initial states (a changed scene draws other layouts for the same
+    seed): the outcomes are not of the same episodes, so the gate compares them unpaired, and says so."""
+    reg = Registry(tmp_path / "registry")
+    champ = _paired(CHAMP)
+    champ["eval"]["initial_states"] = "a" * 64
+    assert reg.promote("reach", reg.register("reach", _model(tmp_path, "1"), champ)).promoted
+    same = _paired(BETTER)
+    same["eval"]["initial_states"] = "a" * 64
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "2"), same))
+    assert d.promoted and d.reason.startswith("paired"), d.reason
+    other = _paired(BETTER)
+    other["eval"]["initial_states"] = "b" * 64
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "3"), other))
+    assert d.reason.startswith("unpaired (not the same episodes)"), d.reason
