@@ -204,7 +204,7 @@ def loop_form(d, ui: str, deployment: str) -> None:
     from selenium.webdriver.common.by import By
 
     d.get(f"{ui}/deployments/deployment/{deployment}/run")
-    want = ["Preset", "Source", "Policy", "Steps", "Episodes", "Margin", "Evaluation", "Overrides", "Cfg"]
+    want = ["preset", "source", "policy", "steps", "episodes", "margin", "evaluation", "overrides", "cfg"]
 
     def labels() -> list[str]:
         return [t for e in d.find_elements(By.TAG_NAME, "label") if (t := e.text.split(" (")[0].strip())]
@@ -213,12 +213,13 @@ def loop_form(d, ui: str, deployment: str) -> None:
         until(lambda: set(want) <= set(labels()), 30, "the form's labels")
     time.sleep(2)  # a late re-render
     shown = labels()
-    inputs = d.execute_script("return document.querySelectorAll('main input, main select, main textarea, "
-                              "main button[role=combobox]').length")
-    height = d.execute_script("return document.documentElement.scrollHeight")
-    print(json.dumps({"labels": shown, "inputs": inputs, "height_px": height}))
+    inputs = d.execute_script("return document.querySelectorAll('input, select, textarea').length")
+    bottom = d.execute_script("const b = Array.from(document.querySelectorAll('button')).find(x => "
+                              "x.textContent.trim() === 'Submit'); return b && Math.round(b.getBoundingClientRect()"
+                              ".bottom + window.scrollY)")
+    print(json.dumps({"labels": shown, "inputs": inputs, "submit_button_at_px": bottom}))
     assert [w for w in shown if w in want] == want, shown  # the settings people change first, advanced last
-    assert inputs <= 20 and height <= 2600, (inputs, height, shown)
+    assert inputs <= 15 and bottom and bottom <= 2000, (inputs, bottom, shown)  # was 102 inputs, 12,300 px
 
 
 def main(argv: list[str] | None = None) -> int:
