@@ -155,8 +155,8 @@ def eval_record(evaluation: EvalSummary) -> dict[str, Any]:
     ev["execute_steps"] = evaluation.execution.execute_steps
     if evaluation.outcomes is not None:
         ev["outcomes"] = evaluation.outcomes
-    if evaluation.initial_states_sha256:  # which initial states those outcomes are of (the gate pairs equal ones)
-        ev["initial_states"] = evaluation.initial_states_sha256
+    if evaluation.initial_states:  # which initial states those outcomes are of (the gate pairs agreeing ones)
+        ev["initial_states"] = evaluation.initial_states
     if evaluation.perturbations:  # per factor and level: the success and the outcomes on the same episodes
         ev["perturbations"] = {f: {lv: {"success_rate": c["success_rate"], "outcomes": c["outcomes"]}
                                    for lv, c in levels.items()} for f, levels in evaluation.perturbations.items()}

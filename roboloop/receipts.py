@@ -107,8 +107,9 @@ class EvalSummary(Receipt):
                                        "paired drop from nominal and outcomes on the same episodes")
     latency: list[dict] | None = Field(None, description="--latency: per setting (0 ms, measured p50/p99, given ms) "
                                        "the success with the latency charged in simulated time, paired with nominal")
-    initial_states_sha256: str | None = Field(None, description="the episodes' initial states (state, scene, "
-                                              "instruction), chained in episode order: equal hashes, same episodes")
+    initial_states: str | None = Field(None, description="each episode's initial state (its state and instruction) "
+                                       "as 8 hex digits, in episode order: the gate pairs runs that agree on these")
+    initial_states_sha256: str | None = Field(None, description="sha256 of initial_states: one name for the set")
 
     def identity(self) -> str:
         return self.report_sha256

@@ -360,6 +360,7 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
                           videos=list(report.get("videos") or []), outcomes=_outcomes(json.loads(full)),
                           planned_episodes=report.get("planned_episodes"), stopped_early=report.get("stopped_early"),
                           perturbations=report.get("perturbations"), latency=report.get("latency"),
+                          initial_states=report.get("initial_states"),
                           initial_states_sha256=report.get("initial_states_sha256"))
     fsutil.atomic_write_text(run_dir / "summary.json", summary.model_dump_json(indent=1))
     if cache and save_rollouts is None:

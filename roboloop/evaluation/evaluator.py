@@ -78,7 +78,8 @@ class EvalReport:
     perturbation_videos: list[str] = field(default_factory=list)  # rollouts under the worst one
     perturbation_plot: str | None = None
     contact_sheet: str | None = None  # contact.png: a row of frames per rollout video, captioned
-    initial_states_sha256: str | None = None  # the counted episodes' initial states (`initial_digest`), chained
+    initial_states: str | None = None  # each counted episode's initial state (`initial_digest`), in episode order
+    initial_states_sha256: str | None = None  # of `initial_states`: one name for the whole set
     latency: list[dict] | None = None  # --latency: per setting {setting, ms, delay_steps, success_rate, ..., drop}
 
     def to_json(self, full: bool = False) -> str:
@@ -365,20 +366,22 @@ class _Run:
             num_envs=self.n, versions=package_versions(), per_episode=[asdict(e) for e in results],
             plan_ms={q: round(float(np.percentile(self.call_ms, p)), 2) for q, p in (("p50", 50), ("p99", 99))}
             if self.call_ms else {},
-            initial_states_sha256=hashlib.sha256("\n".join(
-                self.initial.get(e.index, "?") for e in sorted(results, key=lambda e: e.index)).encode()).hexdigest())
+            initial_states=(states := "".join(self.initial.get(e.index, "?" * 8)
+                                              for e in sorted(results, key=lambda e: e.index))),
+            initial_states_sha256=hashlib.sha256(states.encode()).hexdigest())
 
 
 def initial_digest(obs: Obs, i: int) -> str:
     """Row `i`'s initial state as every policy meets it (the task's state vector and the instruction; not the scene
     state only a policy that reads it observes, so a model and the random baseline hash alike), rounded to 1e-4 so
     that a batch size's last-bit differences in the first physics step do not count, as a short digest. An
-    evaluation's `initial_states_sha256` chains its episodes' digests in episode order: two runs with different
-    hashes did not play the same initial states, and the gate does not pair them. What it cannot see: a layout the
+    evaluation's `initial_states` lists its episodes' digests in episode order (`initial_states_sha256` names the
+    whole list): where two runs' lists differ on the episodes both played, they did not play the same initial states,
+    and the gate does not pair them. What it cannot see: a layout the
     state does not carry (the SO-101's cube is in its scene state and cameras, not in its joint state)."""
     row = (np.round(obs.state[i].detach().float().cpu().numpy(), 4) + 0.0).tolist()  # + 0.0: no -0.0
     text = json.dumps([row, obs.instructions[i] if obs.instructions else ""])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def plot_report(report: EvalReport, png: Path) -> Path:

@@ -394,10 +394,12 @@ def _beats_random(ev: dict[str, Any], base: dict[str, Any], alpha: float) -> tup
 
 def same_episodes(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...]) -> bool:
     """Two evaluation records played the same numbered episodes: the same task, seed (and execution), and, where
-    both recorded them, the same initial states (a changed task or scene draws other ones for the same seed)."""
+    both recorded them, the same initial states on the episodes both played (a changed task or scene draws other
+    ones for the same seed; a random baseline plays the first episodes of the policy's)."""
     if not all(a.get(k) == b.get(k) and a.get(k) is not None for k in keys):
         return False
-    return not (a.get("initial_states") and b.get("initial_states") and a["initial_states"] != b["initial_states"])
+    x, y = a.get("initial_states"), b.get("initial_states")
+    return not (x and y and x[:min(len(x), len(y))] != y[:min(len(x), len(y))])
 
 
 def _gate(new: dict[str, Any], old: dict[str, Any], margin: float, alpha: float) -> tuple[bool, str]:

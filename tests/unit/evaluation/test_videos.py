@@ -85,6 +85,7 @@ def test_the_initial_states_hash_names_the_episodes_not_the_env_count():
 
     one, _ = evaluate(CountingEnv(1), ChunkPolicy(), episodes=5, execute_steps=4, videos=0)
     three, _ = evaluate(CountingEnv(3), ChunkPolicy(), episodes=5, execute_steps=4, videos=0)
+    assert one.initial_states == three.initial_states and len(one.initial_states) == 5 * 8
     assert one.initial_states_sha256 == three.initial_states_sha256 and len(one.initial_states_sha256) == 64
 
     class Shifted(CountingEnv):

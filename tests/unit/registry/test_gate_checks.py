@@ -93,3 +93,13 @@ def test_the_gate_pairs_only_evaluations_of_the_same_initial_states(tmp_path):
     other["eval"]["initial_states"] = "b" * 64
     d = reg.promote("reach", reg.register("reach", _model(tmp_path, "3"), other))
     assert d.reason.startswith("unpaired (not the same episodes)"), d.reason
+
+
+def test_a_baseline_of_the_first_episodes_pairs_with_the_policys():
+    from roboloop.registry import same_episodes
+
+    keys = ("task", "seed")
+    policy, baseline = {"task": "t", "seed": 0, "initial_states": "1234abcd" * 3}, {"task": "t", "seed": 0}
+    assert same_episodes(policy, {**baseline, "initial_states": "1234abcd"}, keys)  # its first episode: the same
+    assert not same_episodes(policy, {**baseline, "initial_states": "ffffffff"}, keys)
+    assert same_episodes(policy, baseline, keys)  # a record from before the hash: task and seed decide
