@@ -71,3 +71,9 @@ def test_the_loop_form_settles_a_preset_its_top_level_settings_and_overrides():
         settle(overrides={"train": {"stepz": 5}})
     with pytest.raises(ValueError, match="unknown preset 'nightly'"):
         settle(preset="nightly")
+    from typing import get_args
+
+    from roboloop.loop import PRESETS
+    from roboloop.loop_form import Preset
+
+    assert set(get_args(Preset)) == set(PRESETS)  # the form's choices are the presets there are
