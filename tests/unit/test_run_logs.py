@@ -53,12 +53,12 @@ def test_progress_lines_every_eighth_and_the_last():
 
 
 def test_run_names_from_parameters():
-    from flows import _short
+    from flows import short
 
-    assert _short("registry:reach-vla@3") == "reach-vla@3"
-    assert _short("registry:/srv/registry#reach-vla@champion") == "reach-vla@champion"
-    assert _short("/data/artifacts/models/tiny-0123") == "tiny-0123"
-    assert _short("s3://bucket/robots/arm1") == "s3://bucket/robots/arm1"
+    assert short("registry:reach-vla@3") == "reach-vla@3"
+    assert short("registry:/srv/registry#reach-vla@champion") == "reach-vla@champion"
+    assert short("/data/artifacts/models/tiny-0123") == "tiny-0123"
+    assert short("s3://bucket/robots/arm1") == "s3://bucket/robots/arm1"
 
 
 def test_state_messages_give_the_result_a_person_scans_the_runs_list_for():
