@@ -110,6 +110,13 @@ class IsaacLabEnv:
         raw, _ = self.env.reset(seed=seed)
         return self._obs(raw)
 
+    def perturb_scene(self, factor: str | None, level: float = 0.0, seed: int = 0) -> None:
+        """Episodes laid out from the next reset on with a scene factor (isaac_tasks/scenes.py), or nominal (None)."""
+        if not hasattr(self.u, "scene_factor"):
+            raise ValueError(f"perturb: {factor} moves the scene through the task's own reset; {self.task} has none "
+                             "(roboloop's reach and SO-101 tasks do)")
+        self.u.scene_factor = None if factor is None else (factor, float(level), int(seed))
+
     def _success(self, extras: dict, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
         if "success" in extras:
             return torch.as_tensor(extras["success"]).bool().cpu()

@@ -9,13 +9,16 @@ policy), so two models meet the same perturbation on the same episode, whatever 
 
     FACTORS[name] = Factor(levels, what)          the suites; `parse("obs_noise=0.02,frame_drop")` picks from them
     Perturbed(env, factor, level, seed)           the env with one factor applied
-    summarise(nominal, runs) -> {factor: {level: {success_rate, ci_low, ci_high, drop, lost, gained}}}
+    summarise(nominal, runs, moved) -> {factor: {level: {success_rate, ci_low, ci_high, drop, lost, gained,
+                                                         changed_initial}}}
 
-What a wrapper cannot do is named, not approximated silently: camera pose and lighting are not re-rendered (the
-task's renderer has no such knobs): `camera_shift` moves the rendered image (a camera translated parallel to its image
-plane, no parallax) and `brightness` scales it (lighting, no shadows). `instruction` rewords what a language-conditioned
-policy is told (a policy that reads no instruction is unaffected by it, as it should be). Initial poses beyond the
-training range and distractor objects need the task's own reset: not in these suites yet.
+The scene factors (`object_pose`, `arm_pose`) are applied by the task's own reset (isaac_tasks/scenes.py): the
+object and the arm start beyond the range the task trains on, seen by the physics, the cameras and the expert alike;
+a task without such a reset refuses them by name. What a wrapper cannot do is named, not approximated silently:
+camera pose and lighting are not re-rendered (the task's renderer has no such knobs): `camera_shift` moves the
+rendered image (a camera translated parallel to its image plane, no parallax) and `brightness` scales it (lighting,
+no shadows). `instruction` rewords what a language-conditioned policy is told (a policy that reads no instruction is
+unaffected by it, as it should be). Distractor objects need scenes built with them: not in these suites yet.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from roboloop.evaluation.protocol import BatchedEnv, Obs, StepResult
 class Factor:
     levels: tuple[float, ...]
     what: str
-    acts_on: str  # "state", "images", "action" or "instruction"
+    acts_on: str  # "state", "images", "action", "instruction" or "scene"
 
 
 FACTORS: dict[str, Factor] = {
@@ -52,6 +55,11 @@ FACTORS: dict[str, Factor] = {
     "instruction": Factor((1, 2), "the instruction reworded, drawn per episode: 1 another verb (touch the red ball), "
                           "2 another verb and noun in a longer sentence (please move over to the red sphere now); "
                           "the words that name the goal (its colour) are kept", "instruction"),
+    "object_pose": Factor((0.25, 0.5, 1.0), "the object (the named ball, the cube) placed at a bearing beyond the "
+                          "training range, by up to this fraction of the range's half-width (its distance kept)",
+                          "scene"),
+    "arm_pose": Factor((0.25, 0.5, 1.0), "the arm's start beyond the training range (the reach arm's shoulder, the "
+                       "SO-101's arm joints), by up to this fraction of each range's half-width", "scene"),
 }
 
 # paraphrases of the tasks' own wording (reach the red ball; pick up the cube): level 1 swaps the verb, level 2 the
@@ -82,7 +90,9 @@ def parse(spec: str) -> list[tuple[str, float]]:
     return list(dict.fromkeys(out))
 
 
-def _rng(seed: int, factor: str, level: float, episode: int, step: int) -> np.random.Generator:
+def draw(seed: int, factor: str, level: float, episode: int, step: int) -> np.random.Generator:
+    """The stream of one (seed, factor, level, episode, step): step -1 is the episode's own draw (a paraphrase, a
+    camera direction), -2 its scene's (the task's reset)."""
     key = hashlib.blake2b(f"{seed}/{factor}/{level}/{episode}/{step}".encode(), digest_size=8).digest()
     return np.random.default_rng(int.from_bytes(key, "little"))
 
@@ -96,6 +106,12 @@ class Perturbed:
             raise ValueError(f"unknown factor {factor!r}")
         self.env, self.factor, self.level, self.seed = env, factor, float(level), seed
         self.kind = FACTORS[factor].acts_on
+        self._scene = getattr(env, "perturb_scene", None)  # the task's own reset with a scene factor
+        if self.kind == "scene" and self._scene is None:
+            raise ValueError(f"perturb: {factor} moves the scene through the task's own reset; {env.task} has none "
+                             "(roboloop's Isaac Lab reach and SO-101 tasks do)")
+        if self.kind == "scene":
+            self._lay(None)  # refuses a task that cannot move its scene, before any episode runs
         self.num_envs, self.action_dim, self.fps = env.num_envs, env.action_dim, env.fps
         self.action_low, self.action_high = env.action_low, env.action_high
         self.backend, self.task = env.backend, env.task
@@ -106,10 +122,17 @@ class Perturbed:
         self.frames: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]  # per env: last shown / history
         self.history: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(n)]
 
+    def _lay(self, *factor: object) -> None:
+        """The task's reset lays its episodes out with `factor` (factor, level, seed), or nominally (None)."""
+        if self._scene is not None:
+            self._scene(*factor)
+
     def _draw(self, i: int) -> np.random.Generator:
-        return _rng(self.seed, self.factor, self.level, int(self.number[i]), int(self.t[i]))
+        return draw(self.seed, self.factor, self.level, int(self.number[i]), int(self.t[i]))
 
     def reset(self, seed: int | None = None) -> Obs:
+        if self.kind == "scene":  # the task lays out every episode from here on with the factor (until `release`)
+            self._lay(self.factor, self.level, self.seed)
         obs = self.env.reset(seed=seed)
         n = self.num_envs
         self.number, self.t, self.started = np.arange(n), np.zeros(n, dtype=int), n
@@ -161,7 +184,7 @@ class Perturbed:
 
     def _reword(self, i: int, text: str) -> str:
         """Env `i`'s instruction as this episode's paraphrase (one draw per episode, the goal's words kept)."""
-        rng = _rng(self.seed, self.factor, self.level, int(self.number[i]), -1)
+        rng = draw(self.seed, self.factor, self.level, int(self.number[i]), -1)
         for old, new in VERBS.items():
             if text.startswith(old + " "):
                 text = str(rng.choice(new)) + text[len(old):]
@@ -182,7 +205,7 @@ class Perturbed:
             self.frames[i][key] = frame
             return frame
         if self.factor == "camera_shift":
-            angle = _rng(self.seed, self.factor, self.level, int(self.number[i]), -1).uniform(0, 2 * np.pi)
+            angle = draw(self.seed, self.factor, self.level, int(self.number[i]), -1).uniform(0, 2 * np.pi)
             dy, dx = round(self.level * np.sin(angle)), round(self.level * np.cos(angle))
             p, (h, w) = int(abs(self.level)) + 1, frame.shape[:2]
             img = torch.nn.functional.pad(frame.permute(2, 0, 1)[None].float(), (p, p, p, p), mode="replicate")
@@ -197,7 +220,13 @@ class Perturbed:
         held = getattr(self.env, "hold_action", None)
         return held(obs) if held is not None else torch.zeros(obs.state.shape[0], self.action_dim)
 
+    def release(self) -> None:
+        """The wrapped env as it was: the task lays out nominal scenes again (the env stays open)."""
+        if self.kind == "scene":
+            self._lay(None)
+
     def close(self) -> None:
+        self.release()
         self.env.close()
 
 
@@ -215,11 +244,24 @@ def paired(nominal: list[dict], eps: list[dict]) -> dict:
             "outcomes": "".join("01"[got[i]] for i in common)}
 
 
-def summarise(nominal: list[dict], runs: dict[tuple[str, float], list[dict]]) -> dict[str, dict[str, dict]]:
-    """Per factor and level: `paired` against the nominal run."""
+def changed(nominal: str | None, run: str | None) -> int | None:
+    """How many episodes began from another initial state than nominal's (as the policy met it: the state vector and
+    the instruction; `initial_states` digests, 8 hex digits each, in episode order); None where either is unknown."""
+    if not nominal or not run:
+        return None
+    a, b = [[s[i:i + 8] for i in range(0, len(s), 8)] for s in (nominal, run)]
+    return sum(x != y for x, y in zip(a, b, strict=False))
+
+
+def summarise(nominal: list[dict], runs: dict[tuple[str, float], list[dict]],
+              moved: dict[tuple[str, float], int | None] | None = None) -> dict[str, dict[str, dict]]:
+    """Per factor and level: `paired` against the nominal run, with `changed_initial` (episodes whose initial state
+    the factor changed where the state carries the scene: a scene factor changes them, an image or action factor
+    does not)."""
     out: dict[str, dict[str, dict]] = {}
     for (factor, level), eps in runs.items():
-        out.setdefault(factor, {})[f"{level:g}"] = paired(nominal, eps)
+        out.setdefault(factor, {})[f"{level:g}"] = {**paired(nominal, eps),
+                                                    "changed_initial": (moved or {}).get((factor, level))}
     return out
 
 

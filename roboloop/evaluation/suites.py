@@ -34,14 +34,20 @@ def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None
     if cfg.perturb:
         runs: dict[tuple[str, float], list[dict]] = {}
         videos: dict[tuple[str, float], list[str]] = {}
+        moved: dict[tuple[str, float], int | None] = {}
         for factor, level in perturb.parse(cfg.perturb):
             tag = f"{factor}={level:g}"
-            rep, _ = evaluate(perturb.Perturbed(env, factor, level, cfg.seed), policy, cfg.episodes, execute_steps,
-                              min(cfg.videos, 1), out / "perturb" / tag if cfg.videos else None, seed=cfg.seed,
-                              progress=progress_printer(f"[progress] perturbed {tag}"),
-                              label=f"{cfg.shown_as()} under {tag}")
+            wrapped = perturb.Perturbed(env, factor, level, cfg.seed)
+            try:
+                rep, _ = evaluate(wrapped, policy, cfg.episodes, execute_steps, min(cfg.videos, 1),
+                                  out / "perturb" / tag if cfg.videos else None, seed=cfg.seed,
+                                  progress=progress_printer(f"[progress] perturbed {tag}"),
+                                  label=f"{cfg.shown_as()} under {tag}")
+            finally:
+                wrapped.release()
             runs[(factor, level)], videos[(factor, level)] = rep.per_episode, rep.videos
-        report.perturbations = perturb.summarise(report.per_episode, runs)
+            moved[(factor, level)] = perturb.changed(report.initial_states, rep.initial_states)
+        report.perturbations = perturb.summarise(report.per_episode, runs, moved)
         worst = perturb.worst(report.perturbations)
         if worst is not None:
             report.perturbation_worst = f"{worst[0]}={worst[1]}"

@@ -1,5 +1,6 @@
 """`roboloop evaluate --perturb ... --latency ...` on the real reach task: the same numbered episodes under each
-factor and each latency, paired with the nominal run, and the same per-episode outcomes whatever `num_envs`.
+factor and each latency, paired with the nominal run, and the same per-episode outcomes whatever `num_envs`. The scene
+factors move every episode's ball or arm start past the training range, and the expert still succeeds there.
 
 The scripted expert reads the simulator, not the camera: a camera factor cannot change what it does, so its outcomes
 must equal nominal episode for episode (the pairing is exact); 200 ms of latency (6 control steps at 30 Hz) leaves it
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.isaac
 def _evaluate(out: Path, num_envs: int) -> dict:
     cmd = [sys.executable, "-m", "roboloop.cli", "evaluate", "--policy", "expert", "--task", "Roboloop-Reach-Color-v0",
            "--episodes", "12", "--num-envs", str(num_envs), "--videos", "1", "--output-dir", str(out),
-           "--perturb", "frame_drop=0.5,action_noise=0.3", "--latency", "200"]
+           "--perturb", "frame_drop=0.5,action_noise=0.3,object_pose=1,arm_pose=1", "--latency", "200"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -32,7 +33,8 @@ def _stage(out: Path, num_envs: int) -> dict:
     from roboloop.evaluation.config import EvalRecipe
     from tasks.evaluate import robustness_markdown
 
-    recipe = EvalRecipe(episodes=12, num_envs=num_envs, videos=1, perturb="frame_drop=0.5,action_noise=0.3",
+    recipe = EvalRecipe(episodes=12, num_envs=num_envs, videos=1,
+                        perturb="frame_drop=0.5,action_noise=0.3,object_pose=1,arm_pose=1",
                         latency="200")
     s = stages.evaluate("expert", recipe, output_dir=str(out), on_line=lambda _l: None)
     text = "\n".join(robustness_markdown(s))
@@ -47,6 +49,10 @@ def test_perturbed_and_latency_runs_pair_with_nominal_whatever_the_number_of_env
                                                           ["per_episode"], key=lambda e: e["index"]))
     camera = a["perturbations"]["frame_drop"]["0.5"]
     assert camera["outcomes"] == nominal and camera["drop"] == 0, (camera, nominal)
+    assert camera["changed_initial"] == 0  # the camera factor leaves the scene as it was
+    for factor in ("object_pose", "arm_pose"):  # the task lays every episode out past the training range ...
+        moved = a["perturbations"][factor]["1"]
+        assert moved["changed_initial"] == 12 and moved["success_rate"] >= 10 / 12, (factor, moved)  # ... solvably
     late = a["latency"][-1]
     assert late["ms"] == 200 and late["delay_steps"] == 6, late
     assert late["drop"] >= 0.25, late  # stale states: the expert misses

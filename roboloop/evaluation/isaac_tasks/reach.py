@@ -47,6 +47,7 @@ from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
 from isaaclab_newton.renderers.newton_warp_renderer_cfg import NewtonWarpRendererCfg
 
 from roboloop.evaluation.assets import ARM_REL
+from roboloop.evaluation.isaac_tasks import scenes
 from roboloop.evaluation.isaac_tasks.controllers import (
     JOINT_LIMIT,
     dls_step,
@@ -55,6 +56,7 @@ from roboloop.evaluation.isaac_tasks.controllers import (
     jacobian,
     joint_expert,
 )
+from roboloop.evaluation.perturb import draw as perturb_rng
 
 COLORS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.8, 0.1), "blue": (0.1, 0.2, 0.9)}
 COLOR_NAMES = tuple(COLORS)
@@ -192,6 +194,7 @@ class ReachColorEnv(DirectRLEnv):
         self.colour_order = torch.zeros(self.num_envs, 3, dtype=torch.long)
         self.start_q = torch.zeros(self.num_envs, 2)
         self.episodes_started = 0  # episodes begun since the last full reset (the evaluator's counting order)
+        self.scene_factor: tuple[str, float, int] | None = None  # (factor, level, seed) of scenes.py, or nominal
 
     # ----------------------------------------------------------------- language
     def instructions(self) -> list[str]:
@@ -299,11 +302,15 @@ class ReachColorEnv(DirectRLEnv):
             g = layout_generator(str(self.cfg.layout_split), int(self.cfg.seed or 0), layout)
             order = torch.randperm(3, generator=g) if k > 1 else torch.randint(0, 3, (1,), generator=g).expand(3)
             self.colour_order[env] = order
-            self.ball_xy[env] = self._sample_balls(g).to(self.device)
+            balls = self._sample_balls(g)
             q = torch.empty(2).uniform_(-0.6, 0.6, generator=g)
             q[1] = q[1] + torch.sign(q[1] + 1e-3) * 0.6  # start bent, away from the singularity
-            self.start_q[env] = q
-            self.target[env] = int(order[min(slot, 2)]) if self.cfg.fixed_target < 0 else int(self.cfg.fixed_target)
+            target = int(order[min(slot, 2)]) if self.cfg.fixed_target < 0 else int(self.cfg.fixed_target)
+            if self.scene_factor is not None:  # a perturbation suite's scene factor (see perturb.Perturbed)
+                factor, level, seed = self.scene_factor
+                rng = perturb_rng(seed, factor, level, self.episodes_started - 1, -2)
+                balls, q = scenes.reach(factor, level, rng, balls, target, q, self.cfg.min_separation)
+            self.ball_xy[env], self.start_q[env], self.target[env] = balls.to(self.device), q, target
         return self.start_q[ids].clone()
 
     def _sample_balls(self, g: torch.Generator) -> torch.Tensor:

