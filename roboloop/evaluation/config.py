@@ -55,8 +55,9 @@ class EvalRecipe(BaseModel):
                              "16 episodes (Bonferroni over the looks); `episodes` is then the most it runs")
     perturb: str | None = Field(
         None, description="also play the same episodes under perturbations: FACTOR[=LEVEL],... or all (factors: "
-        "obs_noise, action_noise, actuator_gain, frame_drop, frame_delay, camera_shift, brightness, instruction; a "
-        "factor alone: all its levels); reports success per factor and level and the paired drop from nominal")
+        "obs_noise, action_noise, actuator_gain, frame_drop, frame_delay, camera_shift, brightness, instruction, "
+        "object_pose, arm_pose; a factor alone: all its levels); reports success per factor and level and the "
+        "paired drop from nominal")
     latency: str | None = Field(
         None, description="also play the same episodes with the policy's latency charged in simulated time: "
         "measured (the nominal run's p50 and p99 chunk times; through the server for serve://) and/or "

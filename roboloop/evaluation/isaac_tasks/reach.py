@@ -29,7 +29,6 @@ and overshoot (see the README's ablation table).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 
@@ -299,7 +298,7 @@ class ReachColorEnv(DirectRLEnv):
         for env in ids.tolist():
             layout, slot = divmod(self.episodes_started, k)
             self.episodes_started += 1
-            g = layout_generator(str(self.cfg.layout_split), int(self.cfg.seed or 0), layout)
+            g = scenes.layout_generator(str(self.cfg.layout_split), int(self.cfg.seed or 0), layout)
             order = torch.randperm(3, generator=g) if k > 1 else torch.randint(0, 3, (1,), generator=g).expand(3)
             self.colour_order[env] = order
             balls = self._sample_balls(g)
@@ -321,9 +320,3 @@ class ReachColorEnv(DirectRLEnv):
             xy = torch.stack([r * torch.cos(th), r * torch.sin(th)], dim=-1)
             if torch.pdist(xy).min() >= self.cfg.min_separation:
                 return xy
-
-
-def layout_generator(split: str, seed: int, layout: int, task: str = "reach") -> torch.Generator:
-    """The random stream of one layout of a task's scenes: independent of every other layout, split and seed."""
-    digest = hashlib.sha256(f"roboloop-{task}:{split}:{seed}:{layout}".encode()).digest()
-    return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))

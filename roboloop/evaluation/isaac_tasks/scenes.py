@@ -8,16 +8,24 @@ episode number), so two models meet the same moved scene on the same episode. Pu
 
     reach(factor, level, rng, balls, target, q, min_separation) -> (balls, q)
     so101(factor, level, rng, cube, q, theta_range, joint_ranges) -> (cube, q)
+    so101_layout(split, seed, episode, scene_factor) -> (cube, q)   the SO-101 pick's episode, for either simulator
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
 import torch
 
 SCENE_FACTORS = ("object_pose", "arm_pose")
+
+
+def layout_generator(split: str, seed: int, layout: int, task: str = "reach") -> torch.Generator:
+    """The random stream of one layout of a task's scenes: independent of every other layout, split and seed."""
+    digest = hashlib.sha256(f"roboloop-{task}:{split}:{seed}:{layout}".encode()).digest()
+    return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
 
 
 def _beyond(rng: np.random.Generator, edge: float, level: float) -> float:
@@ -62,4 +70,37 @@ def so101(factor: str, level: float, rng: np.random.Generator, cube: torch.Tenso
     th = mid + _beyond(rng, half, level)
     yaw = th + rng.uniform(-1.0, 1.0) * yaw_range
     cube[0], cube[1], cube[3] = r * math.cos(th), r * math.sin(th), yaw
+    return cube, q
+
+
+SO101_REACH_R = (0.17, 0.25)  # the cube's distance from the base (m)
+SO101_REACH_THETA = (-0.6, 0.6)  # and bearing (rad) from the arm's forward direction (+x)
+SO101_CUBE_YAW = 0.5  # the cube turns +-this (rad) from facing the arm
+SO101_CUBE = 0.04  # edge (m), as lerobot-env-so101's block
+SO101_START_SPREAD = (0.2, 0.1, 0.1, 0.1, 0.2, 0.0)  # rad: each joint's start is home +- this (the gripper's fixed)
+
+
+def so101_layout(split: str, seed: int, episode: int, scene_factor: tuple[str, float, int] | None = None,
+                 reach_r: tuple[float, float] = SO101_REACH_R, reach_theta: tuple[float, float] = SO101_REACH_THETA,
+                 cube_yaw: float = SO101_CUBE_YAW) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SO-101 pick's episode `episode`: the cube's (x, y, z, yaw) in the arm's base frame and the arm's start
+    joints (radians, the `so101_new_calib` zeros), a pure function of (split, seed, episode) that both simulators lay
+    out (Isaac Lab's task and the MuJoCo one of lerobot-env-so101)."""
+    from isaaclab_so101.constants import HOME_JOINT_POS, SIM_JOINT_NAMES
+
+    from roboloop.evaluation.perturb import draw
+
+    g = layout_generator(split, seed, episode, "so101")
+    u = torch.rand(4, generator=g)
+    r = reach_r[0] + u[0] * (reach_r[1] - reach_r[0])
+    th = reach_theta[0] + u[1] * (reach_theta[1] - reach_theta[0])
+    yaw = th + (2 * u[2] - 1) * cube_yaw
+    cube = torch.stack([r * torch.cos(th), r * torch.sin(th), torch.tensor(SO101_CUBE / 2), yaw])
+    home = torch.tensor([HOME_JOINT_POS[n] for n in SIM_JOINT_NAMES])
+    spread = torch.tensor(SO101_START_SPREAD)
+    q = home + (torch.rand(6, generator=g) * 2 - 1) * spread
+    if scene_factor is not None:  # a perturbation suite's scene factor (see perturb.Perturbed)
+        factor, level, fseed = scene_factor
+        cube, q = so101(factor, level, draw(fseed, factor, level, episode, -2), cube, q, reach_theta, spread, home,
+                        cube_yaw)
     return cube, q

@@ -43,16 +43,13 @@ from isaaclab_so101.cameras import look_at_offset
 from isaaclab_so101.constants import HOME_JOINT_POS, JOINT_LIMITS_DEG, SIM_JOINT_NAMES
 
 from roboloop.evaluation.isaac_tasks import scenes
-from roboloop.evaluation.isaac_tasks.reach import layout_generator
-from roboloop.evaluation.perturb import draw as perturb_rng
 from roboloop.evaluation.so101_asset import so101_usd
 
 # LeRobot's so101_follower feature names, in the USD's joint order (Rotation .. Jaw)
 MOTORS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
 FEATURE_NAMES = [f"{m}.pos" for m in MOTORS]
 JAW_LO, JAW_HI = JOINT_LIMITS_DEG[-1]
-CUBE = 0.04  # edge (m), as lerobot-env-so101's block
-START_SPREAD = (0.2, 0.1, 0.1, 0.1, 0.2, 0.0)  # rad: each joint's start is home +- this (the gripper's fixed)
+CUBE = scenes.SO101_CUBE
 # where the cube's centre sits in the gripper link's frame when grasped: just inside the fixed pad (so101_asset)
 GRASP_POINT = (0.0235, -0.0002, -0.097)
 _YAW_90 = (0.0, 0.0, math.sqrt(0.5), math.sqrt(0.5))  # (x, y, z, w): the arm faces +x (isaaclab_so101.assets)
@@ -142,9 +139,9 @@ class SO101PickCubeEnvCfg(DirectRLEnvCfg):
     lift_height = 0.05  # m above the resting cube
     success_hold = 5  # policy steps
     held_radius = 0.035  # the cube's centre within this of the grasp point counts as held
-    reach_r = (0.17, 0.25)  # cube distance from the base (m)
-    reach_theta = (-0.6, 0.6)  # and bearing (rad) from the arm's forward direction
-    cube_yaw = 0.5  # the cube turns +-this (rad) from facing the arm
+    reach_r = scenes.SO101_REACH_R  # cube distance from the base (m)
+    reach_theta = scenes.SO101_REACH_THETA  # and bearing (rad) from the arm's forward direction
+    cube_yaw = scenes.SO101_CUBE_YAW  # the cube turns +-this (rad) from facing the arm
     layout_split = "test"  # demonstrations record "train" layouts, evaluations play "test" ones
     # Recording: an env plays a failed episode's layout (cube pose and start pose) again, up to this many more
     # times, before it draws the next one. A noisy expert fails more on some layouts (cubes near the base), so
@@ -294,22 +291,10 @@ class SO101PickCubeEnv(DirectRLEnv):
     def _next_layout(self, env: int) -> torch.Tensor:
         """The cube's pose and the arm's start of the next episode to begin: a pure function of (split, seed,
         episode number), whatever num_envs."""
-        episode = self.episodes_started
-        g = layout_generator(str(self.cfg.layout_split), int(self.cfg.seed or 0), episode, "so101")
+        (r0, r1), (t0, t1) = self.cfg.reach_r, self.cfg.reach_theta
+        cube, q = scenes.so101_layout(str(self.cfg.layout_split), int(self.cfg.seed or 0), self.episodes_started,
+                                      self.scene_factor, (r0, r1), (t0, t1), self.cfg.cube_yaw)
         self.episodes_started += 1
-        u = torch.rand(4, generator=g)
-        r = self.cfg.reach_r[0] + u[0] * (self.cfg.reach_r[1] - self.cfg.reach_r[0])
-        th = self.cfg.reach_theta[0] + u[1] * (self.cfg.reach_theta[1] - self.cfg.reach_theta[0])
-        yaw = th + (2 * u[2] - 1) * self.cfg.cube_yaw
-        cube = torch.stack([r * torch.cos(th), r * torch.sin(th), torch.tensor(CUBE / 2), yaw])
-        home = torch.tensor([HOME_JOINT_POS[n] for n in SIM_JOINT_NAMES])
-        spread = torch.tensor(START_SPREAD)
-        q = home + (torch.rand(6, generator=g) * 2 - 1) * spread
-        if self.scene_factor is not None:  # a perturbation suite's scene factor (see perturb.Perturbed)
-            factor, level, seed = self.scene_factor
-            sector = (float(self.cfg.reach_theta[0]), float(self.cfg.reach_theta[1]))
-            cube, q = scenes.so101(factor, level, perturb_rng(seed, factor, level, episode, -2), cube, q, sector,
-                                   spread, home, self.cfg.cube_yaw)
         self.cube_pose[env] = cube.to(self.device)
         return q
 

@@ -227,3 +227,10 @@ def test_a_scene_factor_on_a_task_without_its_own_reset_is_refused_before_any_ep
     with pytest.raises(ValueError, match="object_pose moves the scene through the task's own reset"):
         perturb.Perturbed(CountingEnv(2), "object_pose", 0.5, seed=0)
     assert perturb.changed("aaaaaaaabbbbbbbb", "aaaaaaaacccccccc") == 1 and perturb.changed(None, "ab") is None
+
+
+def test_the_evaluation_form_names_every_factor():
+    from roboloop.evaluation.config import EvalRecipe
+
+    said = EvalRecipe.model_fields["perturb"].description or ""
+    assert all(name in said for name in perturb.FACTORS), [n for n in perturb.FACTORS if n not in said]
