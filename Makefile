@@ -25,11 +25,13 @@ install: $(STAMP)  ## create .venv/ with everything (idempotent; re-runs only wh
 $(STAMP): pyproject.toml constraints/py312.txt
 	@# ffmpeg (videos); Chromium's headless shell + its driver (the `ui` tests drive Prefect's UI in a real browser);
 	@# iproute2 + util-linux (tests/cluster's test hosts: network namespaces, infra/testbed.py); PostgreSQL (the
-	@# control host's Prefect database, as a team runs it)
+	@# control host's Prefect database, as a team runs it); Mesa's EGL (MuJoCo renders the sim-to-sim SO-101's cameras
+	@# offscreen, in software where there is no GPU)
 	@command -v ffmpeg >/dev/null && command -v chromium-headless-shell >/dev/null && command -v chromedriver \
 	  >/dev/null && command -v ip >/dev/null && command -v unshare >/dev/null && ls /usr/lib/postgresql/*/bin/initdb \
-	  >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y \
-	  -qq ffmpeg chromium-headless-shell chromium-driver iproute2 util-linux postgresql >/dev/null; }
+	  >/dev/null 2>&1 && ldconfig -p | grep -q libEGL_mesa || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg chromium-headless-shell chromium-driver \
+	  iproute2 util-linux postgresql libegl1 libegl-mesa0 libgl1-mesa-dri >/dev/null; }
 	@[ -n "$(PYTHON312)" ] || { echo "Python 3.12 not found: install it (pyenv install 3.12) or pass PYTHON312=/path/to/python3.12"; exit 1; }
 	@[ -x $(PY) ] || $(PYTHON312) -m venv $(VENV)
 	@[ -x $(VENV)/bin/uv ] || $(PY) -m pip install -q uv==0.9.11

@@ -26,6 +26,7 @@ UNIT_SECONDS = {
     "tests/e2e/test_fresh_clone.py": 480,
     "tests/deploy": 350,  # session 43: + a worker stopped while it holds a run (45 s)
     "tests/isaac/test_act_loop.py": 240,
+    "tests/isaac/test_sim_to_sim.py": 75,
     "bench:so101": 175,
     "tests/isaac/test_reach_variants.py": 174,
     "tests/isaac/test_serve_reach.py": 170,  # session 35's estimate, with the SO-101 served through two cameras

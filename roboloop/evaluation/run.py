@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from roboloop.evaluation.config import DEFAULT_EXECUTE_STEPS, ROBOLOOP_TASKS, CollectConfig, EvalConfig
+from roboloop.evaluation.config import (
+    DEFAULT_EXECUTE_STEPS,
+    ROBOLOOP_TASKS,
+    SIM2SIM_TASKS,
+    CollectConfig,
+    EvalConfig,
+)
 
 if TYPE_CHECKING:
     from roboloop.evaluation.evaluator import EvalReport
@@ -34,7 +40,7 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
         if cfg.policy.startswith("serve://"):  # one connection: asked what the model reads, then acting
             policy = served_policy(cfg.policy, cfg.precision)
         reads = bool(policy.env_state_dim) if policy is not None else reads_env_state(cfg.policy)
-        overrides = {"privileged_obs": True} if cfg.task in ROBOLOOP_TASKS and reads else None
+        overrides = {"privileged_obs": True} if cfg.task in (*ROBOLOOP_TASKS, *SIM2SIM_TASKS) and reads else None
         env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=not blind, overrides=overrides)
         policy = fits(policy, env, cfg.policy) if policy is not None else \
             make_policy(cfg.policy, env, cfg.device, cfg.seed, cfg.precision)
@@ -130,7 +136,7 @@ SO101_ROBOT_TYPE = "so_follower"
 def task_schema(task: str) -> tuple[str, list[str] | None, list[str] | None, list[str] | None]:
     """(robot_type, state names, action names, environment-state names) of what `collect` records on `task`
     (names None: numbered)."""
-    if task == "Roboloop-SO101-PickCube-v0":
+    if task in ("Roboloop-SO101-PickCube-v0", *SIM2SIM_TASKS):
         return SO101_ROBOT_TYPE, SO101_NAMES, SO101_NAMES, SO101_ENV_STATE_NAMES
     if task not in ROBOLOOP_TASKS:
         return "roboloop", None, None, None

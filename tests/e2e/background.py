@@ -69,6 +69,8 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
     "inference": (["--preset", "demo", "--demos", "4", "--steps", "3", "--episodes", "2", "--num-envs", "2",
                    "--variants", "base", "k2", "--work", "{tmp}"], {"variants", "baseline"},
                   [pytest.mark.isaac]),
+    "sim_to_sim": (["--episodes", "2", "--work", "{tmp}"], {"kinematic_gap_mm", "replay_matched", "replay_shipped"},
+                   [pytest.mark.isaac]),
     "so101_data": (["--record", "{tmp}/demos", "--episodes", "4", "--noise", "0"],
                    {"reference_roll_fit", "datasets"}, [pytest.mark.isaac]),
     "serve": (["--requests", "5", "--seconds", "0.5", "--clients", "1", "2", "--families", "vla", "--ray-replicas"],
@@ -90,7 +92,7 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
 # lerobot_train 77, sweep 64, eval 60, loader 58, the rest under 40 each), so what is left when the suite's own
 # tests end is short
 ORDER = ["so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "robustness", "inference",
-         "compile", "so101_data", "precision", "gpu_check", "convert", "packing", "overhead", "startup", "optim",
+         "compile", "sim_to_sim", "so101_data", "precision", "gpu_check", "convert", "packing", "overhead", "startup", "optim",
          "act_step", "scale"]
 RAY = ["rl", "serve"]  # one after the other, in the lane that opens when the suite's own tests are done
 NICE = 5
