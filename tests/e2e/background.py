@@ -92,8 +92,8 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
 # lerobot_train 77, sweep 64, eval 60, loader 58, the rest under 40 each), so what is left when the suite's own
 # tests end is short
 ORDER = ["so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "robustness", "inference",
-         "compile", "sim_to_sim", "so101_data", "precision", "gpu_check", "convert", "packing", "overhead", "startup", "optim",
-         "act_step", "scale"]
+         "compile", "sim_to_sim", "so101_data", "precision", "gpu_check", "convert", "packing", "overhead", "startup",
+         "optim", "act_step", "scale"]
 RAY = ["rl", "serve"]  # one after the other, in the lane that opens when the suite's own tests are done
 NICE = 5
 RUN_TIMEOUT_S = 1800  # one run; a niced run beside busy tests takes up to ~3x its time alone
