@@ -225,15 +225,16 @@ def _same_episodes_alone_as_in_the_loop(tmp_path, summary: dict) -> None:
     import os
     import subprocess
     import sys
+    from pathlib import Path
 
     from roboloop.registry import Registry
 
-    record = Registry(tmp_path / ".roboloop" / "registry").lineage("so101-ci", 1)["eval"]
+    lineage = Registry(tmp_path / ".roboloop" / "registry").lineage("so101-ci", 1)
+    record, model = lineage["eval"], Path(lineage["model"]["path"]).name
     loop_runs = [json.loads(p.read_text()) for p in (tmp_path / "artifacts" / "evals").rglob("report.json")]
-    ours = [r for r in loop_runs if r.get("initial_states") == record["initial_states"]
-            and not r["policy"].startswith(("random", "serve://")) and r["num_envs"] == 2]
-    assert ours, [(r["policy"], r["num_envs"], r["seed"], r["episodes"]) for r in loop_runs]
-    loop_run = ours[0]  # the registered model's evaluation (and its served check's, if kept, the same episodes)
+    ours = [r for r in loop_runs if r["policy"].endswith(model) and r["num_envs"] == 2 and r["seed"] == 0]
+    assert len(ours) == 1, [(r["policy"], r["num_envs"], r["seed"], r["episodes"]) for r in loop_runs]
+    loop_run = ours[0]  # the registered model's evaluation
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROBOLOOP_")}
     p = subprocess.run([sys.executable, "-m", "roboloop.cli", "evaluate", "--policy", "registry:so101-ci@1", "--task",
                         TASK, "--episodes", "2", "--num-envs", "1", "--videos", "0", "--output-dir",
