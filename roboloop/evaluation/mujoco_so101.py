@@ -42,7 +42,6 @@ TASK = "MuJoCo-SO101-PickCube-v0"
 BASE_OFFSET = (-0.01576, 0.02079, 0.03248)  # m: the MJCF base's place in the Isaac task's frame
 GRASP_POINT = (0.02348, 0.00094, -0.0970)  # m, in the MJCF's gripper body (Isaac's: 0.0235, -0.0002, -0.097)
 JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
-JAW_LO, JAW_HI = -10.0, 100.0  # degrees: the jaw's range, LeRobot's gripper 0..100
 FPS, SUBSTEPS = 30, 16
 EPISODE_STEPS, LIFT, HELD_RADIUS, HOLD = 240, 0.05, 0.035, 5
 # the Isaac task's cameras: eye and target (front), a mount on the gripper (wrist), focal length (mm) over a
@@ -53,14 +52,12 @@ HEIGHT, WIDTH, APERTURE = 96, 128, 20.955
 
 
 def to_lerobot(q: np.ndarray) -> np.ndarray:
-    """Joint radians (.., 6) -> LeRobot units."""
-    deg = np.rad2deg(q)
-    return np.concatenate([deg[..., :5], (deg[..., 5:] - JAW_LO) / (JAW_HI - JAW_LO) * 100.0], axis=-1)
+    """Joint radians (.., 6) -> LeRobot units (the Isaac task's conversion, `scenes.to_lerobot`)."""
+    return scenes.to_lerobot(torch.as_tensor(q, dtype=torch.float64)).numpy()
 
 
 def from_lerobot(a: np.ndarray) -> np.ndarray:
-    deg = np.concatenate([a[..., :5], JAW_LO + a[..., 5:] / 100.0 * (JAW_HI - JAW_LO)], axis=-1)
-    return np.deg2rad(deg)
+    return scenes.from_lerobot(torch.as_tensor(a, dtype=torch.float64)).numpy()
 
 
 def _fovy(focal: float) -> float:

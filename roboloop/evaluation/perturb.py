@@ -107,11 +107,11 @@ class Perturbed:
         self.env, self.factor, self.level, self.seed = env, factor, float(level), seed
         self.kind = FACTORS[factor].acts_on
         self._scene = getattr(env, "perturb_scene", None)  # the task's own reset with a scene factor
-        if self.kind == "scene" and self._scene is None:
-            raise ValueError(f"perturb: {factor} moves the scene through the task's own reset; {env.task} has none "
-                             "(roboloop's Isaac Lab reach and SO-101 tasks do)")
-        if self.kind == "scene":
-            self._lay(None)  # refuses a task that cannot move its scene, before any episode runs
+        if self.kind == "scene":  # refused before any episode runs where the task cannot move its scene
+            if self._scene is None:
+                raise ValueError(f"perturb: {factor} moves the scene through the task's own reset; {env.task} has "
+                                 "none (roboloop's reach and SO-101 tasks do)")
+            self._lay(None)
         self.num_envs, self.action_dim, self.fps = env.num_envs, env.action_dim, env.fps
         self.action_low, self.action_high = env.action_low, env.action_high
         self.backend, self.task = env.backend, env.task

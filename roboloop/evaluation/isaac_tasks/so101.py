@@ -43,28 +43,17 @@ from isaaclab_so101.cameras import look_at_offset
 from isaaclab_so101.constants import HOME_JOINT_POS, JOINT_LIMITS_DEG, SIM_JOINT_NAMES
 
 from roboloop.evaluation.isaac_tasks import scenes
+from roboloop.evaluation.isaac_tasks.scenes import from_lerobot, to_lerobot
 from roboloop.evaluation.so101_asset import so101_usd
 
 # LeRobot's so101_follower feature names, in the USD's joint order (Rotation .. Jaw)
 MOTORS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
 FEATURE_NAMES = [f"{m}.pos" for m in MOTORS]
-JAW_LO, JAW_HI = JOINT_LIMITS_DEG[-1]
 CUBE = scenes.SO101_CUBE
 # where the cube's centre sits in the gripper link's frame when grasped: just inside the fixed pad (so101_asset)
 GRASP_POINT = (0.0235, -0.0002, -0.097)
 _YAW_90 = (0.0, 0.0, math.sqrt(0.5), math.sqrt(0.5))  # (x, y, z, w): the arm faces +x (isaaclab_so101.assets)
 _LIMITS = torch.tensor(JOINT_LIMITS_DEG)
-
-
-def to_lerobot(q: torch.Tensor) -> torch.Tensor:
-    """Joint radians (.., 6) -> LeRobot units: degrees, gripper 0-100."""
-    out = torch.rad2deg(q)
-    return torch.cat([out[..., :5], (out[..., 5:] - JAW_LO) / (JAW_HI - JAW_LO) * 100.0], dim=-1)
-
-
-def from_lerobot(a: torch.Tensor) -> torch.Tensor:
-    deg = torch.cat([a[..., :5], JAW_LO + a[..., 5:] / 100.0 * (JAW_HI - JAW_LO)], dim=-1)
-    return torch.deg2rad(deg)
 
 
 def _servos() -> dict:
