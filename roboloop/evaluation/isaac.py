@@ -110,12 +110,20 @@ class IsaacLabEnv:
         raw, _ = self.env.reset(seed=seed)
         return self._obs(raw)
 
+    @property
+    def scene_factors(self) -> tuple[str, ...]:
+        """The scene factors this task's own reset applies (isaac_tasks/scenes.py; its renderer has no knobs)."""
+        from roboloop.evaluation.isaac_tasks.scenes import SCENE_FACTORS
+
+        return SCENE_FACTORS if hasattr(self.u, "scene_factor") else ()
+
     def perturb_scene(self, factor: str | None, level: float = 0.0, seed: int = 0) -> None:
-        """Episodes laid out from the next reset on with a scene factor (isaac_tasks/scenes.py), or nominal (None)."""
-        if not hasattr(self.u, "scene_factor"):
-            raise ValueError(f"perturb: {factor} moves the scene through the task's own reset; {self.task} has none "
-                             "(roboloop's reach and SO-101 tasks do)")
-        self.u.scene_factor = None if factor is None else (factor, float(level), int(seed))
+        """Episodes laid out from the next reset on with a scene factor, or nominal (None)."""
+        if factor is not None and factor not in self.scene_factors:
+            raise ValueError(f"perturb: {self.task} cannot apply {factor} (its own reset applies: "
+                             f"{', '.join(self.scene_factors) or 'none'})")
+        if hasattr(self.u, "scene_factor"):
+            self.u.scene_factor = None if factor is None else (factor, float(level), int(seed))
 
     def _success(self, extras: dict, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
         if "success" in extras:

@@ -24,6 +24,7 @@ What the adapter maps, and how it is checked (tests/isaac/test_sim_to_sim.py):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from pathlib import Path
@@ -58,6 +59,63 @@ def to_lerobot(q: np.ndarray) -> np.ndarray:
 
 def from_lerobot(a: np.ndarray) -> np.ndarray:
     return scenes.from_lerobot(torch.as_tensor(a, dtype=torch.float64)).numpy()
+
+
+CAMERAS = {"observation.images.front": "front_cam", "observation.images.wrist": "wrist_cam"}
+RENDER_FACTORS = ("camera_pose", "camera_fov", "lighting")
+
+
+@contextlib.contextmanager
+def rendered(model, data, factor: tuple[str, float, int] | None, episode: int):
+    """The model's cameras and light changed for one episode's frames of `data` by a renderer factor
+    (`perturb.FACTORS`: camera_pose moves each camera `level` cm and turns it `level` degrees, in directions drawn
+    per episode; camera_fov scales its focal length; lighting scales the light), restored after. The cameras' world
+    poses are recomputed from the model (`mj_camlight`) both times."""
+    import mujoco
+
+    if factor is None or factor[0] not in RENDER_FACTORS:
+        yield
+        return
+    from roboloop.evaluation.perturb import draw
+
+    name, level, seed = factor
+    saved = (model.cam_pos.copy(), model.cam_quat.copy(), model.cam_fovy.copy(),
+             model.vis.headlight.ambient.copy(), model.vis.headlight.diffuse.copy())
+    try:
+        for cam in CAMERAS.values():
+            c = model.camera(cam).id
+            rng = draw(seed, name, level, episode, -3 - c)
+            if name == "camera_pose":
+                model.cam_pos[c] += _unit(rng) * level / 100.0
+                model.cam_quat[c] = _quat_mul(model.cam_quat[c], _axis_angle(_unit(rng), math.radians(level)))
+            elif name == "camera_fov":
+                half = math.radians(model.cam_fovy[c]) / 2
+                model.cam_fovy[c] = math.degrees(2 * math.atan(math.tan(half) / level))
+        if name == "lighting":
+            model.vis.headlight.ambient[:] = np.clip(saved[3] * level, 0, 1)
+            model.vis.headlight.diffuse[:] = np.clip(saved[4] * level, 0, 1)
+        mujoco.mj_camlight(model, data)
+        yield
+    finally:
+        model.cam_pos[:], model.cam_quat[:], model.cam_fovy[:] = saved[0], saved[1], saved[2]
+        model.vis.headlight.ambient[:], model.vis.headlight.diffuse[:] = saved[3], saved[4]
+        mujoco.mj_camlight(model, data)
+
+
+def _unit(rng: np.random.Generator) -> np.ndarray:
+    v = rng.standard_normal(3)
+    return v / np.linalg.norm(v)
+
+
+def _axis_angle(axis: np.ndarray, angle: float) -> np.ndarray:
+    return np.array([math.cos(angle / 2), *(math.sin(angle / 2) * axis)])
+
+
+def _quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    w1, x1, y1, z1 = a
+    w2, x2, y2, z2 = b
+    return np.array([w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2, w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
+                     w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2, w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2])
 
 
 def _fovy(focal: float) -> float:
@@ -141,6 +199,7 @@ class MujocoSO101Env:
         self.hold = np.zeros(num_envs, dtype=int)
         self.rest_z = np.zeros(num_envs)
         self.start_yaw = np.zeros(num_envs)
+        self.episode = np.zeros(num_envs, dtype=int)  # each env's episode number (the Evaluator's, start order)
         self.started = 0
         self.scene_factor: tuple[str, float, int] | None = None
 
@@ -154,7 +213,9 @@ class MujocoSO101Env:
 
     # ----------------------------------------------------------------- episodes
     def _lay_out(self, i: int) -> None:
-        cube, q = scenes.so101_layout(self.split, self.seed, self.started, self.scene_factor)
+        laid = self.scene_factor if self.scene_factor and self.scene_factor[0] in scenes.SCENE_FACTORS else None
+        cube, q = scenes.so101_layout(self.split, self.seed, self.started, laid)
+        self.episode[i] = self.started
         self.started += 1
         self.start(i, cube.numpy(), q.numpy())
 
@@ -175,7 +236,13 @@ class MujocoSO101Env:
             self._lay_out(i)
         return self._observe()
 
+    scene_factors = (*scenes.SCENE_FACTORS, *RENDER_FACTORS)
+
     def perturb_scene(self, factor: str | None, level: float = 0.0, seed: int = 0) -> None:
+        """Episodes from the next reset on laid out (object_pose, arm_pose) or rendered (camera_pose, camera_fov,
+        lighting) with a factor, or nominal (None)."""
+        if factor is not None and factor not in self.scene_factors:
+            raise ValueError(f"perturb: {TASK} cannot apply {factor} ({', '.join(self.scene_factors)})")
         self.scene_factor = None if factor is None else (factor, float(level), int(seed))
 
     def joints(self, i: int) -> np.ndarray:
@@ -208,12 +275,13 @@ class MujocoSO101Env:
         state = torch.as_tensor(to_lerobot(q), dtype=torch.float32)
         images: dict[str, torch.Tensor] = {}
         if self._renderer is not None:
-            for key, cam in (("observation.images.front", "front_cam"), ("observation.images.wrist", "wrist_cam")):
-                frames = []
-                for d in self.data:
-                    self._renderer.update_scene(d, camera=cam)
-                    frames.append(torch.from_numpy(self._renderer.render().copy()))
-                images[key] = torch.stack(frames)
+            frames: dict[str, list[torch.Tensor]] = {k: [] for k in CAMERAS}
+            for i, d in enumerate(self.data):
+                with rendered(self.model, d, self.scene_factor, int(self.episode[i])):
+                    for key, cam in CAMERAS.items():
+                        self._renderer.update_scene(d, camera=cam)
+                        frames[key].append(torch.from_numpy(self._renderer.render().copy()))
+            images = {k: torch.stack(v) for k, v in frames.items()}
         env_state = None
         if self.privileged_obs:  # as the Isaac task's: cube xyz, its yaw at the start, the grasp point
             rows = [np.concatenate([self.cube_pos(i), [self.start_yaw[i]], self.grasp_point(i)])

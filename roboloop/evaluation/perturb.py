@@ -12,13 +12,14 @@ policy), so two models meet the same perturbation on the same episode, whatever 
     summarise(nominal, runs, moved) -> {factor: {level: {success_rate, ci_low, ci_high, drop, lost, gained,
                                                          changed_initial}}}
 
-The scene factors (`object_pose`, `arm_pose`) are applied by the task's own reset (isaac_tasks/scenes.py): the
-object and the arm start beyond the range the task trains on, seen by the physics, the cameras and the expert alike;
-a task without such a reset refuses them by name. What a wrapper cannot do is named, not approximated silently:
-camera pose and lighting are not re-rendered (the task's renderer has no such knobs): `camera_shift` moves the
-rendered image (a camera translated parallel to its image plane, no parallax) and `brightness` scales it (lighting,
-no shadows). `instruction` rewords what a language-conditioned policy is told (a policy that reads no instruction is
-unaffected by it, as it should be). Distractor objects need scenes built with them: not in these suites yet.
+The scene factors are applied by the task itself, which lists them (`env.scene_factors`; a task that cannot apply one
+refuses it by name): `object_pose` and `arm_pose` by its reset (isaac_tasks/scenes.py: the object and the arm start
+beyond the range the task trains on, seen by the physics, the cameras and the expert alike), `camera_pose`,
+`camera_fov` and `lighting` by its renderer (MuJoCo-SO101-PickCube-v0's). Isaac Lab's renderer here has no such knobs,
+so on its tasks what a wrapper can do is named, not passed off as re-rendering: `camera_shift` moves the rendered
+image (a camera translated parallel to its image plane, no parallax) and `brightness` scales it (no shadows).
+`instruction` rewords what a language-conditioned policy is told (a policy that reads no instruction is unaffected by
+it, as it should be). Distractor objects need scenes built with them: not in these suites yet.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ FACTORS: dict[str, Factor] = {
                           "scene"),
     "arm_pose": Factor((0.25, 0.5, 1.0), "the arm's start beyond the training range (the reach arm's shoulder, the "
                        "SO-101's arm joints), by up to this fraction of each range's half-width", "scene"),
+    "camera_pose": Factor((1, 2, 4), "each camera re-rendered moved by this many cm and turned by this many degrees, "
+                          "in directions drawn per episode (tasks whose renderer can: MuJoCo-SO101-PickCube-v0)",
+                          "scene"),
+    "camera_fov": Factor((0.8, 0.9, 1.1, 1.25), "each camera re-rendered with its focal length scaled by this (its "
+                         "field of view narrower above 1)", "scene"),
+    "lighting": Factor((0.5, 0.75, 1.5), "the scene re-rendered with its light scaled by this", "scene"),
 }
 
 # paraphrases of the tasks' own wording (reach the red ball; pick up the cube): level 1 swaps the verb, level 2 the
@@ -69,12 +76,14 @@ NOUNS = {"ball": ("sphere", "orb", "dot"), "cube": ("block", "box")}
 WRAPS = ("please {} now", "{}, slowly", "can you {}?")
 
 
-def parse(spec: str) -> list[tuple[str, float]]:
-    """`all`, or `FACTOR[=LEVEL],...` (a factor without a level: all its levels) -> [(factor, level)]."""
+def parse(spec: str, scene_factors: tuple[str, ...] | None = None) -> list[tuple[str, float]]:
+    """`all`, or `FACTOR[=LEVEL],...` (a factor without a level: all its levels) -> [(factor, level)]. `all` takes
+    the scene factors the task applies (`scene_factors`; None: every one)."""
     out: list[tuple[str, float]] = []
     for part in [p.strip() for p in spec.split(",") if p.strip()]:
         if part == "all":
-            out += [(n, lv) for n, f in FACTORS.items() for lv in f.levels]
+            out += [(n, lv) for n, f in FACTORS.items() for lv in f.levels
+                    if f.acts_on != "scene" or scene_factors is None or n in scene_factors]
             continue
         name, _, level = part.partition("=")
         if name not in FACTORS:
@@ -106,11 +115,13 @@ class Perturbed:
             raise ValueError(f"unknown factor {factor!r}")
         self.env, self.factor, self.level, self.seed = env, factor, float(level), seed
         self.kind = FACTORS[factor].acts_on
-        self._scene = getattr(env, "perturb_scene", None)  # the task's own reset with a scene factor
-        if self.kind == "scene":  # refused before any episode runs where the task cannot move its scene
-            if self._scene is None:
-                raise ValueError(f"perturb: {factor} moves the scene through the task's own reset; {env.task} has "
-                                 "none (roboloop's reach and SO-101 tasks do)")
+        self._scene = getattr(env, "perturb_scene", None)  # the task's own reset or renderer applies it
+        if self.kind == "scene":  # refused before any episode runs where the task cannot apply it
+            if factor not in getattr(env, "scene_factors", ()):
+                raise ValueError(f"perturb: {factor} is applied by the task's own reset or renderer; {env.task} "
+                                 f"applies {', '.join(getattr(env, 'scene_factors', ())) or 'none'} (roboloop's "
+                                 "reach and SO-101 tasks lay out object_pose and arm_pose; MuJoCo-SO101-PickCube-v0 "
+                                 "also re-renders camera_pose, camera_fov and lighting)")
             self._lay(None)
         self.num_envs, self.action_dim, self.fps = env.num_envs, env.action_dim, env.fps
         self.action_low, self.action_high = env.action_low, env.action_high

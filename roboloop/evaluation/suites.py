@@ -35,7 +35,7 @@ def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None
         runs: dict[tuple[str, float], list[dict]] = {}
         videos: dict[tuple[str, float], list[str]] = {}
         moved: dict[tuple[str, float], int | None] = {}
-        for factor, level in perturb.parse(cfg.perturb):
+        for factor, level in perturb.parse(cfg.perturb, tuple(getattr(env, "scene_factors", ()))):
             tag = f"{factor}={level:g}"
             wrapped = perturb.Perturbed(env, factor, level, cfg.seed)
             try:

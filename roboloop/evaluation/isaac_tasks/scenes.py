@@ -20,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-SCENE_FACTORS = ("object_pose", "arm_pose")
+SCENE_FACTORS = ("object_pose", "arm_pose")  # what a task's own reset lays out (the renderers' factors: mujoco_so101)
 
 
 def layout_generator(split: str, seed: int, layout: int, task: str = "reach") -> torch.Generator:
@@ -38,6 +38,8 @@ def reach(factor: str, level: float, rng: np.random.Generator, balls: torch.Tens
           min_separation: float) -> tuple[torch.Tensor, torch.Tensor]:
     """object_pose: the named ball's bearing beyond +-90 deg (its distance kept, the other balls at least
     `min_separation` away); arm_pose: the shoulder's start beyond +-0.6 rad (the elbow's kept)."""
+    if factor not in SCENE_FACTORS:
+        raise ValueError(f"{factor} is not a layout factor ({', '.join(SCENE_FACTORS)})")
     balls, q = balls.clone(), q.clone()
     if factor == "arm_pose":
         q[0] = _beyond(rng, 0.6, level)
@@ -59,6 +61,8 @@ def so101(factor: str, level: float, rng: np.random.Generator, cube: torch.Tenso
     """object_pose: the cube's bearing beyond the training sector (its distance kept, its yaw drawn around the new
     bearing as the task does); arm_pose: each arm joint's start offset from home beyond its training range (the
     gripper's kept)."""
+    if factor not in SCENE_FACTORS:
+        raise ValueError(f"{factor} is not a layout factor ({', '.join(SCENE_FACTORS)})")
     cube, q = cube.clone(), q.clone()
     if factor == "arm_pose":
         for j, half in enumerate(joint_ranges.tolist()):

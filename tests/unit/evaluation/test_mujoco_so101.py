@@ -40,3 +40,28 @@ def test_scenes_differ_only_where_they_say_and_an_unknown_one_is_refused():
         assert m.geom_contype[m.geom("fixed_jaw_pad").id] == 1
     with pytest.raises(ValueError, match="scene must be matched or shipped"):
         M.build_model("studio")
+
+
+def test_renderer_factors_re_render_the_cameras_and_the_light_per_episode_and_restore_them():
+    import torch
+
+    env = M.MujocoSO101Env(2, seed=0)
+    try:
+        nominal = env.reset().images
+        shown = {}
+        for factor, level in (("camera_pose", 4), ("camera_fov", 1.25), ("lighting", 0.5)):
+            env.perturb_scene(factor, level, seed=0)
+            shown[factor] = env.reset().images
+            again = env.reset().images  # a pure function of (seed, factor, level, episode)
+            assert all(torch.equal(shown[factor][k], again[k]) for k in nominal)
+            for k in nominal:  # both cameras, every env: another picture of the same scene
+                assert all(not torch.equal(a, b) for a, b in zip(shown[factor][k], nominal[k], strict=True)), factor
+        env.perturb_scene(None)
+        restored = env.reset().images
+        assert all(torch.equal(restored[k], nominal[k]) for k in nominal)
+        front = "observation.images.front"
+        assert shown["lighting"][front].float().mean() < nominal[front].float().mean() - 10  # half the light
+        with pytest.raises(ValueError, match="cannot apply frame_drop"):
+            env.perturb_scene("frame_drop", 0.5)
+    finally:
+        env.close()

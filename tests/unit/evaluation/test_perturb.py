@@ -224,8 +224,16 @@ def test_scene_factors_move_the_object_and_the_arm_past_the_training_range_the_s
 
 
 def test_a_scene_factor_on_a_task_without_its_own_reset_is_refused_before_any_episode():
-    with pytest.raises(ValueError, match="object_pose moves the scene through the task's own reset"):
+    with pytest.raises(ValueError, match="object_pose is applied by the task's own reset or renderer; counting "
+                                         "applies none"):
         perturb.Perturbed(CountingEnv(2), "object_pose", 0.5, seed=0)
+    laid_out_only = CountingEnv(2)
+    laid_out_only.scene_factors, laid_out_only.perturb_scene = ("object_pose", "arm_pose"), lambda *a: None
+    with pytest.raises(ValueError, match="camera_pose is applied .* counting applies object_pose, arm_pose"):
+        perturb.Perturbed(laid_out_only, "camera_pose", 2, seed=0)
+    every = {f for f, _ in perturb.parse("all")}
+    assert {"camera_pose", "lighting"} <= every  # all: every factor, unless the task says which it applies
+    assert not {"camera_pose", "lighting"} & {f for f, _ in perturb.parse("all", ("object_pose", "arm_pose"))}
     assert perturb.changed("aaaaaaaabbbbbbbb", "aaaaaaaacccccccc") == 1 and perturb.changed(None, "ab") is None
 
 
