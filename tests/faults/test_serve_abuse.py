@@ -235,4 +235,5 @@ def test_a_slow_client_does_not_slow_a_lone_fast_robot(model):
         beside = max(fast(1.5), fast(1.5))  # the better of two windows: a load spike in one (make test: 151 vs 224
         stop.set()  # requests once) is not the slow client's doing; the defect slows both
         t.join(10)
-    assert beside >= 0.75 * alone, (alone, beside)
+        after = fast(1.5)  # alone again: a machine busier since the first window (make test, once) slows this too
+    assert beside >= 0.75 * min(alone, after), (alone, beside, after)
