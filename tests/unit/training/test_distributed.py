@@ -1,4 +1,5 @@
-"""Two CPU ranks (gloo, launched through torchrun) train exactly like one process on the same global batch."""
+"""Two CPU ranks (gloo, launched through torchrun) train like one process on the same global batch, with the model's
+blocks compiled (DDP and FSDP2 wrap the compiled blocks) as eager."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_two_ranks_match_one_rank(v3, tmp_path):
                   model_overrides={"image_size": [32, 32], "horizon": 8}, device="cpu")
     single = TrainConfig(output_dir=str(tmp_path / "one"), max_tokens=1024, **common)
     train(single)
-    double = TrainConfig(output_dir=str(tmp_path / "two"), max_tokens=512, **common)
+    double = TrainConfig(output_dir=str(tmp_path / "two"), max_tokens=512, compile="on", **common)  # DDP + compile
     cfg_file = tmp_path / "two.json"
     cfg_file.write_text(double.model_dump_json())
     cmd = torchrun_command(str(cfg_file), nproc_per_node=2, rdzv_endpoint=f"127.0.0.1:{_port()}")
@@ -49,8 +50,10 @@ def test_two_ranks_match_one_rank(v3, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
     assert len(one) == len(two) == 20
-    assert abs(one[-1] - two[-1]) <= 1e-4, (one[-3:], two[-3:])
-    assert max(abs(a - b) for a, b in zip(one, two, strict=True)) <= 1e-4
+    assert abs(one[-1] - two[-1]) <= 1e-3, (one[-3:], two[-3:])  # compiled vs eager: test_compile's bound
+    assert max(abs(a - b) for a, b in zip(one, two, strict=True)) <= 1e-3
+    run = json.loads((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[0])["run"]["compile"]
+    assert run["compiled"] and run["regions"] > 0, run
     assert (tmp_path / "two" / "model.safetensors").exists()
 
 
