@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from roboloop.datasets.generate import GenSpec, generate_v21
+os.environ.setdefault("MUJOCO_GL", "egl")  # before anything imports mujoco (Newton does): offscreen rendering
+
+from roboloop.datasets.generate import GenSpec, generate_v21  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
