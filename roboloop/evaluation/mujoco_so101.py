@@ -181,8 +181,11 @@ class MujocoSO101Env:
         self.num_envs, self.seed, self.split, self.camera = num_envs, seed, split, camera
         self.privileged_obs, self.scene = privileged_obs, scene
         self.task, self.backend, self.fps, self.action_dim = TASK, f"mujoco-{mujoco.__version__}-{scene}", FPS, 6
-        self.action_low = torch.tensor([-110.0, -100.0, -100.0, -95.0, -160.0, 0.0])
-        self.action_high = torch.tensor([110.0, 100.0, 90.0, 95.0, 160.0, 100.0])
+        from isaaclab_so101.constants import JOINT_LIMITS_DEG
+
+        limits = torch.tensor(JOINT_LIMITS_DEG)  # as the Isaac task's action space: degrees, the gripper 0-100
+        self.action_low = torch.cat([limits[:5, 0], torch.zeros(1)])
+        self.action_high = torch.cat([limits[:5, 1], torch.full((1,), 100.0)])
         m = self.model
         self._qadr = np.array([m.joint(n).qposadr[0] for n in JOINTS])
         self._vadr = np.array([m.joint(n).dofadr[0] for n in JOINTS])
