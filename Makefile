@@ -15,7 +15,7 @@ export DO_NOT_TRACK ?= 1
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
 
-.PHONY: help install demo test test-fast lint bench clean server serve pools deploy worker-cpu worker-gpu s3 cluster-demo gpu-check
+.PHONY: help install demo test test-fast lint docs bench clean server serve pools deploy worker-cpu worker-gpu s3 cluster-demo gpu-check
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -57,8 +57,12 @@ test: install  ## run the whole test suite (every marker this machine can run; o
 test-fast: install  ## unit tests only
 	$(PY) -m pytest -q tests/unit -m "not slow"
 
+docs: install  ## the docs site on http://127.0.0.1:8000 (reference pages regenerated from the code first)
+	$(PY) docs/generate.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8000
+
 lint: install  ## ruff + mypy
-	$(VENV)/bin/ruff check roboloop tasks flows tests bench
+	$(VENV)/bin/ruff check roboloop tasks flows tests bench docs
 	$(VENV)/bin/mypy
 
 bench: install  ## benchmarks against the reference tools (each prints one JSON line)

@@ -1,9 +1,9 @@
-"""Every benchmark the README lists runs to its JSON line, at the smallest settings.
+"""Every benchmark the results page (docs/results.md) lists runs to its JSON line, at the smallest settings.
 
 Last round `bench/eval.py` built a model for a 12-dim state the task no longer had, crashed, and `make
 bench` stopped before `bench/overhead.py`; nobody noticed because no test ran a bench. These runs
-check that each bench still works end to end and prints the numbers the README quotes (its keys), not
-what the numbers are: at these sizes they mean nothing. The README's list and this one must agree.
+check that each bench still works end to end and prints the numbers the docs quote (its keys), not
+what the numbers are: at these sizes they mean nothing. The page's list and this one must agree.
 
 In `make test` each run is a work unit of its own for a pytest-xdist worker (tests/schedule.py). In one process
 the runs start with the session and go on beside the other tests (`tests/e2e/background.py`: one after another
@@ -22,10 +22,10 @@ from tests.e2e.background import BENCHES, ORDER, RAY, ROOT, last_json
 pytestmark = [pytest.mark.slow]
 
 
-def test_the_readme_lists_exactly_these_benches():
-    readme = (ROOT / "README.md").read_text()
-    listed = set(re.findall(r"bench/(\w+)\.py", readme))
-    assert listed == set(BENCHES), f"README lists {sorted(listed)}; smoke-tested: {sorted(BENCHES)}"
+def test_the_results_page_lists_exactly_these_benches():
+    page = (ROOT / "docs" / "results.md").read_text()
+    listed = set(re.findall(r"bench/(\w+)\.py", page))
+    assert listed == set(BENCHES), f"docs/results.md lists {sorted(listed)}; smoke-tested: {sorted(BENCHES)}"
     makefile = set(re.findall(r"bench/(\w+)\.py", (ROOT / "Makefile").read_text()))
     assert makefile <= set(BENCHES)
 
