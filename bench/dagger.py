@@ -90,7 +90,7 @@ def main() -> None:
     from roboloop.loop import PRESETS, DaggerConfig, LoopConfig, run_loop
 
     base = PRESETS[args.preset]()
-    if args.preset == "demo":  # a deliberately weak start (what the README's reach rows ran)
+    if args.preset == "demo":  # a deliberately weak start (what docs/guides/dagger-and-rl.md's reach rows ran)
         collect = CollectConfig(episodes=args.demos or 16, num_envs=min(16, args.demos or 16), noise=0.5)
         ev = EvalRecipe(episodes=args.episodes, num_envs=min(16, args.episodes),
                         execute_steps=base.eval.execute_steps, videos=0)

@@ -7,7 +7,7 @@
                            [--state-task Roboloop-Reach-Red-v0 --state-recipe '{"family": "lerobot",
                             "policy_type": "act"}']   # LeRobot's ACT at the demo's budget
 
-Every ablation row of the README is one command line of this script (the README gives each).
+Every ablation row of docs/guides/recipes.md is one command line of this script (the page gives each).
 
 State task (`Roboloop-Reach-Color-v0`): the `make demo` recipe exactly (512 DART-noise demonstrations,
 state + language, 1,200 steps of 128 samples). Vision task (`Roboloop-Reach-Color-Vision-v0`, ball

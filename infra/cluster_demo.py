@@ -48,7 +48,7 @@ LOOP, WATCH = "closed-loop/closed-loop-cluster", "watch-datasets/watch-datasets"
 
 @dataclass(frozen=True)
 class Sizes:
-    episodes: int = 512  # = roboloop.loop.demo(): its policy reaches the named ball 100% of the time (README)
+    episodes: int = 512  # = roboloop.loop.demo(): its policy reaches the named ball 100% of the time (docs/guides/demo.md)
     new_episodes: int = 512
     steps: int = 1200
     eval_episodes: int = 48

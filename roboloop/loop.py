@@ -42,7 +42,7 @@ class SelectRecipe(BaseModel):
     `train.checkpoint_every_steps`) and its final model, each played on the same validation episodes of the
     loop's task, drawn with `seed` (the loop's `eval.seed` draws the reported ones, so the pick never sees them);
     the best (ties: the later step) is evaluated, gated and registered. Training can run past its best: on the
-    SO-101, a checkpoint 500 steps before the end picked 60% where the final model picked 28% (README)."""
+    SO-101, a checkpoint 500 steps before the end picked 60% where the final model picked 28% (docs/guides/so101.md)."""
 
     episodes: int = Field(48, ge=1, description="validation episodes per candidate")
     seed: int = Field(1, description="seeds the validation episodes; must differ from eval.seed")
@@ -132,7 +132,7 @@ class LoopConfig(BaseModel):
 def demo() -> LoopConfig:
     """`make demo`: the reach task on CPU, recorded by the scripted expert when `data/` is missing.
 
-    What the ablations (README, "Why the policy works") chose: 512 demonstrations recorded with DART
+    What the ablations (docs/guides/recipes.md) chose: 512 demonstrations recorded with DART
     noise 0.5 (the expert's labels at the states a perturbed run visits, so the policy learns to recover),
     every layout recorded with all three instructions (the layout alone never tells which ball: the policy
     has to ground the colour word), an 8-step action chunk, and state + language only on this task (its
@@ -191,9 +191,9 @@ def so101() -> LoopConfig:
     and roboloop's VLA with the keypoint image encoder on both cameras (resized to 64x96; the cube is only in the
     images: the state is the arm's six joints, as on the real robot), an 8-step chunk of absolute joint targets.
     The exported weights are their average (`ema_decay` 0.999: with the checkpoint pick, 88.5%, 84.4% and 68.8%
-    on the 96 test cubes for training seeds 0-2, against 80.2%, 78.1% and 60.4% raw; README, "The preset now
+    on the 96 test cubes for training seeds 0-2, against 80.2%, 78.1% and 60.4% raw; docs/guides/so101.md, "The preset now
     averages"); they act with 2 Euler steps of the denoising, not 4, chosen on the validation cubes: the same
-    models then pick 93.8%, 86.5% and 75.0%; README, "Two denoising steps"). At the end the registered version is
+    models then pick 93.8%, 86.5% and 75.0%; docs/guides/so101.md, "Two denoising steps"). At the end the registered version is
     served (`roboloop serve`, a child process) and the first 16 test cubes are played through it, both cameras'
     frames crossing the wire, as a real arm's robot loop would be driven."""
     task = "Roboloop-SO101-PickCube-v0"

@@ -43,7 +43,7 @@ def explain_backend(requested: Backend, device_type: str, dtype: torch.dtype) ->
         return "sdpa", f"auto: {reason}: SDPA over padded segments"
     if requested == "flash" and not availability.flash_attn_available():
         raise availability.MissingCapability("attention=flash needs flash-attn and a CUDA GPU (pip install "
-                                             "--no-build-isolation flash-attn; see the README's GPU section)")
+                                             "--no-build-isolation flash-attn; see docs/guides/gpu.md)")
     if requested == "torch_varlen" and not availability.torch_varlen_available():
         raise availability.MissingCapability("attention=torch_varlen needs a CUDA GPU and PyTorch >= 2.10")
     if requested in ("flash", "torch_varlen") and not half:

@@ -9,7 +9,7 @@ Three variants (registered in `roboloop.evaluation.isaac_tasks`):
 - `Roboloop-Reach-Color-v0`: state (18) = joint positions (2), joint velocities (2), fingertip
   xy (2), red, green, blue ball xy (6), relative to the env origin, and each ball relative to the
   fingertip (6) (`relative_balls`; the egocentric vector is what makes a policy generalise to
-  unseen layouts, see the README's ablations). Action (2): a fingertip
+  unseen layouts, see docs/guides/recipes.md). Action (2): a fingertip
   displacement in [-1, 1]^2, scaled by `ee_step` metres per policy step and turned into joint
   targets by damped-least-squares differential IK (end-effector delta actions, as in LIBERO,
   Bridge and Isaac Lab's `*-IK-Rel-*` reach tasks).
@@ -24,7 +24,7 @@ Three variants (registered in `roboloop.evaluation.isaac_tasks`):
 Every variant has a scripted expert (`ReachColorEnv.expert_action`, privileged: it reads the
 ball positions from the simulator). It is a proportional controller with a wide linear zone
 (`expert_zone`), not a bang-bang one: imitation learners smooth a saturated controller's switch
-and overshoot (see the README's ablation table).
+and overshoot (docs/guides/recipes.md, the ablation table).
 """
 
 from __future__ import annotations

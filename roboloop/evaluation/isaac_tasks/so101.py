@@ -12,7 +12,7 @@ LeRobot's schema, as a real `so101_follower` (LeRobot 0.6.1, `use_degrees=True`)
 - the action is the joints' absolute position targets, what the real arm takes;
 - two cameras, `observation.images.front` (fixed, facing the arm across the table) and
   `observation.images.wrist` (the workshop's wrist camera on the gripper), at `camera_hw` (96x128: LeRobot
-  records 480x640; a quarter of that per side is what a 2-core CPU renders at ~N frames/s, see the README).
+  records 480x640; a quarter of that per side is what a 2-core CPU renders at ~N frames/s, see docs/guides/so101.md).
 - `privileged` (recorded as `observation.environment_state`; observed only for a policy that reads it, not the
   real arm's): the cube's position
   and yaw in the arm's base frame and the grasp point's position.
