@@ -190,12 +190,11 @@ def so101() -> LoopConfig:
     runs cover the layouts the noisy expert fails on more), recorded in the `front` and `wrist` cameras at 96x128,
     and roboloop's VLA with the keypoint image encoder on both cameras (resized to 64x96; the cube is only in the
     images: the state is the arm's six joints, as on the real robot), an 8-step chunk of absolute joint targets.
-    The exported weights are their average (`ema_decay` 0.999: with the checkpoint pick, 88.5%, 84.4% and 68.8%
-    on the 96 test cubes for training seeds 0-2, against 80.2%, 78.1% and 60.4% raw; docs/guides/so101.md, "The preset now
-    averages"); they act with 2 Euler steps of the denoising, not 4, chosen on the validation cubes: the same
-    models then pick 93.8%, 86.5% and 75.0%; docs/guides/so101.md, "Two denoising steps"). At the end the registered version is
-    served (`roboloop serve`, a child process) and the first 16 test cubes are played through it, both cameras'
-    frames crossing the wire, as a real arm's robot loop would be driven."""
+    The exported weights are their average (`ema_decay` 0.999), and they act with 2 Euler steps of the denoising,
+    not 4, chosen on the validation cubes (docs/guides/so101.md measures both, "The preset now averages" and "Two
+    denoising steps"). At the end the registered version is served (`roboloop serve`, a child process) and the
+    first 16 test cubes are played through it, both cameras' frames crossing the wire, as a real arm's robot loop
+    would be driven."""
     task = "Roboloop-SO101-PickCube-v0"
     return LoopConfig(source="data-so101", model_name="so101-pick",
                       collect_if_missing=CollectConfig(task=task, episodes=384, num_envs=16, noise=0.5,

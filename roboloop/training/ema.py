@@ -1,9 +1,9 @@
 """An exponential moving average of the weights (Polyak averaging), kept beside the trained ones.
 
 Late checkpoints of a behaviour-cloning run can differ a lot in closed-loop success while their losses barely
-move (the SO-101 sweep in docs/guides/so101.md: 2-52% between checkpoints 250 steps apart); averaging the weights over the
-last few hundred steps is the usual remedy (LeRobot's Diffusion Policy and most BC recipes keep an EMA). The
-average never feeds back into training: the optimiser steps the raw weights, the final model and every
+move (the SO-101 sweep in docs/guides/so101.md: 2-52% between checkpoints 250 steps apart); averaging the
+weights over the last few hundred steps is the usual remedy (LeRobot's Diffusion Policy and most BC recipes keep an
+EMA). The average never feeds back into training: the optimiser steps the raw weights, the final model and every
 checkpoint's export hold the averaged ones, and checkpoints carry the average so a resumed run continues it.
 """
 
