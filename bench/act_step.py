@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import multiprocessing
 import statistics
 import sys
@@ -48,6 +47,11 @@ CATEGORIES = {"convolutions": ("aten::mkldnn_convolution", "aten::convolution_ba
               "dropout masks": ("aten::bernoulli_",),
               "matmuls": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
               "optimizer": ("aten::_fused_adamw_",)}  # roboloop's AdamW on CPU (roboloop.training.optim)
+
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/act_step.py", "roboloop/policies", "roboloop/training"]
 
 
 def build(h: int, w: int, batch: int):
@@ -210,7 +214,7 @@ def main() -> None:
     print(f"roboloop's step: {', '.join(f'{k} {v:.0%}' for k, v in shares.items())}; convolutions "
           f"{out['conv_ms']} ms at {out['conv_gflops_per_s']} GFLOP/s; ceiling against lerobot fp32 "
           f"{out['ceiling_vs_lerobot_fp32']}x (roboloop now {out['roboloop_vs_lerobot_fp32']}x)")
-    print(json.dumps(out))
+    emit(out, MEASURES)
 
 
 if __name__ == "__main__":

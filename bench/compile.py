@@ -39,6 +39,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/compile.py", "roboloop/training", "roboloop/policies"]
+
 
 def dataset(work: Path, episodes: int, camera: int | None = None) -> Path:
     from roboloop.datasets.config import ConvertConfig, GenSpec
@@ -116,7 +121,7 @@ def main() -> None:
             "machine": platform.processor() or platform.machine(), "device": args.device}
     for kind in args.kinds.split(","):
         line.update(compare(work, kind, args))
-    print(json.dumps(line))
+    emit(line, MEASURES)
 
 
 if __name__ == "__main__":

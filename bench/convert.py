@@ -11,7 +11,6 @@ process tree are measured. Ends with one JSON line; ratio = roboloop / LeRobot w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -20,6 +19,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/convert.py", "roboloop/datasets"]
 
 
 def run(cmd: list[str]) -> tuple[float, float]:
@@ -73,12 +77,12 @@ def main() -> None:
                                          str(work / "roboloop"), "--no-progress", "--no-cache"])
     lr_wall, lr_rss = run([sys.executable, "-m", "lerobot.scripts.convert_dataset_v21_to_v30",
                                      "--repo-id=bench/ds", f"--root={lr_root}", "--push-to-hub=false"])
-    print(json.dumps({
+    emit({
         "dataset": str(src), "dataset_mb": round(size_mb, 1), "cpus": os.cpu_count(),
         "roboloop_wall_s": round(ours_wall, 2), "lerobot_wall_s": round(lr_wall, 2),
         "roboloop_peak_rss_mb": round(ours_rss, 1), "lerobot_peak_rss_mb": round(lr_rss, 1),
         "ratio": round(ours_wall / lr_wall, 3), "rss_ratio": round(ours_rss / lr_rss, 3),
-    }))
+    }, MEASURES)
 
 
 if __name__ == "__main__":

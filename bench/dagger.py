@@ -29,6 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/dagger.py", "roboloop", "data.dvc"]
+
 
 def steps_class():
     from roboloop.loop_run import LocalSteps
@@ -120,12 +125,12 @@ def main() -> None:
         print(json.dumps({"round": r.round, "episodes": r.episodes, "success": r.success_rate,
                           "ci": [round(r.ci_low, 3), round(r.ci_high, 3)]}), flush=True)
     success = [r.success_rate for r in s.rounds]
-    print(json.dumps({"bench": "dagger", "preset": args.preset, "start": args.start, "control": args.control,
-                      "success_by_round": success,
-                      "ci_by_round": [[round(r.ci_low, 3), round(r.ci_high, 3)] for r in s.rounds],
-                      "episodes_by_round": [r.episodes for r in s.rounds], "gain": round(success[-1] - success[0], 3),
-                      "eval_episodes": args.episodes, "minutes": round((time.time() - t0) / 60, 1),
-                      "work": str(work)}))
+    emit({"bench": "dagger", "preset": args.preset, "start": args.start, "control": args.control,
+          "success_by_round": success,
+          "ci_by_round": [[round(r.ci_low, 3), round(r.ci_high, 3)] for r in s.rounds],
+          "episodes_by_round": [r.episodes for r in s.rounds], "gain": round(success[-1] - success[0], 3),
+          "eval_episodes": args.episodes, "minutes": round((time.time() - t0) / 60, 1),
+          "work": str(work)}, MEASURES)
 
 
 if __name__ == "__main__":

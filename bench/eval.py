@@ -18,6 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/eval.py", "roboloop/evaluation", "roboloop/policies"]
+
 
 def task_dims(task: str) -> tuple[int, int]:
     """(state, action) dimensions the task observes and takes, read from its env config (never hard-coded: a
@@ -78,7 +83,7 @@ def main() -> None:
                                "env_steps_per_s_with_tiny_policy": round(m["env_steps_per_s"], 1),
                                "policy_steps_per_s": round(m["policy_steps_per_s"], 1)}
             print(f"{n:3d} envs: {results[str(n)]}", file=sys.stderr)
-    print(json.dumps({"task": args.task, "device": "cpu", "results": results}))
+    emit({"task": args.task, "device": "cpu", "results": results}, MEASURES)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,11 @@ PARTS: dict[str, tuple[list[str], int]] = {  # name -> (command, seconds)
     "gpu_tests": ([PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests/unit"], 70),
 }
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/gpu_check.py", "roboloop/training", "roboloop/policies", "roboloop/serving"]
+
 
 def last_json(text: str) -> dict | None:
     for line in reversed(text.strip().splitlines()):
@@ -94,8 +99,8 @@ def main() -> int:
         cmd, budget = PARTS[name]
         print(f"gpu-check: {name} (at most {budget} s)", file=sys.stderr, flush=True)
         out["parts"][name] = run_part(name, cmd, budget)
+    emit(out, MEASURES)
     line = json.dumps(out)
-    print(line)
     if args.out:
         args.out.write_text(line + "\n")
     return 0 if all(p["ok"] for p in out["parts"].values()) else 1

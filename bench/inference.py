@@ -30,6 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/inference.py", "roboloop/policies", "roboloop/evaluation"]
+
 
 def variant_folder(model: Path, variant: str, work: Path) -> tuple[Path, int | None]:
     """(model folder to evaluate, execute_steps or None) for one variant."""
@@ -127,8 +132,8 @@ def main() -> None:
                                           zip(outcomes[variant], outcomes["base"], strict=True)])
             row["minus_base"] = {k: d[k] for k in ("diff", "ci_low", "ci_high", "discordant")}
         rows[variant] = row
-    print(json.dumps({"bench": "inference", "baseline": "base: each model's own settings", "task": task,
-                      "seed": args.seed, "models": len(models), "variants": rows}))
+    emit({"bench": "inference", "baseline": "base: each model's own settings", "task": task,
+          "seed": args.seed, "models": len(models), "variants": rows}, MEASURES)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,11 @@ OPTIM = {"act": ["--lr", "1e-5", "--weight-decay", "1e-4", "--grad-clip", "10", 
          "diffusion": ["--lr", "1e-4", "--weight-decay", "1e-6", "--grad-clip", "10", "--warmup-steps", "500"]}
 CONFIG = {"act": ACT, "diffusion": {}}  # Diffusion: LeRobot's defaults (ResNet-18 from scratch, U-Net 512-2048)
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/lerobot_train.py", "roboloop/training", "roboloop/policies", "roboloop/datasets"]
+
 
 def run(cmd: list[str], cwd: Path) -> tuple[str, float]:
     """Output and peak RSS (MB) of the whole process tree."""
@@ -152,7 +157,7 @@ def main() -> None:
             for p, la in [(p, args.lookahead[0]) for p in precisions] + [(precisions[0], la)
                                                                           for la in args.lookahead[1:]]]
     first = runs[0]
-    print(json.dumps({
+    emit({
         "dataset": str(ds), "camera": None if args.state_only else f"{args.height}x{args.width}",
         "environment_state": args.state_only or None, "roboloop_shuffle_buffer": args.shuffle_buffer or 256,
         "roboloop_sample_order": first["sample_order"],
@@ -169,10 +174,10 @@ def main() -> None:
         "roboloop_peak_rss_mb": first["peak_rss_mb"], "lerobot_peak_rss_mb": base["peak_rss_mb"],
         "rss_ratio": round(first["peak_rss_mb"] / base["peak_rss_mb"], 2),
         "ratio_same_precision": {r["precision"]: round(r["samples_per_s"] / lerobot[p]["samples_per_s"], 2)
-                                 for p, r in zip(precisions, runs, strict=False)},
+                     for p, r in zip(precisions, runs, strict=False)},
         "lerobot_runs": list(lerobot.values()),
         "roboloop_runs": [r | {"ratio_samples_per_s": round(r["samples_per_s"] / base["samples_per_s"], 2)}
-                          for r in runs]}))
+              for r in runs]}, MEASURES)
 
 
 def native_bf16(device: str) -> bool:

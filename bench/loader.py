@@ -34,6 +34,11 @@ H = 16
 
 WINDOW, BUFFER = 32, 512  # the training stream's defaults (TrainConfig.window, shuffle_buffer)
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/loader.py", "roboloop/training/data.py", "roboloop/datasets"]
+
 
 def ensure(path: Path, cameras: dict, episodes: int, frames: int) -> Path:
     if path.exists():
@@ -135,12 +140,12 @@ def main() -> None:
     for kind in ("state", "video"):
         r[f"ratio_{kind}"] = round(r[f"ours_{kind}_sps"] / r[f"lerobot_{kind}_sps"], 2)
         r[f"ratio_uniform_{kind}"] = round(r[f"ours_uniform_{kind}_sps"] / r[f"lerobot_{kind}_sps"], 2)
-    print(json.dumps({"workers": args.workers, "batch": args.batch, "chunk": H, "lerobot_backend": args.lerobot_backend,
-                      "ours_sampling": f"shuffled windows of {WINDOW} frames through a {BUFFER}-frame shuffle buffer",
-                      "ours_uniform_sampling": "uniform random frames (window 1, no buffer)",
-                      "lerobot_sampling": "uniform random frames (DataLoader shuffle=True)",
-                      "frame_cache": f"{args.cache_epochs} epochs of the video dataset, frame_cache_mb "
-                                     f"{TrainRecipe().frame_cache_mb} vs 0", **r}))
+    emit({"workers": args.workers, "batch": args.batch, "chunk": H, "lerobot_backend": args.lerobot_backend,
+          "ours_sampling": f"shuffled windows of {WINDOW} frames through a {BUFFER}-frame shuffle buffer",
+          "ours_uniform_sampling": "uniform random frames (window 1, no buffer)",
+          "lerobot_sampling": "uniform random frames (DataLoader shuffle=True)",
+          "frame_cache": f"{args.cache_epochs} epochs of the video dataset, frame_cache_mb "
+                         f"{TrainRecipe().frame_cache_mb} vs 0", **r}, MEASURES)
 
 
 if __name__ == "__main__":

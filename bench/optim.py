@@ -14,13 +14,17 @@ Median milliseconds per `opt.step()` over `--steps` after one warm-up, both with
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/optim.py", "roboloop/training"]
 
 
 def build(name: str):
@@ -83,8 +87,8 @@ def main() -> None:
                       "default_ms": d, "roboloop_ms": o, "roboloop_optimizer": label, "ratio": round(d / o, 2)}
         print(f"{name}: {len(params)} parameters, default {d} ms, roboloop {o} ms ({rows[name]['ratio']}x)",
               file=sys.stderr)
-    print(json.dumps({"device": args.device, "threads": torch.get_num_threads(), "steps": args.steps,
-                      "baseline": "torch.optim.AdamW with its defaults (same lr and weight decay)", "models": rows}))
+    emit({"device": args.device, "threads": torch.get_num_threads(), "steps": args.steps,
+          "baseline": "torch.optim.AdamW with its defaults (same lr and weight decay)", "models": rows}, MEASURES)
 
 
 if __name__ == "__main__":

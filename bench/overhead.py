@@ -13,7 +13,6 @@ run, also with Prefect's defaults (`flow_overhead_default_s`). Ends with one JSO
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -27,9 +26,13 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 from prefect import flow, task  # noqa: E402
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
 
 from flows import embedded  # noqa: E402
 from tasks.common import NO_CACHE  # noqa: E402
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/overhead.py", "tasks", "flows"]
 
 
 def work(i: int) -> int:
@@ -80,11 +83,11 @@ def main() -> None:
         with_tasks(args.tasks)
         tasks_s = time.perf_counter() - t
     task_ms = (tasks_s - base) / args.tasks * 1e3
-    print(json.dumps({"task_overhead_ms": round(task_ms, 2), "flow_overhead_s": round(statistics.median(flow_times), 3),
-                      "flow_overhead_p90_s": round(sorted(flow_times)[int(0.9 * (len(flow_times) - 1))], 3),
-                      "flow_overhead_default_s": round(statistics.median(default_times), 3),
-                      "server_startup_s": round(startup, 1), "tasks": args.tasks, "flows": args.flows,
-                      "api": os.environ.get("PREFECT_API_URL", "ephemeral")}))
+    emit({"task_overhead_ms": round(task_ms, 2), "flow_overhead_s": round(statistics.median(flow_times), 3),
+          "flow_overhead_p90_s": round(sorted(flow_times)[int(0.9 * (len(flow_times) - 1))], 3),
+          "flow_overhead_default_s": round(statistics.median(default_times), 3),
+          "server_startup_s": round(startup, 1), "tasks": args.tasks, "flows": args.flows,
+          "api": os.environ.get("PREFECT_API_URL", "ephemeral")}, MEASURES)
 
 
 if __name__ == "__main__":

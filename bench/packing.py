@@ -20,14 +20,17 @@ Ends with one JSON line: `speedup` (packed / padded_batch useful samples/s), `sp
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
 
 from roboloop.training.config import PRESETS
 from roboloop.training.model import VLAPolicy
 from roboloop.training.packing import Sample, collate, nonpad_fraction, pack
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/packing.py", "roboloop/training", "roboloop/policies"]
 
 
 def make_samples(n: int, cfg, seed: int = 0) -> list[Sample]:
@@ -124,7 +127,7 @@ def main() -> None:
         out[f"{name}_batches"] = len(batches)
         if name != "packed":
             out[f"{name}_nonpad_fraction"] = round(useful / sum(int(b.seq_lens.sum()) for b in batches), 4)
-    print(json.dumps(out))
+    emit(out, MEASURES)
 
 
 if __name__ == "__main__":

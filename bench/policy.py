@@ -31,6 +31,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/policy.py", "roboloop"]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -112,7 +117,7 @@ def main() -> None:
     out["random_success"] = out.get("state_random_success")
     out["expert_success"] = out.get("state_expert_success")
     out["train_minutes"] = out.get("state_train_minutes")
-    print(json.dumps(out))
+    emit(out, MEASURES)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,15 @@ import json
 import time
 
 import torch
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
 
 from roboloop.training import precision
 from roboloop.training.config import PRESETS
 from roboloop.training.model import VLAPolicy, num_parameters, train_flops
 from roboloop.training.packing import Sample, pack
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/precision.py", "roboloop/training"]
 
 
 def batch(cfg, max_tokens: int):
@@ -140,7 +144,7 @@ def main() -> None:
         bf16 = step_time(preset, "bf16", args.fp8_backend, args.steps, args.max_tokens, args.compile)
         fp8 = step_time(preset, "fp8", args.fp8_backend, args.steps, args.max_tokens, args.compile)
         out[preset] = {"bf16": bf16, "fp8": fp8, "speedup": round(bf16["step_ms"] / fp8["step_ms"], 3)}
-    print(json.dumps(out))
+    emit(out, MEASURES)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/rl.py", "roboloop/rl", "roboloop/policies", "roboloop/evaluation"]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -100,7 +105,7 @@ def main() -> None:
     out["success_after"] = out.get(f"success_after_{last_mode}")
     if out["success_after"] is not None:
         out["gain"] = round(100 * (out["success_after"] - out["success_before"]), 1)
-    print(json.dumps(out))
+    emit(out, MEASURES)
 
 
 if __name__ == "__main__":

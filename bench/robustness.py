@@ -51,6 +51,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/robustness.py", "roboloop/evaluation", "roboloop/policies", "roboloop/training"]
+
 
 def brief(s) -> dict:
     return {"success": s.success_rate, "ci": [round(s.ci_low, 3), round(s.ci_high, 3)],
@@ -97,7 +102,7 @@ def main() -> None:
     for who, policy in (("policy", model), ("expert", "expert")):
         out[who] = brief(stages.evaluate(policy, ev, on_line=quiet))
         print(json.dumps({who: out[who]}), flush=True)
-    print(json.dumps(out))
+    emit(out, MEASURES)
 
 
 if __name__ == "__main__":

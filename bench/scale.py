@@ -34,7 +34,6 @@ the JSON line carries both for comparison with this projection at 1,024 GPUs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 
@@ -48,6 +47,11 @@ GPUS = [8, 16, 32, 64, 128, 256, 512, 1024]
 PER_NODE = 8
 PUBLISHED = {"source": "arXiv 2603.11101 (thousand-GPU LeRobot platform)", "communication_efficiency": 0.92,
              "gr00t_n15_hours_before": 15.0, "gr00t_n15_minutes_after": 22.0}
+
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/scale.py", "roboloop/training", "roboloop/policies"]
 
 
 def synthetic_batch(cfg, max_tokens: int):
@@ -214,7 +218,7 @@ def main() -> None:
                                                                                     net, args.max_tokens)}
     if args.markdown:
         print(markdown(out))
-    print(json.dumps(out))
+    emit(out, MEASURES)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 CAM = "observation.images.front"
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/serve.py", "roboloop/serving", "roboloop/policies"]
+
 
 def vla_model(dst: Path, dims: list[int] | None = None) -> Path:
     import torch
@@ -407,10 +412,10 @@ def main() -> None:
                   f"(glibc's defaults: {r['robot_client']['system']['served_overhead_ms']['p50']}) | tail: "
                   f"{r.get('tail_origin')}",
                   file=sys.stderr)
-    print(json.dumps({"bench": "serve", "baseline": "policy.act in the bench's own process", "cpu_threads":
-                      os.cpu_count(), "device": device_name(args.device), "act_camera": args.act_camera,
-                      "precision": args.precision,
-                      "rows": rows}))
+    emit({"bench": "serve", "baseline": "policy.act in the bench's own process", "cpu_threads":
+          os.cpu_count(), "device": device_name(args.device), "act_camera": args.act_camera,
+          "precision": args.precision,
+          "rows": rows}, MEASURES)
 
 
 def device_name(device: str) -> str:

@@ -34,6 +34,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ISAAC, MUJOCO = "Roboloop-SO101-PickCube-v0", "MuJoCo-SO101-PickCube-v0"
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = [
+    "bench/sim_to_sim.py", "roboloop/evaluation/mujoco_so101.py", "roboloop/evaluation/isaac_tasks",
+    "roboloop/evaluation/gym_env.py"
+]
+
 
 def roboloop(*args: str) -> dict:
     p = subprocess.run([sys.executable, "-m", "roboloop.cli", *args], capture_output=True, text=True)
@@ -91,7 +99,7 @@ def main() -> None:
     if args.model:
         out["transfer"] = transfer(args.model, args.eval_episodes, work)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
-    print(json.dumps(out))
+    emit(out, MEASURES)
 
 
 def _commit() -> str:

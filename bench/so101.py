@@ -42,6 +42,11 @@ with IsaacLabEnv(sys.argv[5], num_envs=n, camera=cam, device=device) as env:
     print(json.dumps({"env_steps_per_s": steps * n / (time.perf_counter() - t)}))
 """
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/so101.py", "roboloop/evaluation", "roboloop/policies"]
+
 
 def speed(num_envs: int, camera: bool, steps: int, device: str) -> float:
     p = subprocess.run([sys.executable, "-c", SPEED, str(num_envs), "1" if camera else "0", str(steps), device, TASK],
@@ -104,7 +109,7 @@ def main() -> None:
         print(f"{name[:32]:32s} {row['success']:10.3f}  CI {row['ci'][0]:.3f}-{row['ci'][1]:.3f}")
     print(f"cameras cost {out['env_steps_per_s_no_cameras'] / out['env_steps_per_s_cameras']:.2f}x "
           "(baseline: the same scene without rendering)")
-    print(json.dumps(out))
+    emit(out, MEASURES)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Its last line is one JSON object (the numbers of every dataset)."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import subprocess
 import sys
@@ -28,6 +27,11 @@ import numpy as np
 LIMIT = 240  # Roboloop-SO101-PickCube-v0: 8 s at 30 fps
 BINS = (0.17, 0.19, 0.21, 0.23, 0.25)
 MIN_FIT = 8  # reference episodes at the grasp to fit the wrist roll's rule on (one cube says nothing about it)
+
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/so101_data.py", "roboloop/evaluation/isaac_tasks", "roboloop/datasets"]
 
 
 def load(root: Path) -> dict[str, np.ndarray]:
@@ -128,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if rep["near_frames"] is not None:
             print(f"  near the cube: {rep['near_frames']} frames, wrist roll off the expert's rule (p5/p50/p95 deg) "
                   f"{rep['roll_offset_deg_p5_p50_p95']}, beyond 20 deg in {pct(rep['roll_offset_over_20deg'])}")
-    print(json.dumps({"bench": "so101_data", **out}))
+    emit({"bench": "so101_data", **out}, MEASURES)
     return 0
 
 

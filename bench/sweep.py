@@ -24,6 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
+
+# the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
+MEASURES = ["bench/sweep.py", "roboloop/evaluation", "roboloop/training", "roboloop/policies"]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -71,8 +76,8 @@ def main() -> None:
         print(json.dumps({"step": step, "success": e.success_rate, **{k: round(v, 5)
                                                                        for k, v in scored[-1].offline.items()}}),
               flush=True)
-    print(json.dumps({"bench": "sweep", "preset": args.preset, "train": args.train, "task": ev.task, "steps": steps,
-                      "eval_episodes": args.episodes, "train_minutes": train_minutes, **rank_agreement(scored)}))
+    emit({"bench": "sweep", "preset": args.preset, "train": args.train, "task": ev.task, "steps": steps,
+          "eval_episodes": args.episodes, "train_minutes": train_minutes, **rank_agreement(scored)}, MEASURES)
 
 
 if __name__ == "__main__":

@@ -182,7 +182,8 @@ class BenchRuns:
         args = [a.replace("{tmp}", str(tmp)) for a in BENCHES[name][0]]
         cmd = [sys.executable, str(ROOT / "bench" / f"{name}.py"), *args]
         home = self._tmp.mktemp(f"{name}-prefect-home")
-        env = {**self._env, "PREFECT_HOME": str(home)}
+        # its record (bench/record.py) goes beside its run, never into the checkout's bench/results/
+        env = {**self._env, "PREFECT_HOME": str(home), "ROBOLOOP_BENCH_RESULTS": str(tmp / "records")}
         if nice:
             cmd = ["nice", "-n", str(nice), *cmd]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

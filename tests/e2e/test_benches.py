@@ -13,7 +13,11 @@ them. One after another in the foreground they cost CI 11 minutes; in two foregr
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +46,9 @@ def test_bench_runs_to_its_json_line(name, bench_runs):
     assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stderr[-4000:]}"
     last = last_json(proc.stdout)
     assert keys <= set(last), f"{name}: its JSON line lacks {sorted(keys - set(last))}: {last}"
+    written = [line.split("] ", 1)[1] for line in proc.stderr.splitlines() if line.startswith("[record] ")]
+    assert len(written) == 1, f"{name}: wrote {len(written)} records"
+    record = json.loads(Path(written[0]).read_text())
+    assert record["figures"] == last and record["bench"] == name and record["machine"]["cores"] == os.cpu_count()
+    assert record["commit"] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                              text=True).stdout.strip()

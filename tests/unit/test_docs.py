@@ -49,8 +49,11 @@ def test_the_site_builds_strictly_and_a_broken_link_fails_it(tmp_path):
     built = _build(ROOT, tmp_path / "site")
     assert built.returncode == 0, built.stderr[-3000:]
     assert (tmp_path / "site" / "reference" / "cli" / "index.html").exists()
+    results = (tmp_path / "site" / "results" / "index.html").read_text()
+    assert "<!-- records -->" not in results and "Recorded results" in results
     copy = tmp_path / "copy"
     shutil.copytree(DOCS, copy / "docs")
+    shutil.copytree(ROOT / "bench", copy / "bench")  # the Results page's records (docs/hooks.py)
     shutil.copy(ROOT / "mkdocs.yml", copy)
     gate = copy / "docs" / "concepts" / "gate.md"
     gate.write_text(gate.read_text() + "\nSee [the registry](../guides/registry-that-does-not-exist.md).\n")

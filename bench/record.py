@@ -1,0 +1,115 @@
+"""A bench's result as a record: the JSON line it prints, also written to `bench/results/` with what it ran on.
+
+A record is one JSON file, `bench/results/<bench>-<UTC time>-<commit>.json`:
+{"bench", "argv", "date", "commit", "dirty", "machine": {"cpu", "cores", "memory_gb", "gpu"}, "measures",
+"figures"}. `measures` is the code the bench measures (each bench declares it); the docs' Results page is rendered
+from the records (docs/hooks.py) and marks one stale when a commit after it changed any of those paths.
+`ROBOLOOP_BENCH_RESULTS` sends records elsewhere (the test suite's smoke runs write to a temporary folder).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def _git(*args: str) -> str:
+    run = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    return run.stdout.strip() if run.returncode == 0 else ""
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu() -> str | None:
+    torch = sys.modules.get("torch")  # a bench that used the GPU has imported torch; never import it only for this
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return None
+
+
+def machine() -> dict:
+    try:
+        memory_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        memory_gb = None
+    return {"cpu": _cpu(), "cores": os.cpu_count(), "memory_gb": memory_gb, "gpu": _gpu()}
+
+
+def make(bench: str, figures: dict, measures: list[str], argv: list[str]) -> dict:
+    commit = _git("rev-parse", "HEAD")
+    dirty = bool(_git("status", "--porcelain", "--", *measures)) if commit else None
+    return {"bench": bench, "argv": argv, "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "commit": commit or None, "dirty": dirty, "machine": machine(), "measures": measures, "figures": figures}
+
+
+def emit(figures: dict, measures: list[str]) -> Path:
+    """Print the bench's JSON line (its last line of stdout, as before) and write its record; return its path."""
+    print(json.dumps(figures), flush=True)
+    bench = Path(sys.argv[0]).stem
+    missing = [m for m in measures if not (ROOT / m).exists()]
+    if missing or not measures:
+        raise ValueError(f"bench {bench} declares paths it measures that do not exist: {missing or 'none given'}")
+    record = make(bench, figures, measures, sys.argv[1:])
+    out = Path(os.environ.get("ROBOLOOP_BENCH_RESULTS") or RESULTS)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = record["date"].replace("-", "").replace(":", "")
+    path = out / f"{bench}-{stamp}-{(record['commit'] or 'nogit')[:8]}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)
+    print(f"[record] {path}", file=sys.stderr)
+    return path
+
+
+def load(folder: Path = RESULTS) -> list[dict]:
+    """Every record in `folder`, newest first."""
+    records = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    return sorted(records, key=lambda r: r["date"], reverse=True)
+
+
+def staleness(record: dict, root: Path = ROOT) -> str:
+    """'current', or why the record no longer describes the code: later commits that change what it measures."""
+    commit = record.get("commit")
+    if not commit:
+        return "unknown: measured outside a git checkout"
+    known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True)
+    if known.returncode != 0:
+        return f"unknown: commit {commit[:8]} is not in this history"
+    later = subprocess.run(["git", "rev-list", "--count", f"{commit}..HEAD", "--", *record["measures"]], cwd=root,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    if later != "0":
+        return f"stale: {later} later commit(s) change what it measures"
+    return "measured with uncommitted changes" if record.get("dirty") else "current"
+
+
+def _figures(figures: dict) -> str:
+    shown = [f"{k} {v}" for k, v in figures.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return ", ".join(shown[:8]) or "(nested: see the record)"
+
+
+def markdown(records: list[dict], root: Path = ROOT) -> str:
+    """The Results page's table: each record with its figures, date, commit, machine and whether it is current."""
+    rows = ["| bench | arguments | figures | date | commit | machine | status |", "|---|---|---|---|---|---|---|"]
+    for r in records:
+        m = r["machine"]
+        machine = f"{m['cpu']}, {m['cores']} cores" + (f", {m['gpu']}" if m.get("gpu") else "")
+        args = " ".join(r["argv"]) or "(defaults)"
+        rows.append(f"| `bench/{r['bench']}.py` | `{args}` | {_figures(r['figures'])} | {r['date'][:10]} | "
+                    f"`{(r['commit'] or 'none')[:8]}` | {machine} | {staleness(r, root)} |")
+    return "\n".join(rows) if records else "No records yet: run a bench (each writes one into `bench/results/`)."

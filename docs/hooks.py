@@ -1,0 +1,24 @@
+"""mkdocs hook: the Results page's records table, rendered from `bench/results/` when the site is built (so whether
+a record is stale is decided against the code as it is now, not when the page was written)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = "<!-- records -->"
+
+
+def _record_module():
+    spec = importlib.util.spec_from_file_location("bench_record", ROOT / "bench" / "record.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def on_page_markdown(markdown: str, page, **_) -> str:
+    if page.file.src_uri != "results.md":
+        return markdown
+    record = _record_module()
+    return markdown.replace(MARKER, record.markdown(record.load()))

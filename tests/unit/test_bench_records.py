@@ -1,0 +1,75 @@
+"""Bench results as records (bench/record.py): what a record holds, when the Results page calls it stale, and that
+the figures on that page come from records only."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("bench_record", ROOT / "bench" / "record.py")
+record = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(record)
+BENCHES = sorted(p for p in (ROOT / "bench").glob("*.py") if p.name != "record.py")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_record_is_current_until_a_commit_changes_what_it_measures():
+    first = _git("log", "--reverse", "--format=%H", "--", "roboloop/cli.py").splitlines()[0]
+    old = record.make("startup", {"help_s": 0.1}, ["roboloop/cli.py"], [])
+    assert old["commit"] == _git("rev-parse", "HEAD") and old["machine"]["cores"] >= 1
+    old["dirty"] = False
+    assert record.staleness(old) == "current"
+    old["commit"] = first  # the file changed in many commits since its first
+    assert record.staleness(old).startswith("stale: ")
+    old["commit"] = "0" * 40
+    assert record.staleness(old).startswith("unknown")
+    old["commit"], old["dirty"] = _git("rev-parse", "HEAD"), True
+    assert record.staleness(old) == "measured with uncommitted changes"
+
+
+def test_the_table_shows_each_records_figures_date_commit_and_machine():
+    r = record.make("optim", {"ratio": 0.42, "models": [{"x": 1}]}, ["bench/optim.py"], ["--steps", "3"])
+    table = record.markdown([r])
+    row = table.splitlines()[2]
+    assert "`bench/optim.py`" in row and "`--steps 3`" in row and "ratio 0.42" in row and r["date"][:10] in row
+    assert r["commit"][:8] in row and f"{r['machine']['cores']} cores" in row and r["machine"]["cpu"] in row
+
+
+@pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.stem)
+def test_every_bench_declares_what_it_measures_and_writes_its_line_as_a_record(path):
+    tree = ast.parse(path.read_text())
+    measures = [n.value for n in tree.body if isinstance(n, ast.Assign) and
+                any(getattr(t, "id", "") == "MEASURES" for t in n.targets)]
+    assert len(measures) == 1, f"{path.name} declares no MEASURES"
+    paths = ast.literal_eval(measures[0])
+    assert f"bench/{path.name}" in paths and all((ROOT / p).exists() for p in paths)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "emit"]
+    assert len(calls) == 1, f"{path.name}: its JSON line must go through bench/record.py's emit once"
+
+
+def test_the_committed_records_are_whole():
+    for p in sorted((ROOT / "bench" / "results").glob("*.json")):
+        r = json.loads(p.read_text())
+        assert set(r) >= {"bench", "argv", "date", "commit", "machine", "measures", "figures"}, p.name
+        assert (ROOT / "bench" / f"{r['bench']}.py").exists() and r["figures"], p.name
+        assert {"cpu", "cores", "gpu"} <= set(r["machine"]), p.name
+
+
+def test_the_results_page_quotes_no_figure_of_its_own():
+    """Its text explains; every figure on it is rendered from a record (docs/hooks.py fills the marker)."""
+    page = (ROOT / "docs" / "results.md").read_text()
+    assert "<!-- records -->" in page
+    prose = re.sub(r"```.*?```", "", page, flags=re.S)
+    prose = re.sub(r"`[^`]*`", "", prose)
+    figures = re.findall(r"\d+\.\d+|\d+(?:\.\d+)?\s*(?:%|ms|s\b|x\b|MB|GB)", prose)
+    assert not figures, f"docs/results.md quotes figures without a record: {figures}"
