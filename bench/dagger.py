@@ -36,7 +36,7 @@ MEASURES = ["bench/dagger.py", "roboloop", "data.dvc"]
 
 
 def steps_class():
-    from roboloop.loop_run import LocalSteps
+    from roboloop.loop.run import LocalSteps
 
     class StartFrom(LocalSteps):
         """The library's stages, except that round 0's training is `start`'s model when one is given, and that with

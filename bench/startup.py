@@ -18,10 +18,7 @@ ROBOLOOP = [sys.executable, "-m", "roboloop.cli"]
 from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
 
 # the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
-MEASURES = [
-    "bench/startup.py", "roboloop/cli.py", "roboloop/cli_loop.py", "roboloop/cli_serve.py",
-    "roboloop/cli_cluster.py", "roboloop/cli_stages.py", "roboloop/__init__.py", "roboloop/datasets"
-]
+MEASURES = ["bench/startup.py", "roboloop/cli", "roboloop/__init__.py", "roboloop/datasets"]
 
 
 def wall(cmd: list[str], runs: int = 5) -> float:

@@ -37,8 +37,8 @@ from roboloop.loop import (  # noqa: F401  (presets, re-exported)
     nightly_gpu,
     run_loop,
 )
-from roboloop.loop_form import Preset, settle
-from roboloop.summary import LoopSummary
+from roboloop.loop.form import Preset, settle
+from roboloop.loop.summary import LoopSummary
 from tasks.dagger import rounds_artifact
 from tasks.loop import PrefectSteps
 
@@ -67,7 +67,7 @@ def closed_loop(preset: Preset | None = None, source: str | None = None, policy:
     cfg = settle(preset=preset, cfg=cfg, overrides=overrides, source=source, policy=policy, steps=steps,
                  episodes=episodes, margin=margin, evaluation=evaluation)
     rename(f"closed-loop {cfg.model_name} from {short(cfg.source)} ({cfg.evaluation})")
-    s = run_loop(cfg, PrefectSteps())  # roboloop.loop_run: the loop, written once; each stage a task run
+    s = run_loop(cfg, PrefectSteps())  # roboloop.loop.run: the loop, written once; each stage a task run
     if len(s.rounds) > 1:
         rounds_artifact(s.rounds, str(Path(s.eval_run)))
     create_markdown_artifact(s.markdown(), key="closed-loop-report", description="closed loop summary")

@@ -12,8 +12,8 @@ from pydantic import BaseModel, Field, model_validator
 
 from flows import finish, rename, run_name
 from roboloop.evaluation.config import EvalRecipe
+from roboloop.loop.summary import eval_message
 from roboloop.receipts import EvalSummary
-from roboloop.summary import eval_message
 from tasks.evaluate import evaluate_task
 
 

@@ -7,8 +7,8 @@ from pydantic import BaseModel, Field
 
 from flows import finish, run_name
 from roboloop.lineage import Lineage
+from roboloop.loop.summary import decision_message
 from roboloop.receipts import Decision
-from roboloop.summary import decision_message
 from tasks.register import register_task
 
 

@@ -6,8 +6,8 @@ from prefect import flow
 from pydantic import BaseModel, Field
 
 from flows import finish, run_name
+from roboloop.loop.summary import train_message
 from roboloop.receipts import ModelRef
-from roboloop.summary import train_message
 from roboloop.training.config import LaunchConfig, TrainRecipe
 from tasks.data import ingest_task
 from tasks.train import train_task

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2 or args[0] not in STAGES:
         print(f"usage: python -m roboloop.entry {{{'|'.join(STAGES)}}} CONFIG.json", file=sys.stderr)
         return 2
-    from roboloop.cli import explain, jsonline
+    from roboloop.cli.common import explain, jsonline
 
     try:
         result = STAGES[args[0]](Path(args[1]))

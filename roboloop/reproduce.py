@@ -54,7 +54,7 @@ def reproduce(ref: str, registry: str | None = None, out_root: str | Path | None
                          on_line=on_line)
     picked = (lin.config.get("select") or {}).get("picked_step")
     if picked is not None and picked != recipe.steps:  # the loop carried a kept checkpoint on (LoopConfig.select)
-        from roboloop.evaluation.sweep import export_checkpoint, kept_checkpoints
+        from roboloop.training.kept import export_checkpoint, kept_checkpoints
 
         ckpt = dict(kept_checkpoints(model.path)).get(picked)
         if ckpt is None:

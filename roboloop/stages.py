@@ -11,7 +11,7 @@ The loop (`roboloop.loop.run_loop`: `roboloop loop`, the `closed-loop` flow's ta
 `roboloop reproduce` and `roboloop registry add` (`registry_add`) call these. With a `ReceiptCache`, a stage whose
 inputs (their content identities), config and code are unchanged returns its earlier receipt, once its output
 has been checked (or restored from DVC); output folders are named by that key, so a different input never lands
-on an earlier output. `roboloop convert`, `ingest`, `train`, `evaluate` are these stages too (`cli_stages`).
+on an earlier output. `roboloop convert`, `ingest`, `train`, `evaluate` are these stages too (roboloop/cli/stages.py).
 """
 
 from __future__ import annotations
@@ -399,7 +399,7 @@ def evaluate_offline(model: ModelRef, data: DatasetRef, recipe: OfflineRecipe, e
 
 def sweep_candidates(run: str | Path, include_final: bool = True) -> list[tuple[int, ModelRef]]:
     """(step, model) per kept checkpoint (exported as artifacts/models/<run>-step<N>), and the final model."""
-    from roboloop.evaluation.sweep import export_checkpoint, kept_checkpoints
+    from roboloop.training.kept import export_checkpoint, kept_checkpoints
     run = Path(run).absolute()
     cfg = json.loads((run / "config.json").read_text()) if (run / "config.json").is_file() else None
     if cfg is None:

@@ -9,8 +9,8 @@ from prefect.artifacts import create_markdown_artifact
 
 from roboloop import stages
 from roboloop.evaluation.config import CollectConfig
+from roboloop.loop.summary import RoundResult, plot_rounds
 from roboloop.receipts import DatasetRef, ModelRef
-from roboloop.summary import RoundResult, plot_rounds
 from tasks.common import NO_CACHE, artifact_key, png_markdown, receipts, relay
 from tasks.events import dataset_added
 

@@ -46,6 +46,6 @@ def rl_task(parent: ModelRef, recipe: RLRecipe, timeout_s: float | None = None, 
 @task(name="register-rl", cache_policy=NO_CACHE)
 def register_rl_task(model: ModelRef, parent: ModelRef, ev: EvalSummary, recipe: RLRecipe, name: str,
                      margin: float) -> Decision:
-    from roboloop.loop_run import rl_lineage
+    from roboloop.loop.run import rl_lineage
 
     return register_task.fn(model, rl_lineage(model, parent, ev, recipe), name, margin=margin)

@@ -23,7 +23,7 @@ def candidates_task(run: str) -> list[tuple[int, ModelRef]]:
 @task(name="checkpoint-candidates", cache_policy=NO_CACHE)
 def loop_candidates_task(model: ModelRef, track: bool) -> list[tuple[int, ModelRef]]:
     """The closed loop's pick (`LoopConfig.select`): the run's kept checkpoints as model folders, and the run."""
-    from roboloop.loop_run import candidates
+    from roboloop.loop.run import candidates
 
     return candidates(model, track, receipts())
 

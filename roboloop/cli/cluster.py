@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def add_parser(sub) -> None:
+def add_parsers(sub, options) -> None:  # options: no pydantic-generated flags here
     cl = sub.add_parser("cluster", help="multi-node training: join node 0's run (pods 1..N-1), render the "
                         "Kubernetes manifests")
     what = cl.add_subparsers(dest="cluster_command", required=True)
@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_join(args: argparse.Namespace) -> int:
-    from roboloop.cli_stages import ChildLines
+    from roboloop.cli.stages import ChildLines
     from roboloop.settings import settings
     from roboloop.training.config import LaunchConfig
     from roboloop.training.launch import join

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 
-def add_parser(sub) -> None:
+def add_parsers(sub, options) -> None:  # options: no pydantic-generated flags here
     lp = sub.add_parser("loop", help="run the closed loop (ingest, convert, train, evaluate, register; DAgger and RL "
                         "rounds as configured) without a Prefect server; ends with the summary's JSON line")
     lp.add_argument("--preset", default="demo", help="demo (default), ci, vision, nightly_gpu, so101 or so101_ci")
@@ -45,10 +45,10 @@ def config(args: argparse.Namespace):
 
 
 def override(cfg, text: str):
-    """`cfg` with the JSON object `text` merged into it (roboloop.loop_form.override: every name checked)."""
+    """`cfg` with the JSON object `text` merged into it (roboloop.loop.form.override: every name checked)."""
     import json
 
-    from roboloop.loop_form import override as merge_over
+    from roboloop.loop.form import override as merge_over
 
     try:
         over = json.loads(text)

@@ -16,7 +16,14 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
-def add_parser(sub) -> None:
+def add_parsers(sub, options) -> None:  # options: no pydantic-generated flags here
+    """The parsers of serve, export and robot."""
+    _serve_parser(sub)
+    _export_parser(sub)
+    _robot_parser(sub)
+
+
+def _serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="serve a policy to robots and simulators over websocket + msgpack (token "
                        "required; follows the registry when REF is an alias such as registry:NAME@champion)")
     s.add_argument("ref", help="a model folder, registry:NAME@champion (followed: a promotion is loaded, checked "
@@ -60,6 +67,8 @@ def add_parser(sub) -> None:
     s.add_argument("--ray-address", help="--engine ray: join this Ray cluster (default: start one here)")
     s.set_defaults(fn=cmd_serve)
 
+
+def _export_parser(sub) -> None:
     x = sub.add_parser("export", help="export a model (folder or registry:NAME@REF) for onnxruntime, checked against "
                        "PyTorch; `roboloop serve EXPORT_DIR` serves it")
     x.add_argument("ref", help="a model folder or registry:NAME@REF")
@@ -71,6 +80,8 @@ def add_parser(sub) -> None:
     x.add_argument("--overwrite", action="store_true", help="replace an earlier export at --output (moved aside)")
     x.set_defaults(fn=cmd_export)
 
+
+def _robot_parser(sub) -> None:
     r = sub.add_parser("robot", help="drive a robot (LeRobot's robot classes, e.g. so101_follower; or sim: a roboloop "
                        "task's simulator behind the same interface) with action chunks from `roboloop serve`")
     r.add_argument("--server", required=True, help="HOST:PORT of `roboloop serve` (token from --token-file)")
@@ -101,7 +112,7 @@ def add_parser(sub) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from roboloop.serving.server import ServeConfig, Server
-    from roboloop.serving.token import read_token, token_path
+    from roboloop.serving.token import read_token
 
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         _say(f"roboloop serve: binding {args.host}: anyone who reaches it and holds the token drives the robot; "
@@ -117,13 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          "Serve's proxy holds the connections (its own limits)")
     token = read_token(args.token_file, create=True)
     logging.getLogger("roboloop.serve").setLevel(logging.INFO)
-    from roboloop.serving import wire
-
-    limit = wire.RAY_PROXY_MAX_BYTES if args.engine == "ray" else wire.MAX_MESSAGE_BYTES
-    max_bytes = int(args.max_message_mb * 2**20) if args.max_message_mb is not None else limit
-    if args.engine == "ray" and max_bytes > limit:
-        raise ValueError(f"--max-message-mb {args.max_message_mb:g}: Ray Serve's proxy closes websocket messages "
-                         f"over {limit >> 20} MiB; use --engine process for larger requests, or send fewer rows")
+    max_bytes = _max_message_bytes(args)
     cfg = ServeConfig(args.ref, args.host, args.port, args.device, args.seed, args.max_batch or 64,
                       args.max_wait_ms if args.max_wait_ms is not None else 0.0 if args.engine == "ray" else 5.0,
                       max_message_bytes=max_bytes, follow_interval_s=args.follow_interval, threads=args.threads,
@@ -136,6 +141,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) - 1))
     server = Server(cfg, token)
+    _say(_start_line(server, cfg, args))
+    server.start()
+    _say(f"roboloop serve: listening on ws://{args.host}:{server.port}")
+    try:
+        assert server.thread is not None
+        server.thread.join()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+def _max_message_bytes(args: argparse.Namespace) -> int:
+    from roboloop.serving import wire
+
+    limit = wire.RAY_PROXY_MAX_BYTES if args.engine == "ray" else wire.MAX_MESSAGE_BYTES
+    max_bytes = int(args.max_message_mb * 2**20) if args.max_message_mb is not None else limit
+    if args.engine == "ray" and max_bytes > limit:
+        raise ValueError(f"--max-message-mb {args.max_message_mb:g}: Ray Serve's proxy closes websocket messages "
+                         f"over {limit >> 20} MiB; use --engine process for larger requests, or send fewer rows")
+    return max_bytes
+
+
+def _start_line(server, cfg, args: argparse.Namespace) -> str:
+    """What the server runs, said once at start: the version, threads and batching it chose (and why), the token."""
+    import os
+
+    import torch
+
+    from roboloop.serving.token import token_path
+
     spec = server.service.slot.spec()
     threads = f"{torch.get_num_threads()} torch threads ({'--threads' if cfg.threads else 'cores less one'})"
     torch_on_cpu = cfg.device == "cpu" and spec["runtime"] not in ("OnnxPolicy", "OnnxLeRobotPolicy")
@@ -154,20 +191,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     precision = slot.precision
     if slot.deviation is not None:
         precision += f", at most {slot.deviation[0]:.3g} from fp32 (actions up to {slot.deviation[1]:.3g})"
-    _say(f"roboloop serve: {spec['version']} ({spec['state_dim']}-dim state, cameras {spec['camera_keys']}, "
-         f"chunks of {spec['horizon']}x{spec['action_dim']}); {precision}; {threads}; {batching}; "
-         f"token in {token_path(args.token_file)}"
-         + (f"; following {server.follow[1]}@{server.follow[2]}" if server.follow else ""))
-    server.start()
-    _say(f"roboloop serve: listening on ws://{args.host}:{server.port}")
-    try:
-        assert server.thread is not None
-        server.thread.join()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
-    return 0
+    return (f"roboloop serve: {spec['version']} ({spec['state_dim']}-dim state, cameras {spec['camera_keys']}, "
+            f"chunks of {spec['horizon']}x{spec['action_dim']}); {precision}; {threads}; {batching}; "
+            f"token in {token_path(args.token_file)}"
+            + (f"; following {server.follow[1]}@{server.follow[2]}" if server.follow else ""))
 
 
 def _serve_ray(cfg, args: argparse.Namespace) -> int:

@@ -16,6 +16,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from roboloop.cli.common import Options, jsonline, model_from_args
+
 if TYPE_CHECKING:
     from roboloop.cache import ReceiptCache
     from roboloop.datasets.config import ConvertConfig
@@ -43,8 +45,6 @@ class ChildLines:
 
 
 def _print(receipt, **extra) -> None:
-    from roboloop.cli import jsonline
-
     print(jsonline({**receipt.model_dump(mode="json"), **extra}))
 
 
@@ -52,12 +52,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from roboloop import stages
-    from roboloop.cli import _model_from_args
     from roboloop.datasets.convert import ConvertConfig, validate_source, workers_forked_now
     from roboloop.datasets.validate import DatasetDefectError
     from roboloop.hashing import remembering
 
-    cfg: ConvertConfig = _model_from_args(ConvertConfig, args)  # type: ignore[assignment]
+    cfg: ConvertConfig = model_from_args(ConvertConfig, args)  # type: ignore[assignment]
     src = Path(args.src).resolve()
     try:
         # the source is validated on a thread while it is hashed and converted (into a temporary folder): the
@@ -127,13 +126,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from roboloop import stages
-    from roboloop.cli import _model_from_args
     from roboloop.s3 import is_s3
     from roboloop.training.config import LaunchConfig, TrainConfig
     from roboloop.training.outdir import dataset_fingerprint
 
     cfg: TrainConfig = TrainConfig.model_validate_json(Path(args.config).read_text()) if args.config else \
-        _model_from_args(TrainConfig, args)  # type: ignore[assignment]
+        model_from_args(TrainConfig, args)  # type: ignore[assignment]
     launch = LaunchConfig.from_settings(**{k: getattr(args, k, None) for k in LaunchConfig.model_fields})
     if is_s3(cfg.dataset):  # downloaded (verified) into the cache once; a rerun finds it there
         from roboloop.datasets.ingest import ingest
@@ -158,7 +156,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from roboloop import stages
-    from roboloop.cli import _model_from_args
     from roboloop.evaluation.config import EvalConfig, EvalRecipe
 
     if args.offline:
@@ -169,25 +166,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if any(offline_only.values()):  # refuse, never ignore
         raise ValueError(f"{', '.join(k for k, v in offline_only.items() if v)} apply to evaluate --offline only; "
                          "a simulator evaluation plays --episodes of --task")
-    cfg: EvalConfig = _model_from_args(EvalConfig, args)  # type: ignore[assignment]
+    cfg: EvalConfig = model_from_args(EvalConfig, args)  # type: ignore[assignment]
     recipe = EvalRecipe(**cfg.model_dump(include=set(EvalRecipe.model_fields)))
     summary = stages.evaluate(cfg.policy, recipe, cache=None if cfg.save_rollouts else _cache(args),
                               save_rollouts=cfg.save_rollouts, output_dir=args.output_dir,  # None: a new run folder
                               on_line=ChildLines(args.verbose))
     report = json.loads((Path(summary.run_dir) / "report.json").read_text())
-    from roboloop.cli import jsonline
-
     print(jsonline({**report, "run_dir": summary.run_dir, "report_sha256": summary.report_sha256}))
     return 0
 
 
 def cmd_pick(args: argparse.Namespace) -> int:
     from roboloop import stages
-    from roboloop.cli import _model_from_args, jsonline
     from roboloop.evaluation.config import EvalRecipe
     from roboloop.evaluation.sweep import Scored, best
 
-    recipe: EvalRecipe = _model_from_args(EvalRecipe, args)  # type: ignore[assignment]
+    recipe: EvalRecipe = model_from_args(EvalRecipe, args)  # type: ignore[assignment]
     scored = []
     for step, model in stages.sweep_candidates(args.run):
         e = stages.evaluate(model, recipe, cache=_cache(args), on_line=ChildLines(args.verbose))
@@ -240,3 +234,99 @@ def add_stage_flags(parser: argparse.ArgumentParser, track: bool = True) -> None
     if track:
         parser.add_argument("--track", action="store_true", help="DVC-track the output (and push it to the remote)")
     parser.add_argument("--no-cache", action="store_true", help="recompute even when a verified cached result exists")
+
+
+def add_parsers(sub, options: Options) -> None:
+    """The parsers of train, evaluate, compare, pick, rl and collect."""
+    t = sub.add_parser("train", help="train a policy (--family; roboloop's VLA by default) on a v3 dataset "
+                      "(resumes from its checkpoints)")
+    t.add_argument("--config", help="a TrainConfig JSON file (what flows hand to torchrun ranks)")
+    t.add_argument("--overwrite", action="store_true", help="move an existing run in --output-dir aside (never "
+                   "deleted) and start over; without it, only a matching run is resumed")
+    options(t, "train", "roboloop.training.config:TrainConfig")
+    options(t.add_argument_group("torchrun (N > 1 ranks or nodes)"), "train", "roboloop.training.config:LaunchConfig")
+    add_stage_flags(t)
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("evaluate", help="run a policy for exactly N episodes in Isaac Lab or gymnasium; "
+                       "ends with one JSON line (success_rate, ci_low, ci_high, ...)")
+    options(e, "evaluate", "roboloop.evaluation.config:EvalConfig")
+    off = e.add_argument_group("offline (recorded data, no simulator)")
+    off.add_argument("--offline", action="store_true", help="score action-chunk predictions on held-out episodes "
+                     "of --dataset instead of running a simulator; ends with one JSON line")
+    off.add_argument("--dataset", help="LeRobot v3.0 dataset folder (the one the model was trained on)")
+    off.add_argument("--score", default="validation", help="validation (the model's held-out split), all, or "
+                     "a comma-separated list of episode indices")
+    off.add_argument("--stride", type=int, default=1, help="score every N-th frame")
+    off.add_argument("--against", help="a second model: paired comparison on the same frames (challenger = --policy)")
+    off.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin, relative to the "
+                     "--against model's error")
+    add_stage_flags(e, track=False)
+    e.set_defaults(fn=cmd_evaluate)
+    cp = sub.add_parser("compare", help="paired comparison of two evaluation runs on the same episodes (task, "
+                        "seed): difference, 95%% interval, decision or episodes still needed; one JSON line per pair, "
+                        "then a pooled one when several pairs are given")
+    cp.add_argument("runs", nargs="+", metavar="RUN", help="CHALLENGER CHAMPION evaluation run folders "
+                    "(report.json); more pairs (e.g. one per training seed) add a pooled line last, its interval "
+                    "clustered by episode across pairs on the same task and seed")
+    cp.add_argument("--margin", type=float, default=0.05, help="non-inferiority margin on the success rate")
+    cp.set_defaults(fn=cmd_compare)
+    pk = sub.add_parser("pick", help="play a training run's kept checkpoints and final model on the same episodes "
+                        "(a --seed other than the one results are reported on; 1 unless given) and name the best "
+                        "(what the loop's `select` does); one JSON line per model, then the pick")
+    pk.add_argument("run", help="a training run's folder (artifacts/models/...): its checkpoints/ and final model")
+    options(pk, "pick", "roboloop.evaluation.config:EvalRecipe")
+    add_stage_flags(pk, track=False)
+    pk.set_defaults(fn=cmd_pick, seed=1, videos=0)
+    rl = sub.add_parser("rl", help="RL fine-tuning (flow-noise PPO) of a model in Isaac Lab on Ray workers, sync or "
+                        "async; writes OUTPUT_DIR/model")
+    rl.add_argument("--config", help="an RLConfig JSON file")
+    options(rl, "rl", "roboloop.rl.config:RLConfig")
+    rl.set_defaults(fn=cmd_rl)
+
+    co = sub.add_parser("collect", help="record scripted-expert episodes as a LeRobot v2.1 dataset")
+    co.add_argument("dst")
+    options(co, "collect", "roboloop.evaluation.config:CollectConfig", skip=frozenset({"dst"}))
+    co.set_defaults(fn=cmd_collect)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from roboloop.binomial import outcomes_by_episode, paired_difference, pooled_paired_difference
+
+    if len(args.runs) % 2:
+        raise SystemExit(f"compare takes runs in pairs (CHALLENGER CHAMPION ...), got {len(args.runs)}")
+    pairs = []
+    for ch, cp in zip(args.runs[::2], args.runs[1::2], strict=True):
+        runs = []
+        for d in (ch, cp):
+            rep = json.loads((Path(d) / "report.json").read_text())
+            runs.append((rep, outcomes_by_episode(rep.get("per_episode") or [])))
+        (a, ea), (b, eb) = runs
+        if (a["task"], a.get("seed")) != (b["task"], b.get("seed")):
+            raise SystemExit(f"not paired: {a['task']} seed {a.get('seed')} vs {b['task']} seed {b.get('seed')}; "
+                             "evaluate both on the same task and seed")
+        print(jsonline({"challenger": a["policy"], "champion": b["policy"], **paired_difference(ea, eb, args.margin)}))
+        pairs.append((ea, eb, (a["task"], a.get("seed"))))
+    if len(pairs) > 1:  # pooled, clustered by episode where pairs share their task and seed
+        print(jsonline({"pooled": True, **pooled_paired_difference(pairs, args.margin)}))
+    return 0
+
+
+def cmd_rl(args: argparse.Namespace) -> int:
+    from roboloop.rl.config import RLConfig
+    from roboloop.rl.run import progress_line, run
+
+    cfg = RLConfig.model_validate_json(Path(args.config).read_text()) if args.config else \
+        model_from_args(RLConfig, args)
+    result = run(cfg, on_event=lambda e: print(progress_line(e), file=sys.stderr, flush=True))  # type: ignore[arg-type]
+    print(jsonline(result.__dict__))
+    return 0
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from roboloop.evaluation.run import CollectConfig, collect
+
+    dst, report = collect(model_from_args(CollectConfig, args))  # type: ignore[arg-type]
+    print(jsonline({"dst": str(dst), "expert_success_rate": report.success_rate, "episodes": report.episodes,
+            "actor": report.policy}))
+    return 0

@@ -1,6 +1,6 @@
 """The closed loop as a person sets it: a preset, the few settings people change, and the rest as overrides or a whole
 config. What the `closed-loop` deployments' form takes (flows/closed_loop.py) and what `roboloop loop --preset
---override` takes (roboloop/cli_loop.py).
+--override` takes (roboloop/cli/loop.py).
 
     settle(preset=, cfg=, overrides=, source=, policy=, steps=, episodes=, margin=, evaluation=) -> LoopConfig
     override(cfg, over) -> LoopConfig        `over` (a JSON object) merged into `cfg`, every name checked
@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Literal
 
-from roboloop.loop import PRESETS, LoopConfig
+from roboloop.loop.config import LoopConfig
+from roboloop.loop.presets import PRESETS
 
 Preset = Literal["demo", "ci", "vision", "nightly_gpu", "so101", "so101_ci", "cluster"]
 
@@ -48,7 +49,9 @@ def _top_level(source, policy, steps, episodes, margin, evaluation) -> dict[str,
     if source:
         over.update(source=source, collect_if_missing=None)
     if policy:
-        train.update({"family": "vla", "policy_type": None} if policy == "vla" else {"policy_type": policy})
+        from roboloop.policies import policy_choice
+
+        train.update(policy_choice(policy))
     if steps is not None:
         train["steps"] = steps
     if train:

@@ -23,11 +23,11 @@ from roboloop.datasets.config import ConvertConfig
 from roboloop.datasets.meta import load_info
 from roboloop.evaluation.config import ROBOLOOP_TASKS, CollectConfig, EvalRecipe, OfflineRecipe
 from roboloop.lineage import Lineage
-from roboloop.loop import LoopConfig
+from roboloop.loop.config import LoopConfig
+from roboloop.loop.summary import Candidate, LoopSummary, RoundResult, Selection, training_line
 from roboloop.receipts import DatasetRef, Decision, EvalSummary, ExecutionSettings, ModelRef, OfflineSummary
 from roboloop.rl.config import RLRecipe
 from roboloop.serving.check import ServeCheckRecipe, ServedCheck
-from roboloop.summary import Candidate, LoopSummary, RoundResult, Selection, training_line
 from roboloop.training.config import LaunchConfig, TrainRecipe
 
 
@@ -120,8 +120,8 @@ def candidates(model: ModelRef, track: bool, cache=None) -> list[tuple[int, Mode
     has no checkpoints/, and its exports come back from DVC instead (checked, as every cache hit is)."""
     from roboloop import stages
     from roboloop.cache import cache_key
-    from roboloop.evaluation.sweep import kept_checkpoints
     from roboloop.receipts import Checkpoints
+    from roboloop.training.kept import kept_checkpoints
 
     key = cache_key("checkpoints", model.weights_sha256, track)
     kept = kept_checkpoints(model.path)

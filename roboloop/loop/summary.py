@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from roboloop.receipts import Decision, EvalSummary, ModelRef, OfflineSummary
 from roboloop.serving.check import ServedCheck, serve_ref
+from roboloop.training.runline import run_line
 
 
 class RoundResult(BaseModel):
@@ -83,13 +84,6 @@ def plot_rounds(rounds: list[RoundResult], png: Path) -> Path:
     ax.set_xticks([r.round for r in rounds])
     ax.set_xlabel("round (0: demonstrations; then DAgger" + (", RL" if rounds[-1].kind == "rl" else "") + ")")
     return plots.save(fig, png)
-
-
-def run_line(rec: dict) -> str:
-    """One line for logs, summaries and the UI: precision and attention as a training run used them."""
-    fp8 = f", {rec['fp8_linears']} linears in FP8 ({rec['fp8_backend']})" if rec.get("precision") == "fp8" else ""
-    att = f"; attention {rec['attention']} ({rec.get('attention_reason', '')})" if rec.get("attention") else ""
-    return f"precision {rec['precision']}{fp8} ({rec['precision_reason']}){att}; device {rec['device']}"
 
 
 def training_line(m: dict) -> str | None:

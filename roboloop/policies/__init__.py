@@ -307,6 +307,28 @@ def load_policy(folder: str | Path, device: str = "cpu", seed: int = 0,
     return acting(family(model_info(folder).family).load(folder, device, seed, inference_steps), precision, device)
 
 
+def resolve_family(name: str, policy_type: str | None) -> str:
+    """The family a recipe trains: a LeRobot `policy_type` means LeRobot's family (over the default, the VLA), and
+    LeRobot's family needs one."""
+    if policy_type and name == "vla":
+        return "lerobot"
+    if name == "lerobot" and not policy_type:
+        raise ValueError("family lerobot needs policy_type (e.g. act)")
+    return name
+
+
+def policy_choice(choice: str) -> dict[str, Any]:
+    """A form's `policy` choice ('vla', or one of LeRobot's policy types) as the TrainRecipe fields it sets."""
+    return {"family": "vla", "policy_type": None} if choice == "vla" else {"policy_type": choice}
+
+
+def can(name: str, capability: str) -> bool:
+    """Whether family `name` can do `capability` (as its `capabilities` say): 'rl' (RL fine-tuning), 'env_state'
+    (reads `observation.environment_state` as an input), 'onnx' (ONNX export; its `onnx_export` and `onnx_policy`
+    name the functions)."""
+    return capability in family(name).capabilities
+
+
 def require(folder: str | Path, capability: str, what: str) -> None:
     """Refuse, naming the family, a folder whose family cannot do `capability` (e.g. RL fine-tuning)."""
     name = model_info(folder).family

@@ -244,7 +244,10 @@ class LeRobotFamily:
     """`policy_type` picks LeRobot's policy (`TrainRecipe.policy_type`); `policy_config` sets its options."""
 
     name = "lerobot"
-    capabilities: frozenset[str] = frozenset()
+    # env_state: LeRobot's policies take observation.environment_state as their ENV input; onnx: ACT's network
+    capabilities: frozenset[str] = frozenset({"env_state", "onnx"})
+    onnx_export = "roboloop.serving.export_lerobot:export_lerobot"  # what `roboloop export` runs (code, not a file)
+    onnx_policy = "roboloop.serving.export_lerobot:OnnxLeRobotPolicy"  # what `roboloop serve EXPORT_DIR` acts with
 
     def build(self, cfg, features: Features) -> LeRobotTrainable:
         from lerobot.configs.types import FeatureType, PolicyFeature

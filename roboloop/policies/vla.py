@@ -66,7 +66,9 @@ class VLATrainable:
 
 class VLAFamily:
     name = "vla"
-    capabilities = frozenset({"rl"})
+    capabilities = frozenset({"rl", "onnx"})
+    onnx_export = "roboloop.serving.export:export_vla"  # its K denoising steps unrolled into one graph
+    onnx_policy = "roboloop.serving.export:OnnxPolicy"
 
     def build(self, cfg, features: Features) -> VLATrainable:
         mcfg = cfg.model_config_resolved(features.state_dim, features.action_dim, features.aux_dim)

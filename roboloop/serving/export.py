@@ -21,9 +21,8 @@ import numpy as np
 import torch
 
 from roboloop.evaluation.protocol import Obs
+from roboloop.serving.export_files import EXPORT_FILE, ONNX_FILE
 
-ONNX_FILE = "model.onnx"
-EXPORT_FILE = "export.json"
 TOLERANCE = 1e-4  # max |onnx - torch| over the check observations, in normalised action units
 
 
@@ -64,65 +63,76 @@ def export_onnx(folder: str | Path, dst: str | Path, instruction: str = "", chec
     """Write `dst/` (model.onnx, export.json, the source's config/stats/policy JSON); refuses when onnxruntime's
     chunks differ from PyTorch's by more than TOLERANCE on `checks` observations. Nothing is written on failure;
     an existing folder is replaced only if roboloop exported it and `overwrite`."""
-    import onnxruntime as ort
-
     from roboloop import fsutil
-    from roboloop.policies import load_policy, model_info
+    from roboloop.policies import can, family, model_info
 
     folder, dst = Path(folder), Path(dst)
     info = model_info(folder)
-    if info.family == "lerobot":  # ACT: LeRobot's network as the graph, LeRobot's processors around it
-        from roboloop.serving.export_lerobot import export_lerobot
-
-        with fsutil.atomic_dir(dst, "onnx_export", overwrite=overwrite) as tmp:
-            meta = export_lerobot(folder, tmp, checks, ONNX_FILE, TOLERANCE)
-            fsutil.atomic_write_json(tmp / EXPORT_FILE, meta)
-        return meta | {"path": str(dst)}
-    if info.family != "vla":
+    if not can(info.family, "onnx"):
         raise ValueError(f"{folder}: ONNX export covers roboloop's VLA and LeRobot's ACT; policy family "
                          f"{info.family!r} is not exported (serve it from its folder)")
+    export = _named(family(info.family).onnx_export)  # type: ignore[attr-defined]
+    with fsutil.atomic_dir(dst, "onnx_export", overwrite=overwrite) as tmp:
+        meta = export(folder, tmp, checks, instruction)
+        fsutil.atomic_write_json(tmp / EXPORT_FILE, meta)
+    return meta | {"path": str(dst)}
+
+
+def _named(path: str) -> Any:
+    """A function or class a built-in family names in its code (never a name read from a file)."""
+    import importlib
+
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def export_vla(folder: Path, tmp: Path, checks: int, instruction: str) -> dict[str, Any]:
+    """roboloop's VLA as one graph in `tmp` (its K denoising steps unrolled, the noise an input), checked against
+    PyTorch on `checks` observations; returns export.json's content."""
+    import onnxruntime as ort
+
+    from roboloop.policies import load_policy
+
     policy: Any = load_policy(folder)
     model, steps = policy.model.eval(), policy.steps or policy.model.cfg.inference_steps
     probe = _check_obs(policy, checks + 1, 0, instruction)
     template = policy.batch(probe[0])
     wrapper = _Unrolled(model, template, steps).eval()
-    with fsutil.atomic_dir(dst, "onnx_export", overwrite=overwrite) as tmp:
-        noise = torch.randn(1, model.cfg.horizon, model.cfg.action_dim, generator=torch.Generator().manual_seed(0))
-        # The TorchScript tracer, deliberately: torch.export (dynamo) stops at the packed layout's data-dependent
-        # sizes (`int(cu[-1])`), which a trace of one observation bakes in as constants, as intended here.
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            torch.onnx.export(wrapper, (template.states, template.images, noise), str(tmp / ONNX_FILE), dynamo=False,
-                              input_names=["states", "images", "noise"], output_names=["chunk"], opset_version=17)
-        sess = ort.InferenceSession(str(tmp / ONNX_FILE), providers=["CPUExecutionProvider"])
-        worst = 0.0
-        g = torch.Generator().manual_seed(1)
-        for obs in probe[1:]:
-            b = policy.batch(obs)
-            z = torch.randn(noise.shape, generator=g)
-            with torch.no_grad():
-                ref = wrapper(b.states, b.images, z).numpy()
-            feeds = {"states": b.states.numpy(), "images": b.images.numpy(), "noise": z.numpy()}
-            got = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})[0]  # a state-only model has
-            # no images input (the trace drops an unused one)
-            worst = max(worst, float(np.abs(got - ref).max()))
-        if worst > TOLERANCE:
-            raise ValueError(f"{folder}: the ONNX graph's chunks differ from PyTorch's by {worst:.2e} (> {TOLERANCE})")
-        for f in ("config.json", "stats.json", "policy.json"):
-            if (folder / f).is_file():
-                shutil.copy2(folder / f, tmp / f)
-        meta = {"format": "onnx", "opset": 17, "family": "vla", "source": str(folder.resolve()),
-                "instruction": instruction,
-                "inference_steps": steps, "camera_keys": list(policy.camera_keys),
-                "image_size": list(policy.image_size),
-                "state_dim": policy.state_dim, "action_dim": policy.action_dim, "horizon": policy.horizon,
-                "batch": 1, "checks": checks, "max_abs_diff": worst, "tolerance": TOLERANCE,
-                "check_observations": "state ~ N(mean, std) of the training stats, uniform random camera frames",
-                "inputs": {"states": list(template.states.shape), "images": list(template.images.shape),
-                           "noise": list(noise.shape)}}
-        fsutil.atomic_write_json(tmp / EXPORT_FILE, meta)
-    return meta | {"path": str(dst)}
+    noise = torch.randn(1, model.cfg.horizon, model.cfg.action_dim, generator=torch.Generator().manual_seed(0))
+    # The TorchScript tracer, deliberately: torch.export (dynamo) stops at the packed layout's data-dependent
+    # sizes (`int(cu[-1])`), which a trace of one observation bakes in as constants, as intended here.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        torch.onnx.export(wrapper, (template.states, template.images, noise), str(tmp / ONNX_FILE), dynamo=False,
+                          input_names=["states", "images", "noise"], output_names=["chunk"], opset_version=17)
+    sess = ort.InferenceSession(str(tmp / ONNX_FILE), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    g = torch.Generator().manual_seed(1)
+    for obs in probe[1:]:
+        b = policy.batch(obs)
+        z = torch.randn(noise.shape, generator=g)
+        with torch.no_grad():
+            ref = wrapper(b.states, b.images, z).numpy()
+        feeds = {"states": b.states.numpy(), "images": b.images.numpy(), "noise": z.numpy()}
+        got = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})[0]  # a state-only model has
+        # no images input (the trace drops an unused one)
+        worst = max(worst, float(np.abs(got - ref).max()))
+    if worst > TOLERANCE:
+        raise ValueError(f"{folder}: the ONNX graph's chunks differ from PyTorch's by {worst:.2e} (> {TOLERANCE})")
+    for f in ("config.json", "stats.json", "policy.json"):
+        if (folder / f).is_file():
+            shutil.copy2(folder / f, tmp / f)
+    meta = {"format": "onnx", "opset": 17, "family": "vla", "source": str(folder.resolve()),
+            "instruction": instruction,
+            "inference_steps": steps, "camera_keys": list(policy.camera_keys),
+            "image_size": list(policy.image_size),
+            "state_dim": policy.state_dim, "action_dim": policy.action_dim, "horizon": policy.horizon,
+            "batch": 1, "checks": checks, "max_abs_diff": worst, "tolerance": TOLERANCE,
+            "check_observations": "state ~ N(mean, std) of the training stats, uniform random camera frames",
+            "inputs": {"states": list(template.states.shape), "images": list(template.images.shape),
+                       "noise": list(noise.shape)}}
+    return meta
 
 
 class OnnxPolicy:
@@ -172,9 +182,10 @@ class OnnxPolicy:
 
 def open_export(folder: str | Path, seed: int = 0) -> Any:
     """An export folder behind the Policy interface: the VLA's `OnnxPolicy` or LeRobot's `OnnxLeRobotPolicy`."""
-    meta = json.loads((Path(folder) / EXPORT_FILE).read_text())
-    if meta.get("family") == "lerobot":
-        from roboloop.serving.export_lerobot import OnnxLeRobotPolicy
+    from roboloop.policies import can, family
 
-        return OnnxLeRobotPolicy(folder, seed)
-    return OnnxPolicy(folder, seed)
+    meta = json.loads((Path(folder) / EXPORT_FILE).read_text())
+    name = str(meta.get("family", "vla"))
+    if not can(name, "onnx"):  # family() refuses a name that is not a built-in or allowed one before importing it
+        raise ValueError(f"{folder}: export.json names policy family {name!r}, which has no ONNX runtime")
+    return _named(family(name).onnx_policy)(folder, seed)  # type: ignore[attr-defined]

@@ -80,12 +80,15 @@ def _probe(policy: Any, n: int, seed: int) -> list[Obs]:
     return out
 
 
-def export_lerobot(folder: Path, tmp: Path, checks: int, onnx_file: str, tolerance: float) -> dict[str, Any]:
+def export_lerobot(folder: Path, tmp: Path, checks: int, instruction: str = "") -> dict[str, Any]:
     """Write the graph and the folder's LeRobot and roboloop metadata into `tmp`; raises when onnxruntime's
-    chunks differ from PyTorch's by more than `tolerance` (normalised units) on `checks` observations."""
+    chunks differ from PyTorch's by more than the export's TOLERANCE (normalised units) on `checks` observations.
+    (`instruction` is the VLA's: LeRobot's ACT reads no language.)"""
     import onnxruntime as ort
 
     from roboloop.policies import WEIGHTS_FILE
+    from roboloop.serving.export import TOLERANCE as tolerance
+    from roboloop.serving.export_files import ONNX_FILE as onnx_file
 
     config = folder / "config.json"
     kind = json.loads(config.read_text()).get("type") if config.is_file() else None
@@ -128,7 +131,7 @@ class OnnxLeRobotPolicy(LeRobotPolicy):
     def __init__(self, folder: str | Path, seed: int = 0):
         import onnxruntime as ort
 
-        from roboloop.serving.export import EXPORT_FILE, ONNX_FILE
+        from roboloop.serving.export_files import EXPORT_FILE, ONNX_FILE
 
         folder = Path(folder)
         super().__init__(folder, "cpu", weights=False)

@@ -210,10 +210,9 @@ class TrainRecipe(BaseModel):
             from roboloop.policies.lerobot_types import check
 
             check(self.policy_type)
-        if self.policy_type and self.family == "vla":
-            self.family = "lerobot"
-        if self.family == "lerobot" and not self.policy_type:
-            raise ValueError("family lerobot needs policy_type (e.g. act)")
+        from roboloop.policies import resolve_family
+
+        self.family = resolve_family(self.family, self.policy_type)
         if self.fp8_recipe != "tensorwise" and (self.fp8_backend == "te" or self.precision in ("bf16", "fp32")):
             raise ValueError(f"fp8_recipe={self.fp8_recipe!r} would do nothing: " + (
                 "it is torchao's; Transformer Engine (fp8_backend te) scales with DelayedScaling" if
@@ -235,12 +234,12 @@ class TrainRecipe(BaseModel):
         max_tokens is the VLA's and nobody asked for it. Returns the data and what was set back."""
         from types import SimpleNamespace
 
-        from roboloop.policies import unread_settings
+        from roboloop.policies import resolve_family, unread_settings
 
         defaults = {k: f.get_default(call_default_factory=True) for k, f in cls.model_fields.items()}
         view = {**defaults, **data}
-        if view.get("policy_type") and view.get("family") == "vla":  # as the validator will decide
-            view["family"] = "lerobot"
+        if view.get("policy_type"):  # as the validator will decide
+            view["family"] = resolve_family(view["family"], view["policy_type"])
         out, reset = dict(data), []
         for name in unread_settings(SimpleNamespace(**view)):
             if name not in given and name in out and out[name] != defaults[name]:

@@ -43,3 +43,21 @@ def summary(out: str | Path) -> dict[str, Any]:
             "samples_per_s": round(sum(r["samples_per_s"] for r in tail) / len(tail), 1),
             "data_wait_fraction": round(last.get("data_wait_fraction", 0.0), 3), "mfu": last.get("mfu"),
             **({"run": {k: v for k, v in ran.items() if k != "fp8_linear_names"}} if ran else {})}
+
+
+def plot_loss(metrics_file: Path, png: Path) -> None:
+    """The run's training loss by step (log scale): the model folder's loss.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_rows(metrics_file.parent)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)

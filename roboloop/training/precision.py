@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from roboloop import availability
+from roboloop.training.runline import run_line
 
 log = logging.getLogger(__name__)
 FP8_MIN_FEATURES = 1024  # break-even on H100 is around 1-2k; below it FP8 casts cost more than they save
@@ -184,8 +185,6 @@ def run_record(requested: str, p: PrecisionPlan, fp8_names: list[str], threshold
 
 
 def record_line(rec: dict) -> str:
-    from roboloop.summary import run_line
-
     return run_line(rec)
 
 

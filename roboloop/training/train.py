@@ -121,24 +121,8 @@ class Trainer:
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
         torch.manual_seed(cfg.seed)  # same initial weights on every rank
-        # observation.environment_state as an input: LeRobot's policies, unless the recipe leaves it out
-        env_key = ENV_STATE if cfg.family == "lerobot" and cfg.env_state_input != "off" else None
-        self.ds = ds = V3Dataset(cfg.dataset, aux_key=cfg.aux_target if cfg.with_video else None, env_key=env_key)
-        self.family = policies.family(cfg.family)
-        for name, why in getattr(self.family, "unread_settings", {}).items():  # a family of one's own says so too
-            if getattr(cfg, name) != type(cfg).model_fields[name].get_default(call_default_factory=True):
-                raise ValueError(f"{name}={getattr(cfg, name)!r} would do nothing: {why}")
-        self.policy = pol = self.family.build(cfg, features_of(ds, cfg.with_video))
-        needs = pol.needs
-        one_rank_only = getattr(pol, "one_rank_only", None)  # why this policy cannot train on several ranks
-        if env.world_size > 1 and one_rank_only:
-            raise ValueError(f"{env.world_size} ranks: {one_rank_only}")
-        self.model = pol.module
-        ds.horizon = needs.horizon
-        self.with_video = cfg.with_video and needs.cameras
-        order = sample_order(cfg, self.with_video)  # before anything is built from the data
-        self.train_episodes, self.val_episodes = split_episodes([e.episode_index for e in ds.meta.episodes],
-                                                                cfg.val_fraction, cfg.seed)
+        self.order = self._build_policy()
+        pol, needs = self.policy, self.policy.needs
         blocks = compiled.regions(self.model)  # compiled after FP8's conversion, before the wrap
         self.compiling, why = compiled.plan(cfg.compile, getattr(pol, "kind", cfg.family), self.device.type,
                                             bool(blocks))
@@ -146,46 +130,13 @@ class Trainer:
                                    torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
                                    compiled=self.compiling)
         self.prec = precision.fit(self.prec, cfg.precision, getattr(pol, "fp32_only", None))
-        self.depth_mm = ds.depth_ranges(ds.meta.dataset_stats()) if self.with_video else {}
-        if cfg.init_from:
-            self.stats = self.family.load_init(pol, Path(cfg.init_from), [ds.state_key, ds.action_key])
-            self.depth_mm.update(init_depth_ranges(Path(cfg.init_from)))  # the scaling its weights learnt
-        else:
-            st = ds.meta.dataset_stats()
-            self.stats = {k: {s: v.tolist() for s, v in st[k].items()} for k in (ds.state_key, ds.action_key)
-                          if k in st}
-        norm = Normalizer.from_stats(self.stats, [ds.state_key, ds.action_key], ds.root)
-        if ds.aux_key and needs.normalized:  # a training target only: this dataset's stats, not stored with the model
-            aux_norm = Normalizer.from_meta(ds.meta, [ds.aux_key])
-            norm.mean[ds.aux_key], norm.std[ds.aux_key] = aux_norm.mean[ds.aux_key], aux_norm.std[ds.aux_key]
-        self.model.to(self.device)
-        threshold, source = precision.fp8_threshold(self.device, self.compiling)
-        self.prec, fp8_names = precision.settle(self.prec, self.model, threshold, f"preset {cfg.preset}",
-                                                explicit=cfg.precision == "fp8")
-        self.prec.fp8_recipe = cfg.fp8_recipe
-        precision.apply_fp8(self.model, self.prec, threshold, recipe=cfg.fp8_recipe)
-        half = self.prec.name in ("bf16", "fp8") and self.device.type == "cuda"
-        dtype = torch.bfloat16 if half else torch.float32
-        kernels: dict = getattr(pol, "kernels", lambda *_: {})(self.device.type, dtype)
-        self.run_record = precision.run_record(cfg.precision, self.prec, fp8_names, threshold, source, self.device,
-                                               kernels)
-        self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
-        types = len({type(b) for b in blocks}) if self.compiling else 0
-        self.run_record["compile"] = compiled.record(cfg.compile, self.compiling, why,
-                                                     compiled.apply(self.model) if self.compiling else 0, types)
+        norm = self._normalizer()
+        self._settle_precision(blocks, why)
         # FSDP shards before the optimizer; a model fed no images leaves its image path idle
         self.ddp_model = distributed.wrap(self.model, env, cfg.strategy, idle_params=not self.with_video)
         self.opt, self.run_record["optimizer"] = optim.adamw(self.model.parameters(), cfg.lr, cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_at(s, cfg))
-        self.stream = SampleStream(ds, needs.image_size, needs.max_text_len, window=cfg.window,
-                                   shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.num_workers, seed=cfg.seed,
-                                   normalizer=norm if needs.normalized else None,  # else the family's own
-                                   with_video=self.with_video, tokenizer=needs.tokenizer,
-                                   state_tokens=needs.state_tokens, episodes=self.train_episodes,
-                                   depth_mm=self.depth_mm,
-                                   cameras=list(needs.camera_keys) if needs.camera_keys is not None else None,
-                                   history=needs.history, drop_last=needs.drop_last, cache_mb=cfg.frame_cache_mb,
-                                   env_state=needs.env_state, order=order)
+        self.stream = self._stream(norm)
         self.run_record["frame_cache"] = self.stream.cache_record()
         self.run_record["host_memory"] = host_memory
         self.ckpt_dir = self.out / "checkpoints"
@@ -212,16 +163,96 @@ class Trainer:
         log.info("%s %s: %.2fM parameters, precision %s (%s), %s, device %s, rank %d/%d", cfg.family, cfg.preset,
                  num_parameters(self.model) / 1e6, self.prec.name, self.prec.reason,
                  cfg.strategy if env.world_size > 1 else "1 rank", self.device, env.rank, env.world_size)
-        if env.is_main:  # in the run log beside the loss lines
-            print(camera_line(ds, self.with_video, needs.camera_keys), flush=True)
-            if ENV_STATE in ds.meta.info.features and cfg.family == "lerobot":
-                print(env_state_line(ds, needs.env_state, cfg.env_state_input), flush=True)
-            print(precision.record_line(self.run_record), flush=True)
-            print(self.stream.cache_line(), flush=True)
-            print(self.stream.order_line(), flush=True)
-            print(f"host memory: {self.run_record['host_memory']}", flush=True)
-            print(f"optimizer: {self.run_record['optimizer']}", flush=True)
-            print(f"compile: {self.run_record['compile']['why']}", flush=True)
+        if env.is_main:
+            self._announce()
+
+    def _build_policy(self) -> str:
+        """The dataset, the family's trainable model for it, and the episodes it trains on; returns the sample
+        order (decided before anything is built from the data)."""
+        cfg, env = self.cfg, self.env
+        self.family = policies.family(cfg.family)
+        # observation.environment_state as an input: a family that reads it, unless the recipe leaves it out
+        self.reads_env_state = "env_state" in self.family.capabilities
+        env_key = ENV_STATE if self.reads_env_state and cfg.env_state_input != "off" else None
+        self.ds = ds = V3Dataset(cfg.dataset, aux_key=cfg.aux_target if cfg.with_video else None, env_key=env_key)
+        for name, why in getattr(self.family, "unread_settings", {}).items():  # a family of one's own says so too
+            if getattr(cfg, name) != type(cfg).model_fields[name].get_default(call_default_factory=True):
+                raise ValueError(f"{name}={getattr(cfg, name)!r} would do nothing: {why}")
+        self.policy = pol = self.family.build(cfg, features_of(ds, cfg.with_video))
+        needs = pol.needs
+        one_rank_only = getattr(pol, "one_rank_only", None)  # why this policy cannot train on several ranks
+        if env.world_size > 1 and one_rank_only:
+            raise ValueError(f"{env.world_size} ranks: {one_rank_only}")
+        self.model = pol.module
+        ds.horizon = needs.horizon
+        self.with_video = cfg.with_video and needs.cameras
+        order = sample_order(cfg, self.with_video)  # before anything is built from the data
+        self.train_episodes, self.val_episodes = split_episodes([e.episode_index for e in ds.meta.episodes],
+                                                                cfg.val_fraction, cfg.seed)
+        return order
+
+    def _normalizer(self) -> Normalizer:
+        """The normalisation it trains with: the dataset's stats, or those of the model it continues from."""
+        cfg, ds, pol, needs = self.cfg, self.ds, self.policy, self.policy.needs
+        self.depth_mm = ds.depth_ranges(ds.meta.dataset_stats()) if self.with_video else {}
+        if cfg.init_from:
+            self.stats = self.family.load_init(pol, Path(cfg.init_from), [ds.state_key, ds.action_key])
+            self.depth_mm.update(init_depth_ranges(Path(cfg.init_from)))  # the scaling its weights learnt
+        else:
+            st = ds.meta.dataset_stats()
+            self.stats = {k: {s: v.tolist() for s, v in st[k].items()} for k in (ds.state_key, ds.action_key)
+                          if k in st}
+        norm = Normalizer.from_stats(self.stats, [ds.state_key, ds.action_key], ds.root)
+        if ds.aux_key and needs.normalized:  # a training target only: this dataset's stats, not stored with the model
+            aux_norm = Normalizer.from_meta(ds.meta, [ds.aux_key])
+            norm.mean[ds.aux_key], norm.std[ds.aux_key] = aux_norm.mean[ds.aux_key], aux_norm.std[ds.aux_key]
+        return norm
+
+    def _settle_precision(self, blocks: list, why: str) -> None:
+        """On the device: FP8 where it pays (and is asked for), the kernels, the compiled regions; the run record."""
+        cfg, env, pol = self.cfg, self.env, self.policy
+        self.model.to(self.device)
+        threshold, source = precision.fp8_threshold(self.device, self.compiling)
+        self.prec, fp8_names = precision.settle(self.prec, self.model, threshold, f"preset {cfg.preset}",
+                                                explicit=cfg.precision == "fp8")
+        self.prec.fp8_recipe = cfg.fp8_recipe
+        precision.apply_fp8(self.model, self.prec, threshold, recipe=cfg.fp8_recipe)
+        half = self.prec.name in ("bf16", "fp8") and self.device.type == "cuda"
+        dtype = torch.bfloat16 if half else torch.float32
+        kernels: dict = getattr(pol, "kernels", lambda *_: {})(self.device.type, dtype)
+        self.run_record = precision.run_record(cfg.precision, self.prec, fp8_names, threshold, source, self.device,
+                                               kernels)
+        self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
+        types = len({type(b) for b in blocks}) if self.compiling else 0
+        self.run_record["compile"] = compiled.record(cfg.compile, self.compiling, why,
+                                                     compiled.apply(self.model) if self.compiling else 0, types)
+
+    def _stream(self, norm: Normalizer) -> SampleStream:
+        """The training samples: the split's episodes in the sample order, decoded and cached as the family needs."""
+        cfg, ds, needs, order = self.cfg, self.ds, self.policy.needs, self.order
+        return SampleStream(ds, needs.image_size, needs.max_text_len, window=cfg.window,
+                            shuffle_buffer=cfg.shuffle_buffer, num_workers=cfg.num_workers, seed=cfg.seed,
+                            normalizer=norm if needs.normalized else None,  # else the family's own
+                            with_video=self.with_video, tokenizer=needs.tokenizer,
+                            state_tokens=needs.state_tokens, episodes=self.train_episodes,
+                            depth_mm=self.depth_mm,
+                            cameras=list(needs.camera_keys) if needs.camera_keys is not None else None,
+                            history=needs.history, drop_last=needs.drop_last, cache_mb=cfg.frame_cache_mb,
+                            env_state=needs.env_state, order=order)
+
+    def _announce(self) -> None:
+        """The run's settings, in the run log beside the loss lines."""
+        ds, needs, cfg = self.ds, self.policy.needs, self.cfg
+        print(camera_line(ds, self.with_video, needs.camera_keys), flush=True)
+        if ENV_STATE in ds.meta.info.features and self.reads_env_state:
+            print(env_state_line(ds, needs.env_state, cfg.env_state_input), flush=True)
+        print(precision.record_line(self.run_record), flush=True)
+        print(self.stream.cache_line(), flush=True)
+        print(self.stream.order_line(), flush=True)
+        print(f"host memory: {self.run_record['host_memory']}", flush=True)
+        print(f"optimizer: {self.run_record['optimizer']}", flush=True)
+        print(f"compile: {self.run_record['compile']['why']}", flush=True)
+
 
     def resume(self) -> int:
         """Load the latest checkpoint (model, optimizer, scheduler, RNG, data position); returns its step."""
@@ -442,7 +473,7 @@ def save_final(out: Path, weights: dict[str, torch.Tensor], family, trainable, c
     family.write_meta(out, trainable, info, data)
     fsutil.atomic_write_json(out / policies.POLICY_FILE, info.to_json())
     fsutil.atomic_write_json(out / "stats.json", stats)
-    plot_loss(out / "metrics.jsonl", out / "loss.png")
+    metrics.plot_loss(out / "metrics.jsonl", out / "loss.png")
     tmp = fsutil.temp_sibling(out / policies.WEIGHTS_FILE)
     try:
         fsutil.save_safetensors(weights, tmp)
@@ -454,19 +485,3 @@ def save_final(out: Path, weights: dict[str, torch.Tensor], family, trainable, c
                                 "checkpoints are kept: free space and rerun to finish") from e
         raise
 
-
-def plot_loss(metrics_file: Path, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = metrics.read_rows(metrics_file.parent)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])
-    ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)

@@ -250,7 +250,7 @@ def test_a_dataset_arriving_in_the_watched_location_starts_the_closed_loop_on_it
                  if r["parameters"].get("source") == str(arrived.absolute())]
         time.sleep(2)
     assert loops, "no closed-loop-cpu run for the dataset that arrived"
-    from roboloop.loop_form import settle
+    from roboloop.loop.form import settle
 
     params = loops[0]["parameters"]
     assert params == {"preset": "demo", "source": str(arrived.absolute())}, params  # the deployment's preset

@@ -54,7 +54,7 @@ def test_flows_and_tasks_import_without_torch_or_a_simulator():
     mods = sorted(f"{d}.{p.stem}" for d in ("flows", "tasks") for p in (ROOT / d).glob("*.py") if p.stem != "__init__")
     assert {"flows.sweep", "flows.rl_finetune", "flows.watch", "flows.report"} <= set(mods)
     code = ("import sys, importlib\n"
-            f"for m in {[*mods, 'roboloop.stages', 'roboloop.loop', 'roboloop.cli_loop']!r}:\n"
+            f"for m in {[*mods, 'roboloop.stages', 'roboloop.loop', 'roboloop.cli.loop']!r}:\n"
             "    importlib.import_module(m)\n"
             "print(sorted(m for m in ('torch', 'isaaclab', 'warp', 'newton', 'lerobot') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from roboloop.cli_loop import config
+from roboloop.cli.loop import config
 from roboloop.loop import so101
 
 
@@ -52,7 +52,7 @@ def test_the_loop_form_settles_a_preset_its_top_level_settings_and_overrides():
     """What the closed-loop deployments' form takes: a preset, the settings people change, the rest as overrides
     or a whole cfg; each setting lands where the loop reads it, and one that would do nothing is refused."""
     from roboloop.loop import demo, so101
-    from roboloop.loop_form import settle
+    from roboloop.loop.form import settle
 
     assert settle() == demo()
     s = settle(preset="so101", steps=1000, episodes=4, margin=0.1, overrides={"train": {"lr": 0.002}})
@@ -74,6 +74,6 @@ def test_the_loop_form_settles_a_preset_its_top_level_settings_and_overrides():
     from typing import get_args
 
     from roboloop.loop import PRESETS
-    from roboloop.loop_form import Preset
+    from roboloop.loop.form import Preset
 
     assert set(get_args(Preset)) == set(PRESETS)  # the form's choices are the presets there are

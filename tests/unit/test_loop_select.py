@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from roboloop.evaluation.config import EvalRecipe
 from roboloop.loop import LoopConfig, SelectRecipe, so101
-from roboloop.loop_run import run_loop
+from roboloop.loop.run import run_loop
 from roboloop.receipts import DatasetRef, Decision, EvalSummary, ModelRef
 from roboloop.training.config import TrainRecipe
 

@@ -18,7 +18,7 @@ def _deployment(name: str) -> dict:
 
 def test_each_closed_loop_deployment_names_its_preset_and_nothing_else():
     """The form: a preset and the settings people change, empty; the rest (overrides, cfg) collapsed."""
-    from roboloop.loop_form import settle
+    from roboloop.loop.form import settle
 
     for name, preset in (("closed-loop", "nightly_gpu"), ("closed-loop-cpu", "demo"),
                          ("closed-loop-cluster", "cluster"), ("closed-loop-so101", "so101")):
@@ -30,7 +30,7 @@ def test_each_closed_loop_deployment_names_its_preset_and_nothing_else():
 
 def test_single_machine_deployment_runs_the_demo_preset_and_its_trigger_only_changes_the_source():
     from roboloop.loop import demo
-    from roboloop.loop_form import settle
+    from roboloop.loop.form import settle
 
     d = _deployment("closed-loop-cpu")
     assert d["work_pool"]["name"] == "cpu"

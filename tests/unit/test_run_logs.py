@@ -62,8 +62,8 @@ def test_run_names_from_parameters():
 
 
 def test_state_messages_give_the_result_a_person_scans_the_runs_list_for():
+    from roboloop.loop.summary import decision_message, eval_message
     from roboloop.receipts import Decision, EvalSummary
-    from roboloop.summary import decision_message, eval_message
 
     s = EvalSummary(run_dir="/r", report_sha256="0" * 64, policy="reach-vla@3", policy_id="w", task="t",
                     episodes=48, successes=46, success_rate=46 / 48, ci_low=0.859, ci_high=0.988, seed=1)

@@ -294,8 +294,19 @@ class SO101PickCubeEnv(DirectRLEnv):
         first call's action."""
         if self._expert_cache is not None and self._expert_cache[0] == self.common_step_counter:
             return self._expert_cache[1].clone()
-        dev = self.device
         cube, tip, p = self.cube_pos(), self.grasp_point(), self.phase
+        goal, xy_err, above = self._expert_goal(cube, tip, p)
+        self.phase_steps += 1
+        settled = self.robot.data.joint_vel.torch[:, self.joint_ids[:5]].abs().max(dim=-1).values < 0.3
+        self._expert_next_phase(cube, tip, p, goal, xy_err, above, settled)
+        out = self._expert_targets(goal, settled)
+        self._expert_cache = (self.common_step_counter, out)
+        return out.clone()
+
+    def _expert_goal(self, cube: torch.Tensor, tip: torch.Tensor, p: torch.Tensor) -> tuple:
+        """Where the jaws go in the phase each env is in: above the cube, down onto it, or lifted; with the
+        horizontal error and the point above."""
+        dev = self.device
         # the grasp goal is fixed when the descent starts (chasing a cube the pads nudge would push it away); a
         # labeller of another actor's states takes the cube where it is until the jaws close (labels of the state)
         others = self.cfg.expert_labels_others
@@ -308,9 +319,12 @@ class SO101PickCubeEnv(DirectRLEnv):
         down = self.grasp_goal.clone()
         down[:, 2] = down[:, 2] + (4.0 * (xy_err - 0.003)).clamp(0.0, 0.07)
         goal = torch.where((p == 0)[:, None], above, torch.where((p == 3)[:, None], lifted, down))
+        return goal, xy_err, above
+
+    def _expert_next_phase(self, cube, tip, p, goal, xy_err, above, settled) -> None:
+        """The phase each env is in after this step (and its step counter)."""
+        others = self.cfg.expert_labels_others
         err = torch.linalg.norm(goal - tip, dim=-1)
-        self.phase_steps += 1
-        settled = self.robot.data.joint_vel.torch[:, self.joint_ids[:5]].abs().max(dim=-1).values < 0.3
         # its own runs close once settled there; the jaws of an actor that keeps moving close on the cube too
         at_cube = (p == 1) & (torch.linalg.norm(self.grasp_goal - tip, dim=-1) < self.cfg.grasp_tolerance) \
             & (settled | others)
@@ -334,6 +348,10 @@ class SO101PickCubeEnv(DirectRLEnv):
             nxt = nxt | (phase != p)
         self.phase = phase
         self.phase_steps = torch.where(nxt | retry | lost, torch.zeros_like(self.phase_steps), self.phase_steps)
+
+    def _expert_targets(self, goal: torch.Tensor, settled: torch.Tensor) -> torch.Tensor:
+        """The joint targets toward `goal` (IK with a PI term) and the jaw's, in LeRobot units."""
+        dev, others = self.device, self.cfg.expert_labels_others
         # PI on the joints: the step the IK asks for, plus a slowly integrated bias that takes up the soft servos'
         # sag under gravity (bounded)
         speed = torch.where(self.phase == 0, 0.03, self.cfg.careful_step).to(dev)[:, None]
@@ -356,8 +374,7 @@ class SO101PickCubeEnv(DirectRLEnv):
         self.jaw_cmd = torch.where(closing, (jaw - self.cfg.jaw_step).clamp(min=0.0),
                                    (jaw + self.cfg.jaw_step).clamp(max=70.0))
         out[:, 5] = self.jaw_cmd
-        self._expert_cache = (self.common_step_counter, out)
-        return out.clone()
+        return out
 
     def _grasp_frame(self) -> torch.Tensor:
         """(N, 3, 3) the gripper orientation that grasps the cube from above: the jaws (gripper -z) down, tilted

@@ -34,7 +34,7 @@ def test_an_so101_recording_keeps_the_real_arms_features_unless_asked():
 def test_a_dagger_round_records_what_the_demonstrations_recorded():
     """Its labels are merged with the demonstrations, which refuses datasets whose features differ."""
     from roboloop.loop import so101, vision
-    from roboloop.loop_run import dagger_recipe
+    from roboloop.loop.run import dagger_recipe
 
     cfg = so101()
     recorded = cfg.model_copy(update={"collect_if_missing": cfg.collect_if_missing.model_copy(
@@ -51,7 +51,7 @@ def test_a_dagger_round_follows_the_features_of_the_data_it_joins(tmp_path):
     import json
 
     from roboloop.loop import demo, so101
-    from roboloop.loop_run import dagger_recipe
+    from roboloop.loop.run import dagger_recipe
     from roboloop.receipts import DatasetRef
 
     def source(name: str, features: dict) -> DatasetRef:

@@ -10,18 +10,10 @@ import torch
 
 from roboloop.datasets.convert import ConvertConfig, convert
 from roboloop.datasets.generate import GenSpec, generate_v21
-from roboloop.evaluation.sweep import (
-    Scored,
-    best,
-    export_checkpoint,
-    kept_checkpoints,
-    offline_scores,
-    plot_sweep,
-    rank_agreement,
-    spearman,
-)
+from roboloop.evaluation.sweep import Scored, best, offline_scores, plot_sweep, rank_agreement, spearman
 from roboloop.training import checkpoint
 from roboloop.training.config import TrainConfig
+from roboloop.training.kept import export_checkpoint, kept_checkpoints
 from roboloop.training.train import train
 
 

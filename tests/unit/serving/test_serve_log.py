@@ -10,7 +10,7 @@ import io
 import re
 import sys
 
-from roboloop.cli_serve import _say
+from roboloop.cli.serve import _say
 from roboloop.serving.check import LISTENING
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from roboloop.loop.summary import LoopSummary
 from roboloop.receipts import Decision
 from roboloop.serving.follow import resolve
-from roboloop.summary import LoopSummary
 
 
 def _summary(registry: str, promoted: bool) -> LoopSummary:

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from roboloop.evaluation.sweep import export_checkpoint
 from roboloop.training import checkpoint
 from roboloop.training.config import TrainConfig
 from roboloop.training.ema import WeightAverage
+from roboloop.training.kept import export_checkpoint
 from roboloop.training.train import train
 
 

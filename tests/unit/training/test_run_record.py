@@ -11,8 +11,9 @@ import pytest
 
 from roboloop import availability, stages
 from roboloop.datasets.convert import ConvertConfig, convert
-from roboloop.summary import run_line, training_line
+from roboloop.loop.summary import training_line
 from roboloop.training.config import TrainConfig
+from roboloop.training.runline import run_line
 from roboloop.training.train import train
 
 

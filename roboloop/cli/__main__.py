@@ -1,0 +1,3 @@
+from roboloop.cli.main import run
+
+run()

@@ -1,0 +1,99 @@
+"""Guard the house: no import circle among roboloop's modules (imports inside functions count: they close circles
+too), nothing outside roboloop/policies/ branches on a policy family's name (a family states what it can do and the
+caller asks), and no function in roboloop/ longer than 60 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LIB = ROOT / "roboloop"
+FAMILY_NAMES = {"vla", "lerobot", "act", "diffusion", "vqbet", "smolvla"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in LIB.rglob("*.py"):
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The roboloop modules `name` imports anywhere in its file (`from pkg import mod` counts as `pkg.mod`)."""
+    def known(dotted: str) -> str | None:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str | None] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {known(a.name) for a in node.names if a.name.startswith("roboloop")}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, *([node.module] if node.module else [])])
+            if base.startswith("roboloop"):
+                found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else known(base) for a in node.names}
+    return {m for m in found if m and m != name}
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each group of modules that import one another, directly or through others (more than one module)."""
+    reach = {m: _reach(graph, m) for m in graph}
+    groups = {tuple(sorted({m} | {o for o in reach[m] if m in reach[o]})) for m in graph if m in reach[m]}
+    return sorted(list(g) for g in groups if len(g) > 1)
+
+
+def test_no_import_circle_among_roboloops_modules():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) & modules.keys() for name, path in modules.items()}
+    assert _circles(graph) == []
+
+
+def test_the_circle_finder_finds_a_circle_closed_inside_a_function():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(graph) == [["a", "b", "c"]]
+    modules = _modules()
+    assert "roboloop.stages" in _imports("roboloop.evaluation.sweep", modules["roboloop.evaluation.sweep"], modules)
+
+
+def _names_family(node: ast.AST) -> bool:
+    text = ast.unparse(node)
+    return "family" in text or "policy_type" in text
+
+
+def test_nothing_outside_policies_compares_a_family_name():
+    offenders = []
+    for path in LIB.rglob("*.py"):
+        if path.is_relative_to(LIB / "policies"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            consts = {c.value for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant)}
+            if consts & FAMILY_NAMES and any(_names_family(s) for s in sides) or consts & {"vla", "lerobot"}:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert offenders == [], "ask the family (policies.can, its capabilities) instead:\n" + "\n".join(offenders)
+
+
+def test_no_function_in_roboloop_is_longer_than_60_lines():
+    long = [f"{p.relative_to(ROOT)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for p in LIB.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.end_lineno - n.lineno + 1 > 60]
+    assert long == []
