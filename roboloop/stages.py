@@ -276,15 +276,9 @@ def resolve_policy(policy: str | ModelRef) -> ModelRef | None:
     if policy in ("expert", "random") or policy.startswith("serve://"):  # a server's model is asked, not loaded
         return None
     if policy.startswith("registry:"):
-        from roboloop.registry import Registry, parse_ref
+        from roboloop.registry import fetch
 
-        uri, name, ref = parse_ref(policy)
-        reg = Registry(uri)
-        v = reg.resolve(name, ref)
-        from roboloop.settings import settings
-
-        cache = Path(settings().cache_dir) / "registry" / slug(reg.uri, 64) / name / f"v{v:06d}"
-        path = reg.download(name, v, cache, overwrite=True)
+        path, reg, name, v, _ = fetch(policy)
         lin = reg.lineage(name, v)
         execution = ExecutionSettings(**lin["model"]["execution"]) if lin.get("model") else None
         return model_ref(path, lin.get("dataset_md5", ""), execution, registry=reg.uri, name=name, version=v)

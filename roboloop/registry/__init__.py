@@ -435,9 +435,29 @@ def parse_ref(ref: str) -> tuple[str | None, str, str]:
     return uri, name, r or "champion"
 
 
-def resolve_model_ref(ref: str, cache: str | Path = ".roboloop/registry-cache") -> Path:
-    """`registry:NAME@ALIAS|VERSION` (optionally `registry:URI#NAME@REF`) -> a local model folder."""
+def download_cache(reg: Registry) -> Path:
+    """Where versions of `reg` are downloaded for use: <ROBOLOOP_CACHE_DIR>/registry/<its URI as a name>/NAME/vNNNNNN
+    (downloaded once, verified at every use). A policy server keeps its own (ServeConfig.cache): it prunes the
+    versions it no longer serves, which must never take a folder an evaluation is reading."""
+    import re
+
+    from roboloop.settings import settings
+
+    label = re.sub(r"[^a-z0-9]+", "-", reg.uri.lower()).strip("-")[-48:]
+    return Path(settings().cache_dir) / "registry" / f"{label}-{hashlib.sha256(reg.uri.encode()).hexdigest()[:8]}"
+
+
+def fetch(ref: str, cache: Path | None = None) -> tuple[Path, Registry, str, int, str]:
+    """The one resolver of `registry:NAME@ALIAS|VERSION` (optionally `registry:URI#NAME@REF`): the version it names,
+    downloaded and verified into `cache` (default: `download_cache`) -> (folder, registry, name, version, the ref
+    asked for)."""
     uri, name, r = parse_ref(ref)
     reg = Registry(uri)
     v = reg.resolve(name, r)
-    return reg.download(name, v, Path(cache) / name / _vname(v), overwrite=True)
+    folder = reg.download(name, v, (cache or download_cache(reg)) / name / _vname(v), overwrite=True)
+    return folder, reg, name, v, r
+
+
+def resolve_model_ref(ref: str) -> Path:
+    """`registry:NAME@ALIAS|VERSION` (optionally `registry:URI#NAME@REF`) -> a local model folder (`fetch`)."""
+    return fetch(ref)[0]

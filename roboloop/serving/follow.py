@@ -44,13 +44,10 @@ def resolve(ref: str, cache: Path) -> tuple[Path, str, tuple[str | None, str, st
     """A model folder or `registry:[URI#]NAME@REF` -> (folder, version label, (uri, name, alias) to follow when
     REF is an alias, else None)."""
     if ref.startswith("registry:"):
-        from roboloop.registry import ALIASES, Registry, _vname, parse_ref
+        from roboloop.registry import ALIASES, fetch, parse_ref
 
-        uri, name, r = parse_ref(ref)
-        reg = Registry(uri)
-        v = reg.resolve(name, r)
-        folder = reg.download(name, v, cache / name / _vname(v), overwrite=True)
-        return folder, f"{name}@v{v}", ((uri, name, r) if r in ALIASES else None)
+        folder, _, name, v, r = fetch(ref, cache)  # the server's own cache: its follower prunes it
+        return folder, f"{name}@v{v}", ((parse_ref(ref)[0], name, r) if r in ALIASES else None)
     folder = Path(ref)
     if not folder.is_dir():
         raise FileNotFoundError(f"{ref}: not a model folder nor registry:NAME@REF")

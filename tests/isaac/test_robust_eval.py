@@ -67,7 +67,7 @@ def test_perturbed_and_latency_runs_pair_with_nominal_whatever_the_number_of_env
 
 def test_a_sampling_policys_outcomes_are_the_same_whatever_the_number_of_envs(tmp_path, monkeypatch):
     """The VLA samples each chunk's initial noise: drawn per (episode, step), an episode meets the same draws whether
-    it was run alone or batched with 7 others, so per-episode outcomes match exactly across env counts (a short-trained
+    it was run alone or batched with 4 others, so per-episode outcomes match exactly across env counts (a short-trained
     model, so there are failures to match), under 200 ms of latency too. (The random policy draws the same way.)"""
     from roboloop import stages
     from roboloop.datasets.config import ConvertConfig
@@ -82,8 +82,8 @@ def test_a_sampling_policys_outcomes_are_the_same_whatever_the_number_of_envs(tm
     model = stages.train(data, TrainRecipe(steps=40, max_tokens=2048, with_video=False, checkpoint_every_steps=0,
                                            model_overrides={"horizon": 8}), on_line=quiet)
     seen = set()
-    for n in (1, 8):
-        s = stages.evaluate(model, EvalRecipe(episodes=8, num_envs=n, videos=0, execute_steps=4, latency="200"),
+    for n in (1, 5):  # 5 episodes: one at a time they are most of this test's time
+        s = stages.evaluate(model, EvalRecipe(episodes=5, num_envs=n, videos=0, execute_steps=4, latency="200"),
                             on_line=quiet)
         seen.add((s.outcomes, s.latency[-1]["outcomes"], s.initial_states_sha256))
     assert len(seen) == 1, seen  # the same outcomes, of the same initial states (hashed from what the policy saw)
