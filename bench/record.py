@@ -98,9 +98,19 @@ def staleness(record: dict, root: Path = ROOT) -> str:
     return "measured with uncommitted changes" if record.get("dirty") else "current"
 
 
-def _figures(figures: dict) -> str:
-    shown = [f"{k} {v}" for k, v in figures.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return ", ".join(shown[:8]) or "(nested: see the record)"
+def _leaves(value, key: str = ""):
+    """(dotted key, number) for every number in a record's figures, nested ones included, in their order."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield key, value
+
+
+def _figures(figures: dict, limit: int = 12) -> str:
+    shown = [f"{k} {v}" for k, v in _leaves(figures)]
+    more = f" (+{len(shown) - limit} more in the record)" if len(shown) > limit else ""
+    return ", ".join(shown[:limit]) + more or "(none numeric: see the record)"
 
 
 def markdown(records: list[dict], root: Path = ROOT) -> str:
