@@ -68,6 +68,9 @@ def _commands(parser: argparse.ArgumentParser, prefix: str, level: int) -> list[
 
 
 def cli_page() -> str:
+    import os
+
+    os.environ["COLUMNS"] = "100"  # argparse wraps usage to the terminal's width: the page must not depend on it
     from roboloop.cli import build_parser
 
     parser = build_parser(None)
