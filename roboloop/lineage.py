@@ -155,6 +155,8 @@ def eval_record(evaluation: EvalSummary) -> dict[str, Any]:
     ev["execute_steps"] = evaluation.execution.execute_steps
     if evaluation.outcomes is not None:
         ev["outcomes"] = evaluation.outcomes
+    if evaluation.looks:  # sequential: the gate's test spends alpha / looks, as each look did
+        ev["looks"] = evaluation.looks
     if evaluation.initial_states:  # which initial states those outcomes are of (the gate pairs agreeing ones)
         ev["initial_states"] = evaluation.initial_states
     if evaluation.perturbations:  # per factor and level: the success and the outcomes on the same episodes

@@ -101,6 +101,8 @@ class EvalSummary(Receipt):
                                  "same initial states for every policy evaluated on this task and seed (paired gate)")
     planned_episodes: int | None = Field(None, description="when it stopped early: the episodes it would have run")
     stopped_early: str | None = Field(None, description="why it stopped early (the gate's decision was certain)")
+    looks: int | None = Field(None, description="run with the early stop: the paired tests it planned, the gate's "
+                              "final one included; the gate tests at alpha / looks")
     reused: bool = Field(False, description="this call reused an earlier run's result (its run_dir), checked: the "
                          "same weights, recipe and code")
     perturbations: dict | None = Field(None, description="--perturb: factor -> level -> success, Wilson interval, "

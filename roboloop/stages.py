@@ -353,6 +353,7 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
                           execution=ExecutionSettings(execute_steps=recipe.execute_steps or 4), plot=report.get("plot"),
                           videos=list(report.get("videos") or []), outcomes=_outcomes(json.loads(full)),
                           planned_episodes=report.get("planned_episodes"), stopped_early=report.get("stopped_early"),
+                          looks=report.get("looks"),
                           perturbations=report.get("perturbations"), latency=report.get("latency"),
                           initial_states=report.get("initial_states"),
                           initial_states_sha256=report.get("initial_states_sha256"))

@@ -69,6 +69,7 @@ class EvalReport:
     seed: int = 0  # with the task: which initial states the numbered episodes had
     planned_episodes: int | None = None  # when it stopped early: how many it would have run
     stopped_early: str | None = None  # why (the paired decision that was already certain)
+    looks: int | None = None  # run with the early stop: the paired tests it planned (the gate's final one included)
     served: dict | None = None  # through a policy server: its URL, the versions that answered, latencies
     precision: str = "fp32"  # what the model's forward passes ran in (e.g. "bf16 (AVX512-BF16)")
     plan_ms: dict[str, float] = field(default_factory=dict)  # the policy's chunk calls here: p50, p99 (ms)

@@ -20,6 +20,19 @@ __all__ = ["CollectConfig", "EvalConfig", "collect", "collect_in_subprocess", "e
            "run_evaluation"]
 
 
+def _stop_rule(cfg: EvalConfig):
+    """The early stop against the champion's outcomes (`stop_against`), and how many paired tests it plans (the
+    gate's final one included); (None, None) without it."""
+    if not cfg.stop_against or cfg.save_rollouts:
+        return None, None
+    from roboloop.binomial import early_decision, planned_looks
+    from roboloop.evaluation.evaluator import LOOK_EVERY
+
+    ref, margin = cfg.stop_against, cfg.stop_margin
+    return (lambda outcomes: early_decision(outcomes, ref, cfg.episodes, LOOK_EVERY, margin),
+            planned_looks(cfg.episodes, len(ref), LOOK_EVERY))
+
+
 def run_evaluation(cfg: EvalConfig) -> EvalReport:
     from roboloop.evaluation.assets import hashes
     from roboloop.evaluation.evaluator import evaluate, progress_printer
@@ -44,17 +57,12 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
         env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=not blind, overrides=overrides)
         policy = fits(policy, env, cfg.policy) if policy is not None else \
             make_policy(cfg.policy, env, cfg.device, cfg.seed, cfg.precision)
-        stop = None
-        if cfg.stop_against and not cfg.save_rollouts:
-            from roboloop.binomial import early_decision
-            from roboloop.evaluation.evaluator import LOOK_EVERY
-
-            ref, margin = cfg.stop_against, cfg.stop_margin
-            stop = lambda outcomes: early_decision(outcomes, ref, cfg.episodes, LOOK_EVERY, margin)  # noqa: E731
+        stop, looks = _stop_rule(cfg)
         report, trajs = evaluate(env, policy, cfg.episodes, cfg.execute_steps or DEFAULT_EXECUTE_STEPS, cfg.videos,
                                  cfg.output_dir, record_rollouts=bool(cfg.save_rollouts), seed=cfg.seed, stop=stop,
                                  progress=progress_printer("[progress] evaluating"), label=cfg.shown_as())
         report.precision = ran
+        report.looks = looks  # the gate's final test spends the same alpha / looks as each look did
         if hasattr(policy, "served"):  # served: which model versions produced the chunks, how fast they came
             report.served = policy.served()
         if cfg.perturb or cfg.latency:

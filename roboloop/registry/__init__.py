@@ -334,7 +334,7 @@ class Registry:
                                 "evaluation; evaluate it before promoting")
         out: dict[str, Any] = {"successes": int(ev["successes"]), "episodes": int(ev["episodes"]),
                                **{k: ev.get(k) for k in ("task", "seed", "execute_steps", "perturbations", "latency",
-                                                         "gate", "initial_states")}}
+                                                         "gate", "initial_states", "looks")}}
         base = lin.get("baseline_eval")
         if isinstance(base, dict) and isinstance(base.get("successes"), int) and isinstance(base.get("episodes"), int):
             out["baseline"] = base
@@ -411,8 +411,13 @@ def _gate(new: dict[str, Any], old: dict[str, Any], margin: float, alpha: float)
                            "held-out episodes; not promoted")
         return paired_error_gate(new["offline"]["per_episode"], old["offline"]["per_episode"], margin, alpha)
     same = same_episodes(new, old, ("task", "seed", "execute_steps"))
+    looks = new.get("looks") if isinstance(new.get("looks"), int) and new["looks"] > 1 else None
+    if looks:  # the challenger's evaluation looked before its end: the last test spends what each look spent
+        alpha = alpha / looks
     if same and new.get("outcomes") and old.get("outcomes"):
         ok, reason = paired_gate(new["outcomes"], old["outcomes"], margin, alpha)
+        if looks:
+            reason += f" (alpha {alpha * looks:g}/{looks}: its evaluation looked {looks - 1} times before its end)"
     else:
         ok, _p, why = non_inferior(new["successes"], new["episodes"], old["successes"], old["episodes"], margin, alpha)
         reason = f"unpaired (not the same episodes): {why}"

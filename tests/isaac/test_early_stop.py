@@ -13,6 +13,7 @@ pytestmark = pytest.mark.isaac
 def test_evaluation_stops_once_the_paired_decision_is_certain(tmp_path, monkeypatch):
     from roboloop import stages
     from roboloop.evaluation.config import EvalRecipe
+    from roboloop.lineage import eval_record
     from roboloop.registry import Registry
 
     monkeypatch.setenv("ROBOLOOP_ARTIFACTS", str(tmp_path / "artifacts"))
@@ -31,7 +32,9 @@ def test_evaluation_stops_once_the_paired_decision_is_certain(tmp_path, monkeypa
     assert s.episodes == 16 and s.planned_episodes == 48 and s.successes == 16, s
     assert s.stopped_early and s.stopped_early.startswith("stopped after 16 of 48 episodes"), s.stopped_early
     assert s.outcomes == "1" * 16
+    # three planned tests (episodes 16, 32 and the gate's on all 48), each at alpha / 3: the gate spends the same
+    assert s.looks == 3 and eval_record(s)["looks"] == 3
     # without a comparable champion (another seed) it runs them all
     full = stages.evaluate("expert", recipe.model_copy(update={"seed": 1}), against="reach", registry=str(reg.uri),
                            on_line=lambda _l: None)
-    assert full.episodes == 48 and full.stopped_early is None
+    assert full.episodes == 48 and full.stopped_early is None and full.looks is None
