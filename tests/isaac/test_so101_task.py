@@ -217,11 +217,11 @@ def _same_episodes_alone_as_in_the_loop(tmp_path, summary: dict) -> None:
     """Determinism as a contract, for the SO-101: the registered VLA played alone (1 env) meets the initial states of
     the loop's evaluation (2 envs, in the registry's record) and ends each episode as it did there (success and
     length). Not bit for bit: in Isaac Lab's Newton physics on the CPU an env's contacts depend on how many envs are
-    batched with it. Measured: the random policy's actions (drawn per episode and step, the same in both) give returns
-    2.5% apart at 1 and 2 envs, this VLA's 4%, the expert's under 1% with the same 12/12 outcomes at 1, 3 and 12
-    envs; a run repeated at the same num_envs is bit for bit the same, and Newton's deterministic_mode="run_to_run"
-    changes none of it. The gate pairs episodes by initial state and its interval comes from the discordant pairs, so
-    this noise widens it, favouring neither model."""
+    batched with it. Measured: the random policy's actions (drawn per episode and step, the same in both) give
+    returns 2.5% apart at 1 and 2 envs, this VLA's 4% (21% on another CPU with one thread), the expert's under 1%
+    with the same 12/12 outcomes at 1, 3 and 12 envs; a run repeated at the same num_envs is bit for bit the same,
+    and Newton's deterministic_mode="run_to_run" changes none of it. The gate pairs episodes by initial state and
+    its interval comes from the discordant pairs, so this noise widens it, favouring neither model."""
     import os
     import subprocess
     import sys
@@ -245,4 +245,6 @@ def _same_episodes_alone_as_in_the_loop(tmp_path, summary: dict) -> None:
     a, b = (sorted(r["per_episode"], key=lambda e: e["index"]) for r in (alone, loop_run))
     assert [(e["index"], e["success"], e["length"]) for e in a] == [(e["index"], e["success"], e["length"]) for e in b]
     gap = max(abs(x["ret"] - y["ret"]) / max(1.0, abs(y["ret"])) for x, y in zip(a, b, strict=True))
-    assert gap <= 0.15, (a, b)  # measured 0.042: the batch's physics, not another episode (that differs by 2x)
+    # the batch's physics, not another episode (that differs by 2x): measured 0.042 on a 2-core Intel Xeon (2 torch
+    # threads) and 0.206 on a 2-core AMD EPYC with one thread, as make test runs it
+    assert gap <= 0.35, (a, b)
