@@ -57,7 +57,11 @@ def postgres(tb, host: str, work: Path, database: str = "prefect") -> str:
                         stdout=out, stderr=subprocess.STDOUT)
     wait_port(tb, host, host, PG_PORT, 60, proc, log)
     env = {**os.environ, "PGPASSWORD": "roboloop-test"}
-    r = tb.run(host, [pg_bin("createdb"), "-h", host, "-p", str(PG_PORT), "-U", "roboloop", database], env=env)
+    # the port opens before the server takes connections ("the database system is starting up"): ask again
+    deadline = time.time() + 60
+    while (r := tb.run(host, [pg_bin("createdb"), "-h", host, "-p", str(PG_PORT), "-U", "roboloop", database],
+                       env=env)).returncode and "starting up" in r.stderr and time.time() < deadline:
+        time.sleep(0.5)
     if r.returncode:
         raise RuntimeError(f"createdb failed: {r.stderr}")
     return f"postgresql+asyncpg://roboloop:roboloop-test@{host}:{PG_PORT}/{database}"

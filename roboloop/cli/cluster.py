@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # roboloop/cli/cluster.py -> the repository
 
 
 def add_parsers(sub, options) -> None:  # options: no pydantic-generated flags here
