@@ -140,14 +140,15 @@ def _pause_schedules(api: str) -> tuple[dict[str, dict], list[dict]]:
 
 
 def _cancel_unfinished(api: str, say) -> None:
-    """Cancel every run not yet in a final state and give the workers ≤ 60 s to stop them."""
+    """Cancel every run not yet in a final state and give the workers ≤ 15 s to stop them (what is still running
+    then is killed with its worker's process group and swept by `kill_leftovers`: the server goes away too)."""
     with contextlib.suppress(httpx.HTTPError):  # a dead server: the process sweep still kills what is left
         live = ["SCHEDULED", "PENDING", "RUNNING", "PAUSED", "CANCELLING"]
         for run in _runs_in(api, live):
             api_call("POST", f"{api}/flow_runs/{run['id']}/set_state",
                   json={"state": {"type": "CANCELLING"}, "force": True})
-        deadline = time.time() + 60
+        deadline = time.time() + 15
         while (left := _runs_in(api, ["PENDING", "RUNNING", "CANCELLING"])) and time.time() < deadline:
             time.sleep(1)
         if left:  # CI's log shows which
-            say(f"runs not stopped 60 s after cancelling: {[(r['name'], r['state']['type']) for r in left]}")
+            say(f"runs not stopped 15 s after cancelling: {[(r['name'], r['state']['type']) for r in left]}")

@@ -63,7 +63,7 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
            [pytest.mark.isaac]),
     "sweep": (["--demos", "6", "--steps", "4", "--every", "2", "--episodes", "2", "--work", "{tmp}"],
               {"scores", "best_step", "checkpoints"}, [pytest.mark.isaac]),
-    "so101": (["--episodes", "2", "--num-envs", "2", "--speed-steps", "3", "--speed-envs", "1"],
+    "so101": (["--episodes", "2", "--num-envs", "2", "--speed-steps", "3"],
               {"env_steps_per_s_cameras", "env_steps_per_s_no_cameras", "speed", "expert", "random"},
               [pytest.mark.isaac]),
     "inference": (["--preset", "demo", "--demos", "4", "--steps", "3", "--episodes", "2", "--num-envs", "2",

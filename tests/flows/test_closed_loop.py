@@ -125,31 +125,36 @@ def test_corrupt_dataset_stops_at_validation(loop_env):
     shutil.rmtree(src)
 
 
-def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(loop_env, reach_demos):
+def test_dagger_and_rl_rounds_version_the_data_continue_the_weights_and_plot_success(loop_env, reach_demos):
+    """A DAgger round, then an RL round fine-tuning the DAgger round's model, in one loop; the last version served."""
+    from roboloop.rl.config import RLRecipe
+
     root = loop_env
     shutil.copytree(reach_demos, root / "data")
+    rl = RLRecipe(mode="sync", env_steps=2 * 256, env_workers=1, envs_per_worker=8, segment_decisions=4,
+                  segments_per_update=2, epochs=1, minibatch=32, critic_warmup_updates=0)
     cfg = _cfg(root).model_copy(update={"rounds": 2, "baseline": False,
                                         "dagger": DaggerConfig(episodes=6, num_envs=6, steps=10, warmup_steps=3),
-                                        "serve_check": ServeCheckRecipe(episodes=6)})
+                                        "serve_check": ServeCheckRecipe(episodes=6), "rl": rl})
     s = closed_loop(cfg=cfg)
-    assert [r.round for r in s.rounds] == [0, 1]
+    assert [(r.round, r.kind) for r in s.rounds] == [(0, "demonstrations"), (1, "dagger"), (2, "rl")]
     # the last version registered, served by `roboloop serve` (a child process) and driven through it: the same
     # episodes end as they did in-process, answered by that version
     sv = s.served
-    assert sv is not None and sv.ref == "registry:reach-vla@2" and sv.episodes == 6, sv
+    assert sv is not None and sv.ref == "registry:reach-vla@3" and sv.episodes == 6, sv
     assert sv.same_outcomes == 6 and sv.successes == sv.in_process_successes, sv.line()
-    assert [v.split("+")[0] for v in sv.versions] == ["reach-vla@v2"] and sum(sv.versions.values()) == sv.chunks > 0
+    assert [v.split("+")[0] for v in sv.versions] == ["reach-vla@v3"] and sum(sv.versions.values()) == sv.chunks > 0
     assert sv.roundtrip_ms_p50 is not None and sv.roundtrip_ms_p50 >= (sv.infer_ms_p50 or 0) > 0
     assert "served:" in "\n".join(s.human()) and "every episode ended as in-process" in sv.line()
     served = json.loads((Path(sv.eval_run) / "report.json").read_text())
     assert served["episodes"] == 6 and served["served"]["url"].startswith("ws://127.0.0.1:")
     check = Artifact.get("serve-check")
-    assert check is not None and "reach-vla@v2" in str(check.data)
-    r0, r1 = s.rounds
+    assert check is not None and "reach-vla@v3" in str(check.data)
+    r0, r1, r2 = s.rounds
     assert r1.episodes == r0.episodes + 6  # the round's 6 labelled rollouts joined the data (failures kept)
     assert r1.dataset_md5 != r0.dataset_md5 and r1.weights_sha256 != r0.weights_sha256
     reg = Registry(root / "registry")
-    assert reg.versions("reach-vla") == [1, 2]
+    assert reg.versions("reach-vla") == [1, 2, 3]
     lin = reg.lineage("reach-vla", 2)
     assert lin["parents"] == ["reach-vla@v1"] and lin["config"]["round"] == 1
     assert lin["config"]["train"]["init_from"] == r0.model  # continued from round 0's weights
@@ -160,6 +165,7 @@ def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(lo
     assert list((root / "artifacts" / "datasets").glob("aggregate-*.dvc"))  # the new version is DVC-tracked
     plot = Artifact.get("dagger-rounds")
     assert plot is not None and "data:image/png;base64" in str(plot.data) and "| 1 |" in str(plot.data)
+    _rl_round_is_a_child_of_the_last(root, s, r1, r2, rl)
 
     # a checkpoint sweep of round 0's run: its kept checkpoints and final model, scored and the best registered
     from flows.sweep import SweepParams, checkpoint_sweep
@@ -177,29 +183,25 @@ def test_dagger_rounds_version_the_data_continue_the_weights_and_plot_success(lo
     assert sw.agreement.get("note") or "Spearman" in str(art.data)
 
 
-def test_rl_round_fine_tunes_the_last_model_and_registers_it_as_its_child(loop_env, reach_demos):
-    from roboloop.rl.config import RLRecipe
-
-    root = loop_env
-    shutil.copytree(reach_demos, root / "data")
-    rl = RLRecipe(mode="sync", env_steps=2 * 256, env_workers=1, envs_per_worker=8, segment_decisions=4,
-                  segments_per_update=2, epochs=1, minibatch=32, critic_warmup_updates=0)
-    s = closed_loop(cfg=_cfg(root).model_copy(update={"baseline": False, "rl": rl}))
-    assert [(r.round, r.kind) for r in s.rounds] == [(0, "demonstrations"), (1, "rl")]
-    r0, r1 = s.rounds
-    assert r1.weights_sha256 != r0.weights_sha256 and r1.dataset_md5 == r0.dataset_md5
-    assert s.model == r1.model and s.weights_sha256 == r1.weights_sha256  # the summary reports the last round
-    reg = Registry(root / "registry")
-    assert reg.versions("reach-vla") == [1, 2] and r1.version == 2
-    lin = reg.lineage("reach-vla", 2)
-    assert lin["parents"] == ["reach-vla@v1"] and lin["config"]["rl"]["env_steps"] == 2 * 256
-    assert lin["config"]["parent_weights"] == r0.weights_sha256 and lin["dataset_md5"] == r0.dataset_md5
-    assert json.loads((Path(r1.model) / "config.json").read_text())["rl"]["parent"] == r0.model
+def _rl_round_is_a_child_of_the_last(root: Path, s, parent, r, rl) -> None:
+    """The RL round fine-tunes the round before it on the same data and registers the result as its child."""
+    assert r.weights_sha256 != parent.weights_sha256 and r.dataset_md5 == parent.dataset_md5
+    assert s.model == r.model and s.weights_sha256 == r.weights_sha256  # the summary reports the last round
+    assert r.version == 3
+    lin = Registry(root / "registry").lineage("reach-vla", 3)
+    assert lin["parents"] == ["reach-vla@v2"] and lin["config"]["rl"]["env_steps"] == 2 * 256
+    assert lin["config"]["parent_weights"] == parent.weights_sha256 and lin["dataset_md5"] == parent.dataset_md5
+    assert json.loads((Path(r.model) / "config.json").read_text())["rl"]["parent"] == parent.model
     assert list((root / "artifacts" / "rl").glob("*/model.dvc"))  # DVC-tracked like every model
     plot = Artifact.get("dagger-rounds")
-    assert plot is not None and "| 1 | rl |" in str(plot.data)
-    assert "| 1 | rl |" in s.markdown()
+    assert plot is not None and "| 2 | rl |" in str(plot.data)
+    assert "| 2 | rl |" in s.markdown()
 
+
+def test_an_rl_round_on_another_task_than_the_evaluation_is_refused(tmp_path):
+    from roboloop.rl.config import RLRecipe
+
+    rl = RLRecipe(mode="sync", env_steps=2 * 256, env_workers=1, envs_per_worker=8)
     with pytest.raises(ValueError, match="differs from eval.task"):
-        LoopConfig.model_validate({**_cfg(root).model_dump(), "rl": {**rl.model_dump(),
-                                                                      "task": "Roboloop-Reach-Color-Vision-v0"}})
+        LoopConfig.model_validate({**_cfg(tmp_path).model_dump(), "rl": {**rl.model_dump(),
+                                                                         "task": "Roboloop-Reach-Color-Vision-v0"}})

@@ -7,6 +7,7 @@ Each case runs `roboloop` in a fresh process (one Isaac Lab simulation per proce
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -52,19 +53,35 @@ def test_expert_picks_and_random_does_not_on_unseen_cubes(tmp_path):
     assert rand["episodes"] == 16 and rand["successes"] == 0, rand
 
 
-def test_recording_has_lerobots_so101_follower_features(tmp_path, random_recording):
-    """What `collect` records is what `lerobot-record` writes for an SO-101 follower with `front` and `wrist`
-    cameras: LeRobot's own robot class and feature helper are the reference; LeRobotDataset reads it."""
+@pytest.fixture(scope="module")
+def so101_loop(tmp_path_factory) -> dict:
+    """`roboloop loop --preset so101_ci` in a fresh folder, run once for the tests that read what it recorded,
+    registered and served."""
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("so101-loop")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROBOLOOP_")}
+    p = subprocess.run([sys.executable, "-m", "roboloop.cli", "loop", "--preset", "so101_ci"], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=1200)
+    return {"root": root, "proc": p}
+
+
+def test_recording_has_lerobots_so101_follower_features(tmp_path, so101_loop, random_recording):
+    """What `collect` records (the loop's `collect_if_missing`: the noisy expert, half a degree of DART noise) is
+    what `lerobot-record` writes for an SO-101 follower with `front` and `wrist` cameras: LeRobot's own robot class
+    and feature helper are the reference; LeRobotDataset reads it."""
     pytest.importorskip("scservo_sdk", reason="LeRobot's SO-101 class needs lerobot[feetech]")
     from lerobot.cameras.opencv import OpenCVCameraConfig
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
     from lerobot.robots.so_follower import SO101Follower, SO101FollowerConfig
     from lerobot.utils.feature_utils import hw_to_dataset_features
 
-    r = roboloop("collect", str(tmp_path / "raw"), "--task", TASK, "--episodes", "4", "--num-envs", "4",
-                 "--noise", "0.5")  # DART noise in the action's units: half a degree
-    assert r["episodes"] >= 2
-    conv = roboloop("convert", str(tmp_path / "raw"), str(tmp_path / "v3"))
+    raw = so101_loop["root"] / "data-so101-ci"
+    assert so101_loop["proc"].returncode == 0, so101_loop["proc"].stderr[-4000:]
+    assert json.loads((raw / "meta" / "info.json").read_text())["total_episodes"] >= 2
+    conv = roboloop("convert", str(raw), str(tmp_path / "v3"))
     assert conv["format"] == "v3.0"
     assert roboloop("ingest", str(tmp_path / "v3"))["ok"] is True
 
@@ -102,7 +119,7 @@ def test_recording_has_lerobots_so101_follower_features(tmp_path, random_recordi
     priv = json.loads((random_recording["dir"] / "meta" / "info.json").read_text())["features"]
     extra = priv.pop("observation.environment_state")
     assert extra["names"] == ["cube_x", "cube_y", "cube_z", "cube_yaw", "grasp_x", "grasp_y", "grasp_z"]
-    plain = json.loads((tmp_path / "raw" / "meta" / "info.json").read_text())["features"]
+    plain = json.loads((raw / "meta" / "info.json").read_text())["features"]
     assert {k: v["shape"] for k, v in priv.items()} == {k: v["shape"] for k, v in plain.items()}
 
 
@@ -171,18 +188,13 @@ def test_dagger_labels_close_the_jaws_where_another_actor_reaches_the_cube_its_o
 
 
 @pytest.mark.slow
-def test_short_closed_loop_on_the_so101_registers_a_version(tmp_path):
+def test_short_closed_loop_on_the_so101_registers_a_version(so101_loop):
     """`roboloop loop --preset so101_ci`: record, convert, validate, train on both cameras, play the kept checkpoint
     and the final model on validation cubes and carry the better on, evaluate it beside random on the same cube
     positions, register (the gate decides; at this budget nothing picks), serve the version and play the first cubes
-    through the server."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROBOLOOP_")}
-    p = subprocess.run([sys.executable, "-m", "roboloop.cli", "loop", "--preset", "so101_ci"], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=1200)
+    through the server: both cameras' frames on the wire, every episode ends as in-process (return and length too,
+    so the same chunks came back)."""
+    tmp_path, p = so101_loop["root"], so101_loop["proc"]
     assert p.returncode == 0, p.stderr[-4000:]
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["registry_version"] == 1
@@ -210,10 +222,15 @@ def test_short_closed_loop_on_the_so101_registers_a_version(tmp_path):
     served = summary["served"]
     assert served and served["ref"] == "registry:so101-ci@1" and served["episodes"] == 2, summary
     assert served["same_outcomes"] == 2 and served["chunks"] > 0 and served["roundtrip_ms_p50"] > 0, served
-    _same_episodes_alone_as_in_the_loop(tmp_path, summary)
+    loop_run = _same_episodes_alone_as_in_the_loop(tmp_path, summary)
+    # served with the evaluation's thread count and env batch: the same chunks, so the same returns to the bit
+    there = json.loads((Path(served["eval_run"]) / "report.json").read_text())
+    keys = ("index", "success", "length", "ret")
+    assert [{k: e[k] for k in keys} for e in sorted(there["per_episode"], key=lambda e: e["index"])] == \
+        [{k: e[k] for k in keys} for e in sorted(loop_run["per_episode"], key=lambda e: e["index"])]
 
 
-def _same_episodes_alone_as_in_the_loop(tmp_path, summary: dict) -> None:
+def _same_episodes_alone_as_in_the_loop(tmp_path, summary: dict) -> dict:
     """Determinism as a contract, for the SO-101: the registered VLA played alone (1 env) meets the initial states of
     the loop's evaluation (2 envs, in the registry's record) and ends each episode as it did there (success and
     length). Not bit for bit: in Isaac Lab's Newton physics on the CPU an env's contacts depend on how many envs are
@@ -248,3 +265,4 @@ def _same_episodes_alone_as_in_the_loop(tmp_path, summary: dict) -> None:
     # the batch's physics, not another episode (that differs by 2x): measured 0.042 on a 2-core Intel Xeon (2 torch
     # threads) and 0.206 on a 2-core AMD EPYC with one thread, as make test runs it
     assert gap <= 0.35, (a, b)
+    return loop_run
