@@ -3,8 +3,10 @@
     python bench/eval.py [--envs 1 16 64] [--episodes-per-env 1] [--task Roboloop-Reach-Color-v0]
 
 Runs `roboloop evaluate` in a fresh process per setting (Isaac Lab keeps one simulation per
-process) twice: with the random policy (the simulation alone: a scripted baseline without videos
-renders no camera) and with an untrained `tiny` VLA (what evaluating a checkpoint costs: camera
+process) three times: with the random policy (the simulation alone: a scripted baseline without videos
+renders no camera), the same with Isaac Lab's own eager CPU step (`ROBOLOOP_CPU_GRAPH=0`, the baseline
+of `graph_speedup`: roboloop/evaluation/cpu_graph.py replays the step as a Warp graph; the episodes are
+the same, bit for bit), and with an untrained `tiny` VLA (what evaluating a checkpoint costs: camera
 rendering and batched inference with 4 Euler steps, 8 of the 16 chunk actions executed per plan).
 Ends with one JSON line.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -57,10 +60,11 @@ def tiny_model(dst: Path, task: str) -> Path:
     return dst
 
 
-def run(policy: str, task: str, envs: int, episodes: int, out: Path) -> dict:
+def run(policy: str, task: str, envs: int, episodes: int, out: Path, graph: bool = True) -> dict:
     cmd = [sys.executable, "-m", "roboloop.cli", "evaluate", "--policy", policy, "--task", task, "--num-envs",
            str(envs), "--episodes", str(episodes), "--videos", "0", "--output-dir", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "ROBOLOOP_CPU_GRAPH": "1" if graph else "0"})
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -78,12 +82,20 @@ def main() -> None:
         for n in args.envs:
             eps = max(n * args.episodes_per_env, 2)
             r = run("random", args.task, n, eps, Path(tmp) / f"r{n}")
+            e = run("random", args.task, n, eps, Path(tmp) / f"e{n}", graph=False)
+            if "+graph" not in r["backend"] or e["per_episode"] != r["per_episode"]:
+                raise SystemExit(f"{n} envs: the replayed step ({r['backend']}) did not give the eager step's "
+                                 "episodes")
             m = run(str(model), args.task, n, eps, Path(tmp) / f"m{n}")
             results[str(n)] = {"env_steps_per_s": round(r["env_steps_per_s"], 1),
+                               "eager_env_steps_per_s": round(e["env_steps_per_s"], 1),
+                               "graph_speedup": round(r["env_steps_per_s"] / e["env_steps_per_s"], 2),
                                "env_steps_per_s_with_tiny_policy": round(m["env_steps_per_s"], 1),
                                "policy_steps_per_s": round(m["policy_steps_per_s"], 1)}
             print(f"{n:3d} envs: {results[str(n)]}", file=sys.stderr)
-    emit({"task": args.task, "device": "cpu", "results": results}, MEASURES)
+    emit({"task": args.task, "device": "cpu", "results": results,
+          "baseline": "graph_speedup: Isaac Lab's eager CPU step (ROBOLOOP_CPU_GRAPH=0) on the same random episodes"},
+         MEASURES)
 
 
 if __name__ == "__main__":

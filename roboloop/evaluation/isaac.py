@@ -69,6 +69,10 @@ class IsaacLabEnv:
             setattr(cfg, k, v)
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(launch_simulation(cfg, {"device": device, "visualizer": []}))
+        if "cuda" not in device:
+            from roboloop.evaluation import cpu_graph
+
+            cpu_graph.enable()  # the step replayed from C++, as Isaac Lab does on CUDA (see the module)
         try:
             self.env = gym.make(task, cfg=cfg)
         except BaseException:
@@ -82,8 +86,15 @@ class IsaacLabEnv:
         self.action_low = torch.where(torch.isfinite(low), low, torch.full_like(low, -1.0))
         self.action_high = torch.where(torch.isfinite(high), high, torch.full_like(high, 1.0))
         self.fps = round(1.0 / self.u.step_dt)
-        self.backend = f"isaaclab-{physics}-{device}"
+        self._backend = f"isaaclab-{physics}-{device}"
         self.success_on_timeout = success_on_timeout
+
+    @property
+    def backend(self) -> str:
+        """Isaac Lab, its physics and device; `+graph` once a CPU step was replayed as a Warp graph."""
+        from roboloop.evaluation import cpu_graph
+
+        return self._backend + ("+graph" if "cuda" not in self.device and cpu_graph.replays() else "")
 
     def _obs(self, raw: dict) -> Obs:
         state = raw["policy"]

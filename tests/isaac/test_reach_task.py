@@ -38,7 +38,7 @@ def roboloop(*args: str, timeout: int = 900) -> dict:
 def test_expert_succeeds_offline_on_cpu_with_shipped_assets(tmp_path):
     r = roboloop("evaluate", "--policy", "expert", "--episodes", "48", "--num-envs", "16",
                  "--output-dir", str(tmp_path))
-    assert r["episodes"] == 48 and r["backend"] == "isaaclab-newton_mjwarp-cpu"
+    assert r["episodes"] == 48 and r["backend"] == "isaaclab-newton_mjwarp-cpu+graph"  # tests/isaac/test_cpu_graph.py
     assert r["success_rate"] >= 0.95, r
     assert "Isaac/IsaacLab/Robots/Roboloop/ReachArm/reach_arm.usda" in r["asset_hashes"]
     assert len(r["videos"]) == 2 and all(os.path.getsize(v) > 0 for v in r["videos"])
