@@ -21,15 +21,15 @@ import os
 # seconds each unit took in session 24's `make test` on the 2-core CI-like machine (bench runs: alone); the rest
 # are shorter and keep their collection order after these
 UNIT_SECONDS = {
-    "tests/isaac/test_so101_task.py": 700,  # 612 in session 24; since: the served check, an evaluation at 1 env
-    "tests/flows/test_closed_loop.py": 522,
-    "tests/e2e/test_fresh_clone.py": 480,
-    "tests/deploy": 350,  # session 43: + a worker stopped while it holds a run (45 s)
-    "tests/isaac/test_act_loop.py": 240,
+    "tests/isaac/test_so101_task.py": 360,  # session 46: its loop once (setup 239 s), the physics step replayed
+    "tests/flows/test_closed_loop.py": 380,  # session 46: the RL round in the DAgger loop
+    "tests/e2e/test_fresh_clone.py": 500,  # its training: 310 s of 1,200 steps on one thread
+    "tests/deploy": 220,  # session 46: its teardown waits 15 s for cancelled runs, not 60
+    "tests/isaac/test_act_loop.py": 150,
     "tests/isaac/test_sim_to_sim.py": 75,
-    "bench:so101": 175,
+    "bench:so101": 55,
     "tests/isaac/test_reach_variants.py": 174,
-    "tests/isaac/test_serve_reach.py": 170,  # session 35's estimate, with the SO-101 served through two cameras
+    "tests/isaac/test_serve_reach.py": 60,  # session 46: the SO-101's served check is in its loop
     "bench:dagger": 155,
     "tests/unit/evaluation/test_lerobot_envs.py": 138,
     "ray-serve": 330,  # session 41: with bench:rl (66 s) and tests/isaac/test_rl.py (84 s)
@@ -46,18 +46,19 @@ UNIT_SECONDS = {
     "tests/flows/test_loop_cli.py": 84,
     "tests/isaac/test_rl.py": 84,
     "tests/isaac/test_policy_family.py": 78,
-    "tests/cluster/test_cluster_loop.py": 180,  # session 41: the scheduled retraining on 4 hosts, two loop runs
+    "tests/cluster/test_cluster_loop.py": 290,  # session 46: the scheduled retraining on 4 hosts, two loop runs
     "tests/unit/training/test_compile.py": 95,  # session 41: eager + compiled 50 steps, a compiled kill -9 + resume
     "tests/unit/training/test_fp8_compiled.py": 100,  # session 43: fp32, eager and compiled tensorwise, eager rowwise
     "tests/unit/policies/test_lerobot_compile.py": 60,  # session 43: ACT and Diffusion, eager + compiled 24 steps
-    "tests/isaac/test_robust_eval.py": 130,  # session 43: the expert under 2 factors and 200 ms at 2 env counts; a
+    "tests/isaac/test_robust_eval.py": 115,  # session 43: the expert under 2 factors and 200 ms at 2 env counts; a
     # short-trained VLA at 1 and 8 envs
     "tests/cluster/test_lost_node.py": 70,  # session 40: four 2-host runs, one restarted, one cut
     "tests/cluster/test_ray_hosts.py": 62,  # session 40: a Ray cluster on two hosts serving 8 robots, one host cut
     "tests/cluster/test_ray_rl.py": 60,  # session 40: RL's workers on two hosts; one host cut
     "tests/cluster/test_k8s_job.py": 60,  # session 40: three 2-host runs and a reference, on test hosts
     "tests/faults/test_errors.py": 72,
-    "tests/unit/training/test_distributed.py": 160,
+    "tests/unit/training/test_distributed.py": 175,
+    "tests/isaac/test_cpu_graph.py": 100,  # session 46: three tasks, eager and replayed
     "tests/faults/test_serve_loss.py": 45,  # session 39's estimates: servers killed and restarted
     "tests/faults/test_serve_abuse.py": 40,
 }

@@ -14,7 +14,8 @@ The same kernels run in the same order on the same arrays, so every episode is t
 for bit (`tests/isaac/test_cpu_graph.py`: the reach task, its camera variant and the SO-101 pick with contacts and
 two cameras). `bench/eval.py` measures it: `graph_speedup` against Isaac Lab's own eager CPU step on the same
 episodes (its records are in bench/results/). Camera rendering stays eager: Isaac Lab runs its CPU queries so.
-`ROBOLOOP_CPU_GRAPH=0` turns it off; an evaluation's `backend` says `+graph` only when a step was replayed.
+`ROBOLOOP_CPU_GRAPH=0` turns it off; an evaluation's `backend` says `+graph` only when a step was replayed. (Isaac
+Lab's own timer logs each capture as "CUDA graph took: ...", on the CPU too.)
 """
 
 from __future__ import annotations
