@@ -11,9 +11,10 @@ next step runs eagerly (lazy allocations happen outside the recording), is recor
 replay the recording.
 
 The same kernels run in the same order on the same arrays, so every episode is the same as without the graph, bit
-for bit (`tests/isaac/test_cpu_graph.py`: the reach task, its camera variant and the SO-101 pick with contacts and
-two cameras). `bench/eval.py` measures it: `graph_speedup` against Isaac Lab's own eager CPU step on the same
-episodes (its records are in bench/results/). Camera rendering stays eager: Isaac Lab runs its CPU queries so.
+for bit (`tests/isaac/test_cpu_graph.py`: the reach task, the SO-101 pick with its contacts, and a model acting on
+the vision reach task's camera; tried once more by hand: the SO-101 with both cameras and a model reading them).
+`bench/eval.py` measures it: `graph_speedup` against Isaac Lab's own eager CPU step on the same episodes (its
+records are in bench/results/). Camera rendering stays eager: Isaac Lab runs its CPU queries so.
 `ROBOLOOP_CPU_GRAPH=0` turns it off; an evaluation's `backend` says `+graph` only when a step was replayed. (Isaac
 Lab's own timer logs each capture as "CUDA graph took: ...", on the CPU too.)
 """
