@@ -3,12 +3,14 @@
 A record is one JSON file, `bench/results/<bench>-<UTC time>-<commit>.json`:
 {"bench", "argv", "date", "commit", "dirty", "machine": {"cpu", "cores", "memory_gb", "gpu"}, "measures",
 "figures"}. `measures` is the code the bench measures (each bench declares it); the docs' Results page is rendered
-from the records (docs/hooks.py) and marks one stale when a commit after it changed any of those paths.
+from the records (docs/hooks.py) and marks one stale when the code at any of those paths changed after it (a
+Python file whose docstrings or comments alone changed still runs the same code: that keeps a record current).
 `ROBOLOOP_BENCH_RESULTS` sends records elsewhere (the test suite's smoke runs write to a temporary folder).
 """
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import json
 import os
@@ -84,18 +86,40 @@ def load(folder: Path = RESULTS) -> list[dict]:
 
 
 def staleness(record: dict, root: Path = ROOT) -> str:
-    """'current', or why the record no longer describes the code: later commits that change what it measures."""
+    """'current', or why the record no longer describes the code: what it measures changed since its commit."""
     commit = record.get("commit")
     if not commit:
         return "unknown: measured outside a git checkout"
     known = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True)
     if known.returncode != 0:
         return f"unknown: commit {commit[:8]} is not in this history"
-    later = subprocess.run(["git", "rev-list", "--count", f"{commit}..HEAD", "--", *record["measures"]], cwd=root,
-                           capture_output=True, text=True, check=True).stdout.strip()
-    if later != "0":
-        return f"stale: {later} later commit(s) change what it measures"
+    files = subprocess.run(["git", "diff", "--name-only", commit, "HEAD", "--", *record["measures"]], cwd=root,
+                           capture_output=True, text=True, check=True).stdout.split()
+    if changed := [f for f in files if _code_at(root, commit, f) != _code_at(root, "HEAD", f)]:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        return f"stale: the code it measures changed since ({', '.join(changed[:3])}{more})"
     return "measured with uncommitted changes" if record.get("dirty") else "current"
+
+
+def _code_at(root: Path, rev: str, path: str) -> str | None:
+    """The file at `rev` (None: absent); a Python file as its syntax tree without docstrings (comments are not in
+    it either)."""
+    got = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True)
+    if got.returncode != 0:
+        return None
+    if not path.endswith(".py"):
+        return got.stdout
+    try:
+        tree = ast.parse(got.stdout)
+    except SyntaxError:
+        return got.stdout
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and \
+                isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and \
+                isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def _leaves(value, key: str = ""):

@@ -37,6 +37,28 @@ def test_a_record_is_current_until_a_commit_changes_what_it_measures():
     assert record.staleness(old) == "measured with uncommitted changes"
 
 
+def test_prose_alone_keeps_a_record_current_and_code_makes_it_stale(tmp_path):
+    """A commit that changes only a docstring or a comment of what a bench measures leaves the figures as they were;
+    one that changes a line of code does not (the Results page names the file)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    src = tmp_path / "step.py"
+    src.write_text('"""Steps."""\n\n\ndef step(x):\n    """One step."""\n    return x + 1\n')
+    git("add", "step.py")
+    git("commit", "-qm", "first")
+    r = {"commit": git("rev-parse", "HEAD"), "measures": ["step.py"], "dirty": False}
+    src.write_text('"""Steps, said better."""\n\n\ndef step(x):  # why\n    """One step, said better."""\n'
+                   '    return x + 1\n')
+    git("commit", "-qam", "prose")
+    assert record.staleness(r, tmp_path) == "current"
+    src.write_text(src.read_text().replace("x + 1", "x + 2"))
+    git("commit", "-qam", "code")
+    assert record.staleness(r, tmp_path) == "stale: the code it measures changed since (step.py)"
+
+
 def test_the_table_shows_each_records_figures_date_commit_and_machine():
     r = record.make("optim", {"ratio": 0.42, "models": [{"x": 1}]}, ["bench/optim.py"], ["--steps", "3"])
     table = record.markdown([r])
