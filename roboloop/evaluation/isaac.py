@@ -69,11 +69,11 @@ class IsaacLabEnv:
             setattr(cfg, k, v)
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(launch_simulation(cfg, {"device": device, "visualizer": []}))
-        if "cuda" not in device:
-            from roboloop.evaluation import cpu_graph
-
-            cpu_graph.enable()  # the step replayed from C++, as Isaac Lab does on CUDA (see the module)
         try:
+            if "cuda" not in device:
+                from roboloop.evaluation import cpu_graph
+
+                cpu_graph.enable()  # the step replayed from C++, as Isaac Lab does on CUDA (see the module)
             self.env = gym.make(task, cfg=cfg)
         except BaseException:
             self._stack.close()
