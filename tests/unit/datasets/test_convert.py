@@ -177,15 +177,22 @@ def test_defective_source_is_refused_and_nothing_written(small_copy, tmp_path):
 
 
 def test_killed_conversion_leaves_no_dst_and_rerun_succeeds(large_v21, tmp_path):
-    dst = tmp_path / "out"
-    code = ("import sys; from roboloop.datasets.convert import convert, ConvertConfig; "
-            "convert(sys.argv[1], sys.argv[2], ConvertConfig(progress=False, workers=1, "
+    """SIGKILL with a data file written and the rest of the conversion pending (the child's data writer waits
+    after its first file, so the kill lands there whatever the machine's load: it once finished first)."""
+    dst, written = tmp_path / "out", tmp_path / "written"
+    code = ("import sys, time, pathlib; import roboloop.datasets.convert as c; real = c.write_data_file\n"
+            "def write_then_wait(*a):\n"
+            "    out = real(*a); pathlib.Path(sys.argv[3]).touch(); time.sleep(600); return out\n"
+            "c.write_data_file = write_then_wait\n"
+            "c.convert(sys.argv[1], sys.argv[2], c.ConvertConfig(progress=False, workers=1, "
             "data_file_size_in_mb=0.05, video_file_size_in_mb=0.05))")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(large_v21), str(dst)], start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(large_v21), str(dst), str(written)],
+                            start_new_session=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob(".out.roboloop-tmp-*/data/*/*.parquet")):
+    while time.time() < deadline and proc.poll() is None and not written.exists():
         time.sleep(0.05)
-    assert proc.poll() is None, "conversion finished before it could be killed"
+    assert proc.poll() is None and written.exists(), "the conversion ended before its first data file"
+    assert list(tmp_path.glob(".out.roboloop-tmp-*/data/*/*.parquet"))
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not dst.exists()
