@@ -34,6 +34,7 @@ from typing import Any
 from roboloop import fsutil
 from roboloop.errors import RoboloopError
 from roboloop.rl.config import RLConfig
+from roboloop.rl.liveness import Liveness, MachineLost
 from roboloop.training import checkpoint as ckpt
 
 
@@ -67,13 +68,16 @@ def _model_dir(policy: str) -> Path:
     return p
 
 
-def get(refs: Any) -> Any:
-    """`ray.get` that returns to Python every second, so SIGTERM (a cancelled flow run) interrupts a wait."""
+def get(refs: Any, watch: Callable[[], None] | None = None) -> Any:
+    """`ray.get` that returns to Python every second, so SIGTERM (a cancelled flow run) interrupts a wait and
+    `watch` (a Liveness) can end a wait on a lost machine."""
     import ray
 
     pending = list(refs) if isinstance(refs, list) else [refs]
     while pending:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+        if pending and watch is not None:
+            watch()
     return ray.get(refs)
 
 
@@ -107,6 +111,7 @@ class _Workers:
         bundles += [{"CPU": cfg.env_cpus} for _ in range(cfg.env_workers)]
         self.pg = placement_group(bundles, strategy="STRICT_PACK" if cfg.placement == "colocated" else "SPREAD")
         ray.get(self.pg.ready(), timeout=300)  # resources only: fails fast if the cluster lacks them
+        self.watch = Liveness.of(self.pg)  # the machines it placed the workers on
 
         def at(i: int):
             return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=i)
@@ -130,8 +135,8 @@ class _Workers:
             cfg.reward)
             for i in range(cfg.env_workers)]
         self.all: list[Any] = [self.learner, self.rollout, *self.envs]
-        get([a.pid.remote() for a in self.all])  # every worker is up (Isaac Lab started)
-        self.hosts = get([a.host.remote() for a in self.all])  # where each worker runs: said in the progress
+        get([a.pid.remote() for a in self.all], self.watch)  # every worker is up (Isaac Lab started)
+        self.hosts = get([a.host.remote() for a in self.all], self.watch)  # said in the progress
 
     def kill(self) -> None:
         """Best effort: after a SIGTERM to the process group the workers (and Ray's daemons) may be gone already."""
@@ -193,7 +198,7 @@ class Run:
             self._checkpoint()
 
     def _checkpoint(self) -> None:
-        state = get(self.w.learner.state.remote())
+        state = self._get(self.w.learner.state.remote())
         state.update(env_steps=self.env_steps, dropped=self.dropped, stale_max=self.stale_max,
                      success=self.success, active_s=self.active_s + time.time() - self._t0)
         ckpt.save(self.out / "checkpoints", self.version, state, self.cfg.keep_last)
@@ -202,8 +207,8 @@ class Run:
         """New weights (and the annealed noise cap for the budget spent so far) to the rollout worker before anything
         else is launched: a segment launched at version v then starts with v (its queued act calls finish first)."""
         if self.cfg.final_std is not None:  # no schedule: no round trip
-            get(self.w.learner.anneal.remote(self.env_steps / self.cfg.env_steps))
-        get(self.w.rollout.set_weights.remote(self.w.learner.weights.remote(), self.version))
+            self._get(self.w.learner.anneal.remote(self.env_steps / self.cfg.env_steps))
+        self._get(self.w.rollout.set_weights.remote(self.w.learner.weights.remote(), self.version))
 
     def _critic_only(self) -> bool:
         return self.version < self.cfg.critic_warmup_updates
@@ -213,9 +218,9 @@ class Run:
         while self.env_steps < cfg.env_steps:
             segs: list = []
             while len(segs) < cfg.segments_per_update:
-                segs += get([e.collect.remote(self.w.rollout, cfg.segment_decisions) for e in self.w.envs])
+                segs += self._get([e.collect.remote(self.w.rollout, cfg.segment_decisions) for e in self.w.envs])
             self.env_steps += sum(s.env_steps for s in segs)
-            metrics = get(self.w.learner.update.remote(segs, self._critic_only()))
+            metrics = self._get(self.w.learner.update.remote(segs, self._critic_only()))
             self.version = metrics["version"]
             self._broadcast()
             self._record(metrics, segs)
@@ -262,6 +267,7 @@ class Run:
             while not ready:  # one-second waits: SIGTERM gets through
                 ready, _ = ray.wait([*inflight, *([update_ref] if update_ref is not None else [])], num_returns=1,
                                     timeout=1.0)
+                self.w.watch()
             ref = ready[0]
             if ref is update_ref:
                 metrics = ray.get(ref)
@@ -300,7 +306,7 @@ class Run:
             self.on_event({"workers": self.w.hosts})
             if resume_from is not None:
                 state = ckpt.load(resume_from)
-                self.version = get(self.w.learner.load_state.remote(state))
+                self.version = self._get(self.w.learner.load_state.remote(state))
                 self.env_steps, self.dropped = state["env_steps"], state["dropped"]
                 self.stale_max, self.success, self.active_s = state["stale_max"], state["success"], state["active_s"]
                 self.on_event({"resumed_from": str(resume_from), "version": self.version, "env_steps": self.env_steps})
@@ -308,11 +314,11 @@ class Run:
             self._t0, self._cpu_mark = time.time(), _cpu_times()
             try:
                 self._sync() if cfg.mode == "sync" else self._async()
-            except ray.exceptions.ActorDiedError as e:
+            except (ray.exceptions.ActorDiedError, MachineLost) as e:
                 raise self._lost(e) from e
             wall = self.active_s + time.time() - self._t0
             self._checkpoint()
-            weights = get(self.w.learner.vla_weights.remote())
+            weights = self._get(self.w.learner.vla_weights.remote())
             dst = self._publish(model_dir, weights)
         finally:
             # After SIGTERM to the process group (a cancelled flow run) Ray's own daemons got it too: killing
@@ -327,11 +333,14 @@ class Run:
                         round(self.env_steps / max(wall, 1e-9), 2), round(wall, 2), self.dropped, self.stale_max,
                         self.success)
 
+    def _get(self, refs: Any) -> Any:
+        return get(refs, self.w.watch)
+
     def _lost(self, e: Exception) -> RoboloopError:
         """A worker's machine (or the worker) gone: one line saying which, and what a rerun resumes from."""
-        ip = getattr(getattr(e, "_actor_init_failed", None), "ip", None) or next(
+        ip = getattr(e, "ip", None) or getattr(getattr(e, "_actor_init_failed", None), "ip", None) or next(
             (ln.split("ip:")[1].strip() for ln in str(e).splitlines() if ln.strip().startswith("ip:")), "?")
-        why = "its machine was lost" if "node has died" in str(e) else "it died"
+        why = "its machine was lost" if isinstance(e, MachineLost) or "node has died" in str(e) else "it died"
         done = ckpt.latest(self.out / "checkpoints")
         resume = f"rerun to resume from {done.name} ({self.out})" if done else "nothing was checkpointed yet"
         return RoboloopError(f"RL lost a worker at {ip}: {why} (Ray: {str(e).splitlines()[-1].strip()}); {resume}")
