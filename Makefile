@@ -62,7 +62,7 @@ docs: install  ## the docs site on http://127.0.0.1:8000 (reference pages regene
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
 lint: install  ## ruff + mypy
-	$(VENV)/bin/ruff check roboloop tasks flows tests bench docs
+	$(VENV)/bin/ruff check roboloop tasks flows tests bench docs examples
 	$(VENV)/bin/mypy
 
 bench: install  ## benchmarks against the reference tools (each prints one JSON line)

@@ -7,6 +7,7 @@
   type, default and `Field(description=...)` the UI's forms show;
 - `deployments.md`: every deployment in `deployments/prefect.yaml`: pool, schedule, concurrency, parameters,
   triggers, and the flow's parameter models;
+- `examples.md`: each script in `examples/`, its docstring and its code;
 - `index.md`, the site's home page: the README, its links made relative to `docs/`.
 
 `make docs` runs it before serving the site; `tests/unit/test_docs.py` checks that the committed pages equal what it
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import re
 import sys
 import types
 import typing
@@ -166,15 +168,27 @@ def deployments_page() -> str:
     return HEADER + "\n".join(lines).rstrip() + "\n"
 
 
+def examples_page() -> str:
+    lines = ["# Examples", "", "Short scripts that use the library as a team would; `make test` runs each of them "
+             "(`tests/unit/policies/test_lerobot_train_parity.py`, `tests/isaac/test_so101_task.py`).", ""]
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        code = path.read_text()
+        doc = inspect.cleandoc(code.split('"""')[1])
+        lines += [f"## {path.stem}", "", f"`examples/{path.name}`: {doc}", "", "```python", code.rstrip(), "```", ""]
+    return HEADER + "\n".join(lines).rstrip() + "\n"
+
+
 def index_page() -> str:
-    """The site's home page: the README, its links made relative to docs/, without its list of pages (the site's
-    navigation has them)."""
+    """The site's home page: the README, its links made relative to docs/ (an example's to its section of the
+    examples page), without its list of pages (the site's navigation has them)."""
     readme = (ROOT / "README.md").read_text().replace("](docs/", "](")
+    readme = re.sub(r"\]\(examples/(\w+)\.py\)", r"](reference/examples.md#\1)", readme)
     head, rest = readme.split("## Documentation", 1)
     return HEADER.replace("the code", "README.md") + head + "## License" + rest.split("## License", 1)[1]
 
 
-PAGES = {"cli.md": cli_page, "config.md": config_page, "deployments.md": deployments_page}
+PAGES = {"cli.md": cli_page, "config.md": config_page, "deployments.md": deployments_page,
+         "examples.md": examples_page}
 
 
 def main(out: Path, index: Path) -> None:

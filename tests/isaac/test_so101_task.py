@@ -231,7 +231,8 @@ def test_short_closed_loop_on_the_so101_registers_a_version(so101_loop):
 
 
 def _same_episodes_alone_as_in_the_loop(tmp_path, summary: dict) -> dict:
-    """Determinism as a contract, for the SO-101: the registered VLA played alone (1 env) meets the initial states of
+    """Determinism as a contract, for the SO-101: the registered VLA played alone (1 env, through its server, as
+    `examples/serve_so101.py` drives it) meets the initial states of
     the loop's evaluation (2 envs, in the registry's record) and ends each episode as it did there (success and
     length). Not bit for bit: in Isaac Lab's Newton physics on the CPU an env's contacts depend on how many envs are
     batched with it. Measured: the random policy's actions (drawn per episode and step, the same in both) give
@@ -253,11 +254,19 @@ def _same_episodes_alone_as_in_the_loop(tmp_path, summary: dict) -> dict:
     assert len(ours) == 1, [(r["policy"], r["num_envs"], r["seed"], r["episodes"]) for r in loop_runs]
     loop_run = ours[0]  # the registered model's evaluation
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROBOLOOP_")}
-    p = subprocess.run([sys.executable, "-m", "roboloop.cli", "evaluate", "--policy", "registry:so101-ci@1", "--task",
-                        TASK, "--episodes", "2", "--num-envs", "1", "--videos", "0", "--output-dir",
-                        str(tmp_path / "alone")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    # played alone through its server by examples/serve_so101.py (a server computes the chunks the evaluator
+    # would with the same thread count: the loop's served check above)
+    example = Path(__file__).resolve().parents[2] / "examples" / "serve_so101.py"
+    p = subprocess.run([sys.executable, str(example), "registry:so101-ci@1", "--episodes", "2", "--num-envs", "1",
+                        "--out", str(tmp_path / "alone")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
+    said = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(said["versions"]) == 1 and sum(said["versions"].values()) > 0, said  # one version answered
+    assert said["episodes"] == 2 and said["roundtrip_ms_p50"] > 0, said
+    assert said["videos"] and all(Path(v).stat().st_size > 0 for v in said["videos"]), said  # the rollout to watch
     alone = json.loads((tmp_path / "alone" / "report.json").read_text())
+    assert said["successes"] == alone["successes"]
     assert alone["initial_states"] == record["initial_states"] == loop_run["initial_states"]
     a, b = (sorted(r["per_episode"], key=lambda e: e["index"]) for r in (alone, loop_run))
     assert [(e["index"], e["success"], e["length"]) for e in a] == [(e["index"], e["success"], e["length"]) for e in b]

@@ -120,3 +120,40 @@ def test_training_continues_from_a_lerobot_train_checkpoint(runs, tmp_path):
     assert math.isfinite(result.final_loss) and model_info(tmp_path / "ft").train["init_from"] == str(ckpt)
     saved = json.loads((tmp_path / "ft" / "stats.json").read_text())
     assert set(saved) == {"observation.state", "action"}  # lerobot-train's normaliser, kept
+
+
+def _example(name: str, *args: str, cwd: Path) -> dict:
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[3] / "examples" / name), *args],
+                       capture_output=True, text=True, cwd=cwd, timeout=600,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_the_examples_train_act_on_a_lerobot_dataset_and_gate_a_lerobot_train_checkpoint(runs, tmp_path):
+    """examples/train_act.py on the LeRobot-written dataset (ACT small, 20 steps), then
+    examples/register_checkpoint.py with lerobot-train's checkpoint: first version, gated against the better
+    trivial predictor; then the roboloop-trained model, gated against that champion, or not shown better."""
+    from roboloop.policies import model_info
+    from roboloop.registry import Registry
+    from tests.gates import expected_decision
+
+    root, _, _ = runs
+    trained = _example("train_act.py", str(root / "ds"), "--steps", "20", "--batch", "4", "--act", json.dumps(ACT),
+                       "--out", str(tmp_path / "runs" / "act"), cwd=tmp_path)
+    info = model_info(trained["model"])
+    assert info.family == "lerobot" and info.train["steps"] == 20 and math.isfinite(trained["final_loss"])
+    assert len(trained["held_out_episodes"]) == 1 and set(trained["baselines"]) == {"mean_action", "previous_action"}
+    offline = json.loads((Path(trained["scores"]) / "offline.json").read_text())
+    assert offline["mse_norm"] == trained["mse_norm"] and offline["episodes"] == trained["held_out_episodes"]
+
+    reg = tmp_path / "registry"
+    ckpt = root / "lr" / "checkpoints" / f"{STEPS:06d}" / "pretrained_model"
+    for version, folder in ((1, ckpt), (2, Path(trained["model"]))):
+        said = _example("register_checkpoint.py", str(folder), "--dataset", str(root / "ds"), "--name", "act",
+                        "--registry", str(reg), cwd=tmp_path)
+        assert said["version"] == version and (said["promoted"], said["reason"]) == \
+            expected_decision(reg, "act", version), said
+        assert said["champion"] == Registry(reg).aliases("act")[0].get("champion"), said
+    assert said["trained_by"] == "roboloop" and Registry(reg).lineage("act", 1)["config"]["train"]["trained_by"] == \
+        "lerobot-train"
