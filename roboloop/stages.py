@@ -292,21 +292,6 @@ def _outcomes(report: dict) -> str | None:
     return "".join("1" if by_index[i] else "0" for i in range(len(by_index))) if ok else None
 
 
-def champion_outcomes(name: str, recipe: EvalRecipe, registry: str | None = None) -> str | None:
-    """The champion's outcomes per numbered episode when it was evaluated as `recipe` would be (same task,
-    seed and execution settings), else None."""
-    from roboloop.registry import Registry, RegistryError
-
-    reg = Registry(registry)
-    try:
-        ev = reg.lineage(name, "champion").get("eval") or {}
-    except RegistryError:  # no champion yet, or an unusable one
-        return None
-    same = ev.get("task") == recipe.task and ev.get("seed") == recipe.seed and \
-        ev.get("execute_steps") == recipe.execute_steps
-    return ev.get("outcomes") if same else None
-
-
 def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | None = None,
              runs_root: str | Path | None = None, save_rollouts: str | None = None,
              on_line: OnLine = print, against: str | None = None, registry: str | None = None,
@@ -320,14 +305,17 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     if recipe.execute_steps is None:  # the settings the model was validated (and registered) with
         recipe = recipe.model_copy(update={"execute_steps": model.execution.execute_steps if model
                                            else ExecutionSettings().execute_steps})
-    reference = champion_outcomes(against, recipe, registry) if recipe.early_stop and against and \
-        save_rollouts is None else None
+    from roboloop.registry.reference import early_stop_references
+
+    reference, perturbed = early_stop_references(against, recipe, registry) if recipe.early_stop and against and \
+        save_rollouts is None else (None, None)
     label = policy if isinstance(policy, str) else f"{model.name or Path(model.path).name}"  # type: ignore[union-attr]
     if isinstance(policy, str) and policy.startswith("registry:") and model is not None and model.version:
         label = f"{model.name}@{model.version}"  # the version an alias resolved to (reach-vla@3), not "@champion"
     policy_id = model.weights_sha256 if model else str(policy)
     acts = acting_digest(model.path) if model else None  # config.json, stats.json: how the weights act
-    key = cache_key("evaluate", policy_id, acts, keyed(recipe), save_rollouts is not None, reference, margin)
+    key = cache_key("evaluate", policy_id, acts, keyed(recipe), save_rollouts is not None, reference, margin,
+                    *([perturbed] if perturbed else []))
     cache = None if str(policy).startswith("serve://") else cache  # a server's model can change: never cached
     if cache and save_rollouts is None and (hit := cache.get(key, EvalSummary)) and \
             (output_dir is None or Path(hit.run_dir) == Path(output_dir).absolute()):
@@ -336,7 +324,8 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     run_dir = Path(output_dir).absolute() if output_dir else Path(runs_root or artifacts_root() / "evals") / \
         f"{slug(label, 32, keep_end=True)}-{slug(recipe.task, 32)}-{stamp}-{secrets.token_hex(2)}"
     cfg = EvalConfig.of(recipe, policy=model.path if model else str(policy), output_dir=str(run_dir),
-                        save_rollouts=save_rollouts, stop_against=reference, stop_margin=margin, label=label)
+                        save_rollouts=save_rollouts, stop_against=reference, stop_margin=margin, label=label,
+                        stop_against_perturbed=perturbed)
     existed = run_dir.exists()
     try:
         report = evaluate_in_subprocess(cfg, on_line=on_line)

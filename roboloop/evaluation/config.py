@@ -55,7 +55,9 @@ class EvalRecipe(BaseModel):
         "scripted policy or a server (its own --precision) is refused in bf16")
     early_stop: bool = Field(False, description="in the closed loop: stop as soon as the promotion gate's paired "
                              "decision against the champion (same task, seed, execution) is certain, checked every "
-                             "16 episodes (Bonferroni over the looks); `episodes` is then the most it runs")
+                             "16 episodes (Bonferroni over the looks); `episodes` is then the most it runs. The "
+                             "perturbations play the episodes it played, and with gate_robustness each of their "
+                             "runs stops the same way against the champion's under that factor")
     perturb: str | None = Field(
         None, description="also play the same episodes under perturbations: FACTOR[=LEVEL],... or all (factors: "
         "obs_noise, action_noise, actuator_gain, frame_drop, frame_delay, camera_shift, brightness, instruction, "
@@ -94,8 +96,6 @@ class EvalRecipe(BaseModel):
                     ok = False
                 if not ok:
                     raise ValueError(f"latency: {part!r} is neither measured nor a number of milliseconds >= 0")
-        if (self.perturb or self.latency) and self.early_stop:
-            raise ValueError("perturb/latency pair every episode with the nominal run; early_stop would cut it short")
         return self
 
 
@@ -122,6 +122,9 @@ class EvalConfig(EvalRecipe):
     stop_against: str | None = Field(None, description="early stop: the champion's outcomes ('1'/'0' per numbered "
                                      "episode) to pair with")
     stop_margin: float = Field(0.05, ge=0, le=1, description="early stop: the gate's non-inferiority margin")
+    stop_against_perturbed: dict[str, dict[str, str]] | None = Field(
+        None, description="early stop of each perturbation's run: the champion's outcomes under it (factor -> "
+        "level -> '1'/'0' per numbered episode), paired with `gate_robustness` as the margin")
     label: str | None = Field(None, description="the model as people name it (reach-vla@3): the videos' captions")
 
     def shown_as(self) -> str:
@@ -130,9 +133,11 @@ class EvalConfig(EvalRecipe):
 
     @classmethod
     def of(cls, recipe: EvalRecipe, policy: str, output_dir: str, save_rollouts: str | None = None,
-           stop_against: str | None = None, stop_margin: float = 0.05, label: str | None = None) -> EvalConfig:
+           stop_against: str | None = None, stop_margin: float = 0.05, label: str | None = None,
+           stop_against_perturbed: dict[str, dict[str, str]] | None = None) -> EvalConfig:
         return cls(**recipe.model_dump(), policy=policy, output_dir=output_dir, save_rollouts=save_rollouts,
-                   stop_against=stop_against, stop_margin=stop_margin, label=label)
+                   stop_against=stop_against, stop_margin=stop_margin, label=label,
+                   stop_against_perturbed=stop_against_perturbed)
 
 
 class CollectConfig(BaseModel):

@@ -9,7 +9,7 @@ policy), so two models meet the same perturbation on the same episode, whatever 
 
     FACTORS[name] = Factor(levels, what)          the suites; `parse("obs_noise=0.02,frame_drop")` picks from them
     Perturbed(env, factor, level, seed)           the env with one factor applied
-    summarise(nominal, runs, moved) -> {factor: {level: {success_rate, ci_low, ci_high, drop, lost, gained,
+    summarise(nominal, runs, extra) -> {factor: {level: {success_rate, ci_low, ci_high, drop, lost, gained,
                                                          changed_initial}}}
 
 The scene factors are applied by the task itself, which lists them (`env.scene_factors`; a task that cannot apply one
@@ -265,14 +265,15 @@ def changed(nominal: str | None, run: str | None) -> int | None:
 
 
 def summarise(nominal: list[dict], runs: dict[tuple[str, float], list[dict]],
-              moved: dict[tuple[str, float], int | None] | None = None) -> dict[str, dict[str, dict]]:
-    """Per factor and level: `paired` against the nominal run, with `changed_initial` (episodes whose initial state
-    the factor changed where the state carries the scene: a scene factor changes them, an image or action factor
-    does not)."""
+              extra: dict[tuple[str, float], dict] | None = None) -> dict[str, dict[str, dict]]:
+    """Per factor and level: `paired` against the nominal run, with what `extra` adds to the cell:
+    `changed_initial` (episodes whose initial state the factor changed where the state carries the scene: a scene
+    factor changes them, an image or action factor does not), and for a run that stopped early against the
+    champion its `looks` and `stopped_early` (the gate's test of that cell spends alpha / looks)."""
     out: dict[str, dict[str, dict]] = {}
     for (factor, level), eps in runs.items():
-        out.setdefault(factor, {})[f"{level:g}"] = {**paired(nominal, eps),
-                                                    "changed_initial": (moved or {}).get((factor, level))}
+        cell = {"changed_initial": None, **(extra or {}).get((factor, level), {})}
+        out.setdefault(factor, {})[f"{level:g}"] = {**paired(nominal, eps), **cell}
     return out
 
 

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from roboloop.evaluation import perturb
-from roboloop.evaluation.evaluator import EvalReport, evaluate, progress_printer
+from roboloop.evaluation.evaluator import LOOK_EVERY, EvalReport, evaluate, progress_printer
 
 
 def latencies(spec: str, report: EvalReport) -> list[tuple[str, float]]:
@@ -29,25 +29,44 @@ def latencies(spec: str, report: EvalReport) -> list[tuple[str, float]]:
     return out
 
 
+def cell_stop(cfg, factor: str, level: float, planned: int):
+    """The early stop of one perturbation's run against the champion's outcomes under it (`stop_against_perturbed`,
+    the gate's robustness margin), and how many paired tests it plans (the gate's final one included); (None,
+    None) where the champion has none."""
+    ref = ((cfg.stop_against_perturbed or {}).get(factor) or {}).get(f"{level:g}")
+    if not ref or cfg.gate_robustness is None:
+        return None, None
+    from roboloop.binomial import early_decision, planned_looks
+
+    margin = cfg.gate_robustness
+    return (lambda outcomes: early_decision(outcomes, ref, planned, LOOK_EVERY, margin),
+            planned_looks(planned, len(ref), LOOK_EVERY))
+
+
 def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None:
-    out = Path(cfg.output_dir)
+    """Each suite plays the episodes the nominal run played (all of them, or those before its early stop: only
+    those pair with it)."""
+    out, planned = Path(cfg.output_dir), report.episodes
     if cfg.perturb:
         runs: dict[tuple[str, float], list[dict]] = {}
         videos: dict[tuple[str, float], list[str]] = {}
-        moved: dict[tuple[str, float], int | None] = {}
+        extra: dict[tuple[str, float], dict] = {}
         for factor, level in perturb.parse(cfg.perturb, tuple(getattr(env, "scene_factors", ()))):
             tag = f"{factor}={level:g}"
+            stop, looks = cell_stop(cfg, factor, level, planned)
             wrapped = perturb.Perturbed(env, factor, level, cfg.seed)
             try:
-                rep, _ = evaluate(wrapped, policy, cfg.episodes, execute_steps, min(cfg.videos, 1),
-                                  out / "perturb" / tag if cfg.videos else None, seed=cfg.seed,
+                rep, _ = evaluate(wrapped, policy, planned, execute_steps, min(cfg.videos, 1),
+                                  out / "perturb" / tag if cfg.videos else None, seed=cfg.seed, stop=stop,
                                   progress=progress_printer(f"[progress] perturbed {tag}"),
                                   label=f"{cfg.shown_as()} under {tag}")
             finally:
                 wrapped.release()
             runs[(factor, level)], videos[(factor, level)] = rep.per_episode, rep.videos
-            moved[(factor, level)] = perturb.changed(report.initial_states, rep.initial_states)
-        report.perturbations = perturb.summarise(report.per_episode, runs, moved)
+            extra[(factor, level)] = {"changed_initial": perturb.changed(report.initial_states, rep.initial_states),
+                                      **({"looks": looks} if looks and looks > 1 else {}),
+                                      **({"stopped_early": rep.stopped_early} if rep.stopped_early else {})}
+        report.perturbations = perturb.summarise(report.per_episode, runs, extra)
         worst = perturb.worst(report.perturbations)
         if worst is not None:
             report.perturbation_worst = f"{worst[0]}={worst[1]}"
@@ -58,7 +77,7 @@ def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None
         rows = [{"setting": "0 ms", "ms": 0.0, "delay_steps": 0, **perturb.paired(nominal, nominal)}]
         for label, ms in latencies(cfg.latency, report):
             steps = math.floor(ms * env.fps / 1000 + 0.5)  # to the nearest control step
-            rep, _ = evaluate(env, policy, cfg.episodes, execute_steps, 0, None, seed=cfg.seed, delay_steps=steps,
+            rep, _ = evaluate(env, policy, planned, execute_steps, 0, None, seed=cfg.seed, delay_steps=steps,
                               progress=progress_printer(f"[progress] latency {label} ({steps} steps)"))
             rows.append({"setting": label, "ms": round(ms, 2), "delay_steps": steps,
                          **perturb.paired(report.per_episode, rep.per_episode)})

@@ -3,7 +3,8 @@
 
 - robustness: under every perturbation (factor and level) both versions were evaluated with, on the same episodes,
   the challenger is not worse than the champion by more than the margin (paired, one-sided 1 - alpha each: every
-  cell must pass, so a challenger better on nominal episodes but worse under one factor is refused);
+  cell must pass, so a challenger better on nominal episodes but worse under one factor is refused; a cell whose
+  run stopped early against the champion's tests at alpha / its looks, as each look did);
 - latency: the challenger's success with its own measured p99 latency charged is not worse than the champion's with
   its own (paired, with the nominal margin: a slower model must not lose success to its slowness).
 
@@ -47,9 +48,11 @@ def _robustness(new: dict, old: dict, margin: float, alpha: float) -> tuple[bool
                       ", ".join(missing or ["the challenger's factors"]))
     worst = None
     for f, lv in cells:
-        ok, why = paired_gate(new[f][lv]["outcomes"], old[f][lv]["outcomes"], margin, alpha)
+        looks = new[f][lv].get("looks") or 1  # its run looked before its end: the last test spends what each did
+        ok, why = paired_gate(new[f][lv]["outcomes"], old[f][lv]["outcomes"], margin, alpha / looks)
         if not ok:
-            return False, f"robustness {f}={lv} (margin {margin}): {why}"
+            spent = f", alpha {alpha:g}/{looks}: its run looked {looks - 1} times before its end" if looks > 1 else ""
+            return False, f"robustness {f}={lv} (margin {margin}{spent}): {why}"
         diff = new[f][lv]["success_rate"] - old[f][lv]["success_rate"]
         worst = min(worst or (diff, f, lv), (diff, f, lv))
     assert worst is not None

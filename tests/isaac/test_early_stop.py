@@ -38,3 +38,42 @@ def test_evaluation_stops_once_the_paired_decision_is_certain(tmp_path, monkeypa
     full = stages.evaluate("expert", recipe.model_copy(update={"seed": 1}), against="reach", registry=str(reg.uri),
                            on_line=lambda _l: None)
     assert full.episodes == 48 and full.stopped_early is None and full.looks is None
+
+
+def test_each_perturbation_run_stops_against_the_champions_and_the_suites_play_the_nominal_episodes(tmp_path,
+                                                                                                 monkeypatch):
+    """With `gate_robustness` (the gate checks each perturbation's run), a perturbed run stops at the first look
+    where its paired decision against the champion's run under the same factor is certain; and after a nominal run
+    that stopped early, the suites play only the episodes it played (the only ones that pair with it)."""
+    from roboloop import stages
+    from roboloop.evaluation.config import EvalRecipe
+    from roboloop.registry import Registry
+
+    monkeypatch.setenv("ROBOLOOP_ARTIFACTS", str(tmp_path / "artifacts"))
+    reg = Registry(tmp_path / "registry")
+    weak = tmp_path / "weak"
+    weak.mkdir()
+    (weak / "model.safetensors").write_bytes(b"weights")
+    (weak / "config.json").write_text(json.dumps({}))
+    base = {"task": "Roboloop-Reach-Color-v0", "seed": 0, "execute_steps": 4, "episodes": 48, "successes": 0}
+    failed = {"obs_noise": {"0.02": {"success_rate": 0.0, "outcomes": "0" * 48}}}
+    for name, ev in (("perturbed-only", {**base, "perturbations": failed}),  # no nominal outcomes to stop against
+                     ("nominal-only", {**base, "outcomes": "0" * 48})):
+        lineage = {"git_commit": "abc", "dataset_md5": "x.dir", "config": {"a": 1}, "metrics": {"final_loss": 1.0},
+                   "eval": ev}
+        reg.promote(name, reg.register(name, weak, lineage), force=True)
+    recipe = EvalRecipe(episodes=48, num_envs=16, execute_steps=4, videos=0, early_stop=True, perturb="obs_noise=0.02",
+                        gate_robustness=0.1)
+    s = stages.evaluate("expert", recipe, against="perturbed-only", registry=str(reg.uri), on_line=lambda _l: None)
+    cell = s.perturbations["obs_noise"]["0.02"]
+    assert s.episodes == 48 and s.stopped_early is None, s  # the nominal run had nothing to stop against
+    assert cell["episodes"] == 16 and cell["looks"] == 3 and cell["success_rate"] == 1.0, cell
+    assert cell["stopped_early"].startswith("stopped after 16 of 48 episodes: paired with the champion, not worse")
+    # a robustness margin the gate does not check: nothing to stop for, every episode played
+    full = stages.evaluate("expert", recipe.model_copy(update={"gate_robustness": None}), against="perturbed-only",
+                           registry=str(reg.uri), on_line=lambda _l: None)
+    assert full.perturbations["obs_noise"]["0.02"]["episodes"] == 48
+    assert "stopped_early" not in full.perturbations["obs_noise"]["0.02"]
+    short = stages.evaluate("expert", recipe, against="nominal-only", registry=str(reg.uri), on_line=lambda _l: None)
+    assert short.episodes == 16 and short.stopped_early, short
+    assert short.perturbations["obs_noise"]["0.02"]["episodes"] == 16  # the suite played what the nominal run did

@@ -103,3 +103,22 @@ def test_a_baseline_of_the_first_episodes_pairs_with_the_policys():
     assert same_episodes(policy, {**baseline, "initial_states": "1234abcd"}, keys)  # its first episode: the same
     assert not same_episodes(policy, {**baseline, "initial_states": "ffffffff"}, keys)
     assert same_episodes(policy, baseline, keys)  # a record from before the hash: task and seed decide
+
+
+def test_a_perturbation_run_that_looked_before_its_end_is_tested_at_alpha_over_its_looks(tmp_path):
+    """A cell whose run stopped early against the champion's (or could have: `looks` planned tests) spends alpha /
+    looks in the gate's test, as each look did: 3 of the champion's 40 successes lost under the factor pass at
+    alpha 0.05 and fail at 0.05 / 3."""
+    reg = Registry(tmp_path / "registry")
+    champ = _with(CHAMP, {"obs_noise": ("0.02", CHAMP)})
+    assert reg.promote("reach", reg.register("reach", _model(tmp_path, "1"), champ)).promoted
+    lost3 = "0" * 3 + CHAMP[3:]
+    once = reg.register("reach", _model(tmp_path, "2"), _with(BETTER, {"obs_noise": ("0.02", lost3)},
+                                                                gate_robustness=0.1))
+    assert reg.promote("reach", once, margin=0.05).promoted
+    reg.promote("reach", 1, force=True)
+    looked = _with(BETTER, {"obs_noise": ("0.02", lost3)}, gate_robustness=0.1)
+    looked["eval"]["perturbations"]["obs_noise"]["0.02"]["looks"] = 3
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "3"), looked), margin=0.05)
+    assert not d.promoted and "robustness obs_noise=0.02 (margin 0.1, alpha 0.05/3: its run looked 2 times" \
+        in d.reason, d.reason
