@@ -1,12 +1,12 @@
 """Serve the champion and drive the simulated SO-101 through the server, as a robot would be driven: the arm's
 joint state and its front and wrist cameras go over the wire, a chunk of joint targets comes back.
 
-    .venv/bin/python examples/serve_so101.py [registry:so101@champion] [--episodes 4] [--out runs/so101-served]
+    .venv/bin/python examples/serve_so101.py [registry:so101-pick@champion] [--episodes 4] [--out runs/so101-served]
 
-`roboloop serve REF` loads the model in a child process that imports nothing the model folder names, follows the
-registry (a new champion is checked, then swapped in between requests) and answers on a WebSocket. Here Isaac Lab's
-SO-101 pick-up-the-cube task plays the robot; on the real arm `roboloop robot` drives LeRobot's SO-101 class with
-the same client.
+The default is the champion `roboloop loop --preset so101` registers. `roboloop serve REF` loads the model in a
+child process that imports nothing the model folder names, follows the registry (a new champion is checked, then
+swapped in between requests) and answers on a WebSocket. Here Isaac Lab's SO-101 pick-up-the-cube task plays the
+robot; on the real arm `roboloop robot` drives LeRobot's SO-101 class with the same client.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ TASK = "Roboloop-SO101-PickCube-v0"
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("ref", nargs="?", default="registry:so101@champion",
+    ap.add_argument("ref", nargs="?", default="registry:so101-pick@champion",
                     help="what to serve: registry:[URI#]NAME@VERSION|ALIAS, or a model folder")
     ap.add_argument("--episodes", type=int, default=4)
     ap.add_argument("--num-envs", type=int, default=1, help="arms played at once (each its own client stream)")
