@@ -77,13 +77,16 @@ class PolicyClient:
         self.spec = self.info()  # what this connection is served: every chunk is checked against it
 
     def _connect(self) -> Any:
+        from websockets.exceptions import ConnectionClosed, InvalidMessage
         from websockets.sync.client import connect
 
         try:
             return connect(self.url, additional_headers={"Authorization": f"Bearer {self._token}"},
                            max_size=self.max_size, compression=None, open_timeout=self.timeout)
-        except OSError as e:  # refused, unreachable, timed out
-            raise ServerLostError(f"no policy server answers at {self.url} ({type(e).__name__}: {e})") from None
+        except (OSError, ConnectionClosed, InvalidMessage) as e:  # refused, unreachable, timed out; or the socket
+            # closed during the handshake (a server that died as it accepted: no HTTP answer, no close frame)
+            why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            raise ServerLostError(f"no policy server answers at {self.url} ({why})") from None
 
     def _reopen(self, why: str) -> None:
         """A new connection after a broken one, within the reconnect budget; ServerLostError when none opens."""

@@ -215,3 +215,26 @@ def test_a_client_that_drops_its_connection_is_one_log_line_and_the_server_keeps
                 assert c.act(state, images).actions.shape == (1, 8, 3)
     assert any("went away without closing" in r.getMessage() for r in caplog.records), caplog.text
     assert not [r for r in caplog.records if r.name == "websockets.server" and r.levelno >= logging.ERROR]
+
+
+def test_a_server_that_dies_as_it_accepts_is_named_as_lost():
+    """The socket accepted, then closed before any HTTP answer (a server killed as a client connected: CI once saw an
+    evaluation die with websockets' bare exception instead): ServerLostError naming the URL."""
+    import socket
+    import threading
+
+    from roboloop.serving.client import PolicyClient, ServerLostError
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+
+        def accept_and_die() -> None:
+            conn, _ = listener.accept()
+            conn.recv(1024)  # the client's upgrade request, never answered
+            conn.close()
+
+        threading.Thread(target=accept_and_die, daemon=True).start()
+        with pytest.raises(ServerLostError, match=f"no policy server answers at ws://127.0.0.1:{port} "):
+            PolicyClient(f"serve://127.0.0.1:{port}", token="t", timeout=10)
