@@ -8,12 +8,11 @@ import json
 import pytest
 
 pytestmark = pytest.mark.isaac
+REACH = {"task": "Roboloop-Reach-Color-v0", "seed": 0, "execute_steps": 4, "episodes": 48, "successes": 0}
 
 
-def test_evaluation_stops_once_the_paired_decision_is_certain(tmp_path, monkeypatch):
-    from roboloop import stages
-    from roboloop.evaluation.config import EvalRecipe
-    from roboloop.lineage import eval_record
+def _champions(tmp_path, monkeypatch, evals: dict[str, dict]):
+    """A registry whose champions (set by hand: 0/48 beats no baseline) carry these evaluation records."""
     from roboloop.registry import Registry
 
     monkeypatch.setenv("ROBOLOOP_ARTIFACTS", str(tmp_path / "artifacts"))
@@ -22,11 +21,20 @@ def test_evaluation_stops_once_the_paired_decision_is_certain(tmp_path, monkeypa
     weak.mkdir()
     (weak / "model.safetensors").write_bytes(b"weights")
     (weak / "config.json").write_text(json.dumps({}))
+    for name, ev in evals.items():
+        lineage = {"git_commit": "abc", "dataset_md5": "x.dir", "config": {"a": 1}, "metrics": {"final_loss": 1.0},
+                   "eval": ev}
+        reg.promote(name, reg.register(name, weak, lineage), force=True)
+    return reg
+
+
+def test_evaluation_stops_once_the_paired_decision_is_certain(tmp_path, monkeypatch):
+    from roboloop import stages
+    from roboloop.evaluation.config import EvalRecipe
+    from roboloop.lineage import eval_record
+
     # a champion that failed the first 48 test-split episodes of this task, seed and execution
-    lineage = {"git_commit": "abc", "dataset_md5": "x.dir", "config": {"a": 1}, "metrics": {"final_loss": 1.0},
-               "eval": {"task": "Roboloop-Reach-Color-v0", "seed": 0, "execute_steps": 4, "episodes": 48,
-                        "successes": 0, "outcomes": "0" * 48}}
-    reg.promote("reach", reg.register("reach", weak, lineage), force=True)  # 0/48 beats no baseline: set by hand
+    reg = _champions(tmp_path, monkeypatch, {"reach": {**REACH, "outcomes": "0" * 48}})
     recipe = EvalRecipe(episodes=48, num_envs=16, execute_steps=4, videos=0, early_stop=True)
     s = stages.evaluate("expert", recipe, against="reach", registry=str(reg.uri), on_line=lambda _l: None)
     assert s.episodes == 16 and s.planned_episodes == 48 and s.successes == 16, s
@@ -47,21 +55,9 @@ def test_each_perturbation_run_stops_against_the_champions_and_the_suites_play_t
     that stopped early, the suites play only the episodes it played (the only ones that pair with it)."""
     from roboloop import stages
     from roboloop.evaluation.config import EvalRecipe
-    from roboloop.registry import Registry
-
-    monkeypatch.setenv("ROBOLOOP_ARTIFACTS", str(tmp_path / "artifacts"))
-    reg = Registry(tmp_path / "registry")
-    weak = tmp_path / "weak"
-    weak.mkdir()
-    (weak / "model.safetensors").write_bytes(b"weights")
-    (weak / "config.json").write_text(json.dumps({}))
-    base = {"task": "Roboloop-Reach-Color-v0", "seed": 0, "execute_steps": 4, "episodes": 48, "successes": 0}
     failed = {"obs_noise": {"0.02": {"success_rate": 0.0, "outcomes": "0" * 48}}}
-    for name, ev in (("perturbed-only", {**base, "perturbations": failed}),  # no nominal outcomes to stop against
-                     ("nominal-only", {**base, "outcomes": "0" * 48})):
-        lineage = {"git_commit": "abc", "dataset_md5": "x.dir", "config": {"a": 1}, "metrics": {"final_loss": 1.0},
-                   "eval": ev}
-        reg.promote(name, reg.register(name, weak, lineage), force=True)
+    reg = _champions(tmp_path, monkeypatch, {"perturbed-only": {**REACH, "perturbations": failed},  # no nominal
+                                             "nominal-only": {**REACH, "outcomes": "0" * 48}})
     recipe = EvalRecipe(episodes=48, num_envs=16, execute_steps=4, videos=0, early_stop=True, perturb="obs_noise=0.02",
                         gate_robustness=0.1)
     s = stages.evaluate("expert", recipe, against="perturbed-only", registry=str(reg.uri), on_line=lambda _l: None)
