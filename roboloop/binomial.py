@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 def wilson(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -149,6 +149,14 @@ def planned_looks(planned: int, reference_episodes: int, look_every: int) -> int
     """How many paired tests a run with the early stop makes: one every `look_every` episodes, the gate's final one
     on the whole run included; each spends alpha / looks (Bonferroni)."""
     return max(1, math.ceil(min(planned, reference_episodes) / look_every))
+
+
+def paired_stop(reference: str, planned: int, look_every: int, margin: float) \
+        -> tuple[Callable[[list[bool]], str | None], int]:
+    """An evaluation's early stop against `reference` (the champion's outcomes), and how many paired tests it plans
+    (the gate's final one included)."""
+    return (lambda outcomes: early_decision(outcomes, reference, planned, look_every, margin),
+            planned_looks(planned, len(reference), look_every))
 
 
 def early_decision(outcomes: list[bool], reference: str, planned: int, look_every: int, margin: float = 0.05,

@@ -25,12 +25,10 @@ def _stop_rule(cfg: EvalConfig):
     gate's final one included); (None, None) without it."""
     if not cfg.stop_against or cfg.save_rollouts:
         return None, None
-    from roboloop.binomial import early_decision, planned_looks
+    from roboloop.binomial import paired_stop
     from roboloop.evaluation.evaluator import LOOK_EVERY
 
-    ref, margin = cfg.stop_against, cfg.stop_margin
-    return (lambda outcomes: early_decision(outcomes, ref, cfg.episodes, LOOK_EVERY, margin),
-            planned_looks(cfg.episodes, len(ref), LOOK_EVERY))
+    return paired_stop(cfg.stop_against, cfg.episodes, LOOK_EVERY, cfg.stop_margin)
 
 
 def run_evaluation(cfg: EvalConfig) -> EvalReport:

@@ -36,11 +36,9 @@ def cell_stop(cfg, factor: str, level: float, planned: int):
     ref = ((cfg.stop_against_perturbed or {}).get(factor) or {}).get(f"{level:g}")
     if not ref or cfg.gate_robustness is None:
         return None, None
-    from roboloop.binomial import early_decision, planned_looks
+    from roboloop.binomial import paired_stop
 
-    margin = cfg.gate_robustness
-    return (lambda outcomes: early_decision(outcomes, ref, planned, LOOK_EVERY, margin),
-            planned_looks(planned, len(ref), LOOK_EVERY))
+    return paired_stop(ref, planned, LOOK_EVERY, cfg.gate_robustness)
 
 
 def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None:

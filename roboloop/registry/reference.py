@@ -21,22 +21,16 @@ def _champion_eval(name: str, recipe: Any, registry: str | None = None) -> dict:
     return ev if same else {}
 
 
-def champion_outcomes(name: str, recipe: Any, registry: str | None = None) -> str | None:
-    """The champion's outcomes per numbered episode when it was evaluated as `recipe` would be, else None."""
-    return _champion_eval(name, recipe, registry).get("outcomes")
-
-
-def champion_perturbed(name: str, recipe: Any, registry: str | None = None) -> dict[str, dict[str, str]]:
-    """The champion's outcomes under each perturbation (factor -> level -> '1'/'0' per numbered episode) it was
-    evaluated with as `recipe` would be; {} without any."""
-    cells = _champion_eval(name, recipe, registry).get("perturbations") or {}
+def _perturbed(ev: dict) -> dict[str, dict[str, str]]:
+    cells = ev.get("perturbations") or {}
     return {f: {lv: c["outcomes"] for lv, c in levels.items() if c.get("outcomes")} for f, levels in cells.items()}
 
 
 def early_stop_references(name: str, recipe: Any, registry: str | None = None) \
         -> tuple[str | None, dict[str, dict[str, str]] | None]:
-    """What an early-stopping evaluation of `recipe` against `name`'s champion pairs with: the champion's nominal
-    outcomes, and its outcomes under each perturbation where the gate checks them (`gate_robustness`)."""
-    perturbed = champion_perturbed(name, recipe, registry) if recipe.perturb and \
-        recipe.gate_robustness is not None else {}
-    return champion_outcomes(name, recipe, registry), perturbed or None
+    """What an early-stopping evaluation of `recipe` against `name`'s champion pairs with (one read of its record):
+    the champion's nominal outcomes ('1'/'0' per numbered episode), and its outcomes under each perturbation (factor
+    -> level -> outcomes) where the gate checks them (`gate_robustness`)."""
+    ev = _champion_eval(name, recipe, registry)
+    perturbed = _perturbed(ev) if recipe.perturb and recipe.gate_robustness is not None else {}
+    return ev.get("outcomes"), perturbed or None
