@@ -26,19 +26,30 @@ def bigger_v21(tmp_path_factory):
 
 
 def test_kill9_of_convert_leaves_no_worker_and_the_rerun_cleans_up(bigger_v21, tmp_path):
-    dst = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "convert", str(bigger_v21), str(dst),
-                             "--workers", "2", "--data-file-size-in-mb", "0.01", "--video-file-size-in-mb", "0.05",
-                             "--no-progress"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    parent = psutil.Process(proc.pid)
-    deadline = time.time() + 120
-    workers: list[psutil.Process] = []
-    while time.time() < deadline and not (workers and list(tmp_path.glob(".out.roboloop-tmp-*/videos"))):
-        workers = parent.children(recursive=True)
-        time.sleep(0.05)
-    assert workers and proc.poll() is None, "conversion ended before it could be killed"
-    proc.send_signal(signal.SIGKILL)  # the parent only: its workers must notice and die
-    proc.wait()
+    """SIGKILL of `roboloop convert` while a worker holds a written video file and the rest is pending: each video
+    job waits after writing (patched before the CLI forks its workers, so they inherit it), and the kill lands there
+    whatever the machine's load (a 50 ms poll for that moment once missed it on a stalled CI machine)."""
+    dst, written = tmp_path / "out", tmp_path / "written"
+    code = ("import sys, time, pathlib; import roboloop.datasets.convert as c; real = c.write_video_file\n"
+            "def write_then_wait(*a):\n"
+            "    out = real(*a); pathlib.Path(sys.argv[-1]).touch(); time.sleep(600); return out\n"
+            "c.write_video_file = write_then_wait\n"
+            "from roboloop.cli.main import main; sys.exit(main(sys.argv[1:-1]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, "convert", str(bigger_v21), str(dst), "--workers", "2",
+                             "--data-file-size-in-mb", "0.01", "--video-file-size-in-mb", "0.05", "--no-progress",
+                             str(written)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None and not written.exists():
+            time.sleep(0.05)
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        assert written.exists() and proc.poll() is None and workers, "the conversion ended before its first video"
+        assert list(tmp_path.glob(".out.roboloop-tmp-*/videos"))
+        proc.send_signal(signal.SIGKILL)  # the parent only: its workers must notice and die
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert alive == [], f"workers outlived their parent: {[p.pid for p in alive]}"
     assert not dst.exists() and list(tmp_path.glob(".out.roboloop-tmp-*"))
