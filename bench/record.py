@@ -5,6 +5,10 @@ A record is one JSON file, `bench/results/<bench>-<UTC time>-<commit>.json`:
 "figures"}. `measures` is the code the bench measures (each bench declares it); the docs' Results page is rendered
 from the records (docs/hooks.py) and marks one stale when the code at any of those paths changed after it (a
 Python file whose docstrings or comments alone changed still runs the same code: that keeps a record current).
+A docs page quotes a record's figure as `{{ BENCH: KEY[, KEY...] [| TEMPLATE] }}` (KEY a dotted path into its
+figures, list items by index; TEMPLATE a str.format pattern, e.g. `{:.1%} [{:.1%}, {:.1%}]`; KEY `markdown()`: the
+bench's own `markdown(figures)`, its tables): the site shows the newest record of BENCH that has those keys, with its
+date, commit and machine, marked when it is not current.
 `ROBOLOOP_BENCH_RESULTS` sends records elsewhere (the test suite's smoke runs write to a temporary folder).
 """
 
@@ -15,6 +19,8 @@ import datetime as dt
 import json
 import os
 import platform
+import posixpath
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +153,67 @@ def markdown(records: list[dict], root: Path = ROOT) -> str:
         rows.append(f"| `bench/{r['bench']}.py` | `{args}` | {_figures(r['figures'])} | {r['date'][:10]} | "
                     f"`{(r['commit'] or 'none')[:8]}` | {machine} | {staleness(r, root)} |")
     return "\n".join(rows) if records else "No records yet: run a bench (each writes one into `bench/results/`)."
+
+
+QUOTE = re.compile(r"\{\{ (?P<bench>[a-z0-9_]+): (?P<keys>[^|]+?)(?: \| (?P<template>.+?))? \}\}")
+
+
+class QuoteError(ValueError):
+    """A docs page quotes a figure that no record holds."""
+
+
+def _value(figures: dict, key: str):
+    value = figures
+    for part in key.split("."):
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return value
+
+
+def _bench_markdown(bench: str):
+    """bench/<bench>.py's `markdown(figures)` (imported with bench/ on the path, as the script runs)."""
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{bench}", ROOT / "bench" / f"{bench}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return module.markdown
+
+
+def quoted(bench: str, keys: list[str], records: list[dict]) -> tuple[dict, list]:
+    """The newest record of `bench` that has every key, and their values."""
+    for r in records:
+        if r["bench"] != bench:
+            continue
+        if keys == ["markdown()"]:
+            return r, [_bench_markdown(bench)(r["figures"])]
+        try:
+            return r, [_value(r["figures"], k) for k in keys]
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+    raise QuoteError(f"no record of bench/{bench}.py has {', '.join(keys)}: run the bench (bench/results/)")
+
+
+def render_quotes(text: str, page: str, records: list[dict], root: Path = ROOT) -> str:
+    """`text` (the Markdown of docs page `page`, a path under docs/) with each quote replaced by its figure and a
+    mark linking to the Results page: bench, date, commit, machine, and the status when it is not current."""
+    link = posixpath.relpath("results.md", posixpath.dirname(page) or ".")
+    status: dict[str, str] = {}
+
+    def one(m: re.Match) -> str:
+        keys = [k.strip() for k in m["keys"].split(",")]
+        r, values = quoted(m["bench"], keys, records)
+        template = m["template"] or ", ".join("{}" for _ in keys)
+        key = f"{r['bench']}{r['date']}"
+        status.setdefault(key, staleness(r, root))
+        mc = r["machine"]
+        machine = f"{mc['cpu']}, {mc['cores']} cores" + (f", {mc['gpu']}" if mc.get("gpu") else "")
+        state = "" if status[key] == "current" else f", {status[key].split(':')[0]}"
+        mark = f"{r['bench']} · {r['date'][:10]} · {(r['commit'] or 'no commit')[:8]} · {machine}{state}"
+        sep = "\n\n" if keys == ["markdown()"] else " "
+        return f"{template.format(*values)}{sep}<sup>[{mark}]({link})</sup>"
+
+    return QUOTE.sub(one, text)

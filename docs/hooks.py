@@ -1,5 +1,6 @@
-"""mkdocs hook: the Results page's records table, rendered from `bench/results/` when the site is built (so whether
-a record is stale is decided against the code as it is now, not when the page was written)."""
+"""mkdocs hook: the Results page's records table, and every page's quoted figures (`{{ BENCH: KEY }}`), rendered
+from `bench/results/` when the site is built (so whether a record is stale is decided against the code as it is
+now, not when the page was written)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def _record_module():
 
 
 def on_page_markdown(markdown: str, page, **_) -> str:
-    if page.file.src_uri != "results.md":
-        return markdown
     record = _record_module()
-    return markdown.replace(MARKER, record.markdown(record.load()))
+    records = record.load()
+    if page.file.src_uri == "results.md":
+        markdown = markdown.replace(MARKER, record.markdown(records))
+    return record.render_quotes(markdown, page.file.src_uri, records)

@@ -73,8 +73,8 @@ def so101() -> LoopConfig:
     and roboloop's VLA with the keypoint image encoder on both cameras (resized to 64x96; the cube is only in the
     images: the state is the arm's six joints, as on the real robot), an 8-step chunk of absolute joint targets.
     The exported weights are their average (`ema_decay` 0.999), and they act with 2 Euler steps of the denoising,
-    not 4, chosen on the validation cubes (docs/guides/so101.md measures both, "The preset now averages" and "Two
-    denoising steps"). At the end the registered version is served (`roboloop serve`, a child process) and the
+    not 4, chosen on the validation cubes (docs/guides/so101.md, "What shaped the preset", gives the commands
+    that measure both). At the end the registered version is served (`roboloop serve`, a child process) and the
     first 16 test cubes are played through it, both cameras' frames crossing the wire, as a real arm's robot loop
     would be driven."""
     task = "Roboloop-SO101-PickCube-v0"

@@ -95,3 +95,48 @@ def test_the_results_page_quotes_no_figure_of_its_own():
     prose = re.sub(r"`[^`]*`", "", prose)
     figures = re.findall(r"\d+\.\d+|\d+(?:\.\d+)?\s*(?:%|ms|s\b|x\b|MB|GB)", prose)
     assert not figures, f"docs/results.md quotes figures without a record: {figures}"
+
+
+def _figures_in_prose(text: str) -> list[str]:
+    """The measured-looking figures in a page's prose: decimals, numbers with a unit of time, size or rate, ratios,
+    percentages and counts like 47/48. Code (blocks and spans), record quotes, version numbers and addresses are
+    not prose figures; a setting is written as code (`steps 2500`) or in words."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    prose = record.QUOTE.sub("", prose)
+    prose = re.sub(r"`[^`]*`", "", prose)
+    prose = re.sub(r"\]\([^)]*\)", "]", prose)  # link targets
+    prose = re.sub(r"\b\d+(?:\.\d+){2,}\b|\b\d+\.\d+\.x\b|https?://\S+", "", prose)  # versions x.y.z, addresses
+    prose = re.sub(r"(?i)\b(?:python|isaac ?lab|lerobot|prefect|ray|torch|kubernetes|apache-|v|mujoco|cuda|"
+                   r"postgresql|debian|arxiv|h100|h200|nvlink|ndr)[ -]?\d+(?:\.\d+)?(?:, v?\d+(?:\.\d+)?)*"
+                   r"(?: and v?\d+(?:\.\d+)?)?", "", prose)
+    unit = r"%|ms|s|min|minutes|seconds|hours|h|x|×|MB|GB|MiB|GiB|TB|KB|us|µs|[a-z-]+/s"
+    return re.findall(rf"(?<![\w.,])(?:\d+(?:[.,]\d+)?\s?(?:{unit})(?![\w/])|\d+\.\d+|\d+/\d+\b)", prose)
+
+
+PAGES = sorted([*(p for p in (ROOT / "docs").rglob("*.md") if "reference" not in p.parts), ROOT / "README.md"])
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_figure_in_the_docs_and_the_readme_comes_from_a_record(page):
+    """A measured figure on a page is a quote of a record (the site shows its date, commit and machine and marks it
+    when stale); each quote names a record that exists. The reference pages are generated from the code."""
+    text = page.read_text()
+    assert not (figures := _figures_in_prose(text)), \
+        f"{page.relative_to(ROOT)} quotes figures without a record: {figures}"
+    records = record.load()
+    for m in record.QUOTE.finditer(text):
+        record.quoted(m["bench"], [k.strip() for k in m["keys"].split(",")], records)
+
+
+def test_a_quote_shows_the_newest_record_with_its_provenance_and_a_missing_one_is_refused():
+    old = record.make("so101", {"expert": {"success": 0.5, "ci": [0.4, 0.6]}}, ["bench/so101.py"], [])
+    new = record.make("so101", {"expert": {"success": 0.96875, "ci": [0.912, 0.989]}}, ["bench/so101.py"], [])
+    old["date"], new["date"], new["dirty"] = "2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z", False
+    page = "Expert {{ so101: expert.success, expert.ci.0, expert.ci.1 | {:.1%} [{:.1%}, {:.1%}] }} here."
+    shown = record.render_quotes(page, "guides/so101.md", [new, old])
+    assert shown.startswith("Expert 96.9% [91.2%, 98.9%] <sup>[so101 · 2026-02-01 · ")
+    assert f"{new['commit'][:8]} · {new['machine']['cpu']}, {new['machine']['cores']} cores](../results.md)" in shown
+    new["commit"] = _git("log", "--reverse", "--format=%H", "--", "bench/so101.py").splitlines()[0]
+    assert ", stale](../results.md)" in record.render_quotes(page, "guides/so101.md", [new, old])
+    with pytest.raises(record.QuoteError, match="no record of bench/so101.py has random.success"):
+        record.render_quotes("{{ so101: random.success }}", "index.md", [new, old])
