@@ -48,6 +48,8 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
     "overhead": (["--tasks", "3", "--flows", "1"], {"task_overhead_ms", "flow_overhead_s"}, []),
     "startup": ([], {"help_s", "validate_s"}, []),
     "gate": (["--runs", "20"], {"rows", "baseline", "worst_worse_promoted_early_stop"}, []),
+    "suite": (["--workers", "0", "--log", "{tmp}/suite.log", "tests/unit/test_hashing.py"],
+              {"passed", "failed", "wall_minutes", "ci_budget_ratio"}, []),
     "gpu_check": (["--only", "compile_vla", "gpu_tests"], {"device", "commit", "parts"}, [pytest.mark.gpu]),
     "compile": (["--kinds", "vla", "--steps", "4", "--warmup", "2", "--episodes", "2", "--work", "{tmp}"],
                 {"speedup_vla", "vla"}, []),
@@ -94,7 +96,7 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
 # tests end is short
 ORDER = ["so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "robustness", "inference",
          "compile", "sim_to_sim", "so101_data", "precision", "gpu_check", "convert", "packing", "overhead", "startup",
-         "gate", "optim", "act_step", "scale"]
+         "gate", "suite", "optim", "act_step", "scale"]
 RAY = ["rl", "serve"]  # one after the other, in the lane that opens when the suite's own tests are done
 NICE = 5
 RUN_TIMEOUT_S = 1800  # one run; a niced run beside busy tests takes up to ~3x its time alone
