@@ -8,7 +8,9 @@ Python file whose docstrings or comments alone changed still runs the same code:
 A docs page quotes a record's figure as `{{ BENCH: KEY[, KEY...] [| TEMPLATE] }}` (KEY a dotted path into its
 figures, list items by index; TEMPLATE a str.format pattern, e.g. `{:.1%} [{:.1%}, {:.1%}]`; KEY `markdown()`: the
 bench's own `markdown(figures)`, its tables): the site shows the newest record of BENCH that has those keys, with its
-date, commit and machine, marked when it is not current.
+date, commit and machine, marked when it is not current. `BENCH[ARGS]` takes only records run with exactly those
+arguments (`policy[--skip-vision]`; `policy[]`: the defaults), `BENCH[~WORD ...]` those whose arguments contain
+each WORD.
 `ROBOLOOP_BENCH_RESULTS` sends records elsewhere (the test suite's smoke runs write to a temporary folder).
 """
 
@@ -155,7 +157,8 @@ def markdown(records: list[dict], root: Path = ROOT) -> str:
     return "\n".join(rows) if records else "No records yet: run a bench (each writes one into `bench/results/`)."
 
 
-QUOTE = re.compile(r"\{\{ (?P<bench>[a-z0-9_]+): (?P<keys>[^|]+?)(?: \| (?P<template>.+?))? \}\}")
+QUOTE = re.compile(r"\{\{ (?P<bench>[a-z0-9_]+)(?:\[(?P<args>[^\]]*)\])?: "
+                   r"(?P<keys>[^|]+?)(?: \| (?P<template>.+?))? \}\}")
 
 
 class QuoteError(ValueError):
@@ -183,10 +186,20 @@ def _bench_markdown(bench: str):
     return module.markdown
 
 
-def quoted(bench: str, keys: list[str], records: list[dict]) -> tuple[dict, list]:
-    """The newest record of `bench` that has every key, and their values."""
+def _ran_with(record: dict, args: str | None) -> bool:
+    if args is None:
+        return True
+    joined = " ".join(record["argv"])
+    if args.startswith("~"):
+        return all(word in joined for word in args[1:].split())
+    return joined == args
+
+
+def quoted(bench: str, keys: list[str], records: list[dict], args: str | None = None) -> tuple[dict, list]:
+    """The newest record of `bench` (run with `args`, see the module's docstring) that has every key, and their
+    values."""
     for r in records:
-        if r["bench"] != bench:
+        if r["bench"] != bench or not _ran_with(r, args):
             continue
         if keys == ["markdown()"]:
             return r, [_bench_markdown(bench)(r["figures"])]
@@ -194,7 +207,8 @@ def quoted(bench: str, keys: list[str], records: list[dict]) -> tuple[dict, list
             return r, [_value(r["figures"], k) for k in keys]
         except (KeyError, IndexError, TypeError, ValueError):
             continue
-    raise QuoteError(f"no record of bench/{bench}.py has {', '.join(keys)}: run the bench (bench/results/)")
+    ran = "" if args is None else f" run with [{args}]"
+    raise QuoteError(f"no record of bench/{bench}.py{ran} has {', '.join(keys)}: run the bench (bench/results/)")
 
 
 def render_quotes(text: str, page: str, records: list[dict], root: Path = ROOT) -> str:
@@ -205,7 +219,7 @@ def render_quotes(text: str, page: str, records: list[dict], root: Path = ROOT) 
 
     def one(m: re.Match) -> str:
         keys = [k.strip() for k in m["keys"].split(",")]
-        r, values = quoted(m["bench"], keys, records)
+        r, values = quoted(m["bench"], keys, records, m["args"])
         template = m["template"] or ", ".join("{}" for _ in keys)
         key = f"{r['bench']}{r['date']}"
         status.setdefault(key, staleness(r, root))

@@ -125,7 +125,7 @@ def test_every_figure_in_the_docs_and_the_readme_comes_from_a_record(page):
         f"{page.relative_to(ROOT)} quotes figures without a record: {figures}"
     records = record.load()
     for m in record.QUOTE.finditer(text):
-        record.quoted(m["bench"], [k.strip() for k in m["keys"].split(",")], records)
+        record.quoted(m["bench"], [k.strip() for k in m["keys"].split(",")], records, m["args"])
 
 
 def test_a_quote_shows_the_newest_record_with_its_provenance_and_a_missing_one_is_refused():
@@ -140,3 +140,10 @@ def test_a_quote_shows_the_newest_record_with_its_provenance_and_a_missing_one_i
     assert ", stale](../results.md)" in record.render_quotes(page, "guides/so101.md", [new, old])
     with pytest.raises(record.QuoteError, match="no record of bench/so101.py has random.success"):
         record.render_quotes("{{ so101: random.success }}", "index.md", [new, old])
+    old["argv"] = ["--episodes", "96", "--policy", "act"]
+    assert record.render_quotes("{{ so101[--episodes 96 --policy act]: expert.success }}", "i.md", [new, old]) \
+        .startswith("0.5 <sup>[so101 · 2026-01-01")
+    assert record.render_quotes("{{ so101[~act]: expert.success }}", "i.md", [new, old]).startswith("0.5 <sup>")
+    assert record.render_quotes("{{ so101[]: expert.success }}", "i.md", [new, old]).startswith("0.96875 <sup>")
+    with pytest.raises(record.QuoteError, match=r"so101.py run with \[~vla\] has expert.success"):
+        record.render_quotes("{{ so101[~vla]: expert.success }}", "i.md", [new, old])
