@@ -37,6 +37,18 @@ from record import emit  # noqa: E402  (bench/record.py: this script's folder is
 MEASURES = ["bench/policy.py", "roboloop"]
 
 
+def recipe_over(base, update: dict, model: dict):
+    """`base` (the demo's recipe) with `update` and `model` merged into its model overrides. A LeRobot policy keeps
+    none of the VLA's own settings (its token budget, its model overrides): the training config refuses them,
+    since they would do nothing."""
+    from roboloop.training.config import TrainRecipe
+
+    if update.get("family", base.family) == "lerobot":
+        data = {k: v for k, v in base.model_dump().items() if k not in ("max_tokens", "model_overrides")}
+        return TrainRecipe.model_validate({**data, **update, **({"model_overrides": model} if model else {})})
+    return base.model_copy(update={**update, "model_overrides": {**base.model_overrides, **model}})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=96)
@@ -96,10 +108,8 @@ def main() -> None:
         return collect.model_copy(update={"episodes": args.demos, "num_envs": min(collect.num_envs, args.demos)})
 
     if not args.skip_state:
-        state_recipe = base.train.model_copy(update={**({"steps": args.steps} if args.steps else {}),
-                                                     **json.loads(args.state_recipe),
-                                                     "model_overrides": {**base.train.model_overrides,
-                                                                         **json.loads(args.state_model)}})
+        state_recipe = recipe_over(base.train, {**({"steps": args.steps} if args.steps else {}),
+                                                **json.loads(args.state_recipe)}, json.loads(args.state_model))
         out["state_recipe"] = state_recipe.model_dump(mode="json", exclude_defaults=True)
         collect = base.collect_if_missing.model_copy(update={"task": args.state_task, **(
             {"instructions_per_layout": 1} if args.state_task == "Roboloop-Reach-Red-v0" else {})})
