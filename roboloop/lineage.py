@@ -159,10 +159,12 @@ def eval_record(evaluation: EvalSummary) -> dict[str, Any]:
         ev["looks"] = evaluation.looks
     if evaluation.initial_states:  # which initial states those outcomes are of (the gate pairs agreeing ones)
         ev["initial_states"] = evaluation.initial_states
-    if evaluation.perturbations:  # per factor and level: the success and the outcomes on the same episodes
-        ev["perturbations"] = {f: {lv: {"success_rate": c["success_rate"], "outcomes": c["outcomes"]}
+    # per factor and level, and per latency: the success and the outcomes on the same episodes, and the looks of a
+    # run that could stop early (the gate's test of it spends alpha / looks)
+    if evaluation.perturbations:
+        ev["perturbations"] = {f: {lv: {k: c[k] for k in ("success_rate", "outcomes", "looks") if k in c}
                                    for lv, c in levels.items()} for f, levels in evaluation.perturbations.items()}
     if evaluation.latency:
-        ev["latency"] = [{k: r[k] for k in ("setting", "ms", "delay_steps", "success_rate", "outcomes")}
-                         for r in evaluation.latency]
+        ev["latency"] = [{k: r[k] for k in ("setting", "ms", "delay_steps", "success_rate", "outcomes", "looks")
+                          if k in r} for r in evaluation.latency]
     return ev

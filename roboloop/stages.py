@@ -305,17 +305,17 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     if recipe.execute_steps is None:  # the settings the model was validated (and registered) with
         recipe = recipe.model_copy(update={"execute_steps": model.execution.execute_steps if model
                                            else ExecutionSettings().execute_steps})
-    from roboloop.registry.reference import early_stop_references
+    from roboloop.registry.reference import References, early_stop_references
 
-    reference, perturbed = early_stop_references(against, recipe, registry) if recipe.early_stop and against and \
-        save_rollouts is None else (None, None)
+    refs = early_stop_references(against, recipe, registry) if recipe.early_stop and against and \
+        save_rollouts is None else References()
     label = policy if isinstance(policy, str) else f"{model.name or Path(model.path).name}"  # type: ignore[union-attr]
     if isinstance(policy, str) and policy.startswith("registry:") and model is not None and model.version:
         label = f"{model.name}@{model.version}"  # the version an alias resolved to (reach-vla@3), not "@champion"
     policy_id = model.weights_sha256 if model else str(policy)
     acts = acting_digest(model.path) if model else None  # config.json, stats.json: how the weights act
-    key = cache_key("evaluate", policy_id, acts, keyed(recipe), save_rollouts is not None, reference, margin,
-                    *([perturbed] if perturbed else []))
+    key = cache_key("evaluate", policy_id, acts, keyed(recipe), save_rollouts is not None, refs.nominal, margin,
+                    *([refs.perturbed] if refs.perturbed else []), *([refs.latency_p99] if refs.latency_p99 else []))
     cache = None if str(policy).startswith("serve://") else cache  # a server's model can change: never cached
     if cache and save_rollouts is None and (hit := cache.get(key, EvalSummary)) and \
             (output_dir is None or Path(hit.run_dir) == Path(output_dir).absolute()):
@@ -324,8 +324,8 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
     run_dir = Path(output_dir).absolute() if output_dir else Path(runs_root or artifacts_root() / "evals") / \
         f"{slug(label, 32, keep_end=True)}-{slug(recipe.task, 32)}-{stamp}-{secrets.token_hex(2)}"
     cfg = EvalConfig.of(recipe, policy=model.path if model else str(policy), output_dir=str(run_dir),
-                        save_rollouts=save_rollouts, stop_against=reference, stop_margin=margin, label=label,
-                        stop_against_perturbed=perturbed)
+                        save_rollouts=save_rollouts, stop_against=refs.nominal, stop_margin=margin, label=label,
+                        stop_against_perturbed=refs.perturbed, stop_against_latency=refs.latency_p99)
     existed = run_dir.exists()
     try:
         report = evaluate_in_subprocess(cfg, on_line=on_line)

@@ -125,6 +125,9 @@ class EvalConfig(EvalRecipe):
     stop_against_perturbed: dict[str, dict[str, str]] | None = Field(
         None, description="early stop of each perturbation's run: the champion's outcomes under it (factor -> "
         "level -> '1'/'0' per numbered episode), paired with `gate_robustness` as the margin")
+    stop_against_latency: str | None = Field(
+        None, description="early stop of the run at the measured p99 latency: the champion's outcomes at its own "
+        "('1'/'0' per numbered episode), paired with `stop_margin` (the gate's latency check)")
     label: str | None = Field(None, description="the model as people name it (reach-vla@3): the videos' captions")
 
     def shown_as(self) -> str:
@@ -134,10 +137,11 @@ class EvalConfig(EvalRecipe):
     @classmethod
     def of(cls, recipe: EvalRecipe, policy: str, output_dir: str, save_rollouts: str | None = None,
            stop_against: str | None = None, stop_margin: float = 0.05, label: str | None = None,
-           stop_against_perturbed: dict[str, dict[str, str]] | None = None) -> EvalConfig:
+           stop_against_perturbed: dict[str, dict[str, str]] | None = None,
+           stop_against_latency: str | None = None) -> EvalConfig:
         return cls(**recipe.model_dump(), policy=policy, output_dir=output_dir, save_rollouts=save_rollouts,
                    stop_against=stop_against, stop_margin=stop_margin, label=label,
-                   stop_against_perturbed=stop_against_perturbed)
+                   stop_against_perturbed=stop_against_perturbed, stop_against_latency=stop_against_latency)
 
 
 class CollectConfig(BaseModel):

@@ -41,6 +41,16 @@ def cell_stop(cfg, factor: str, level: float, planned: int):
     return paired_stop(ref, planned, LOOK_EVERY, cfg.gate_robustness)
 
 
+def latency_stop(cfg, label: str, planned: int):
+    """The early stop of the run at the measured p99 latency against the champion's at its own (the gate's latency
+    check, at its nominal margin), and how many paired tests it plans; (None, None) otherwise."""
+    if label != "measured p99" or not cfg.gate_latency or not cfg.stop_against_latency:
+        return None, None
+    from roboloop.binomial import paired_stop
+
+    return paired_stop(cfg.stop_against_latency, planned, LOOK_EVERY, cfg.stop_margin)
+
+
 def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None:
     """Each suite plays the episodes the nominal run played (all of them, or those before its early stop: only
     those pair with it)."""
@@ -71,15 +81,21 @@ def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None
             report.perturbation_videos = videos.get((worst[0], float(worst[1])), [])
         report.perturbation_plot = str(plot(report, out / "perturbations.png"))
     if cfg.latency:
-        nominal = report.per_episode
-        rows = [{"setting": "0 ms", "ms": 0.0, "delay_steps": 0, **perturb.paired(nominal, nominal)}]
-        for label, ms in latencies(cfg.latency, report):
-            steps = math.floor(ms * env.fps / 1000 + 0.5)  # to the nearest control step
-            rep, _ = evaluate(env, policy, planned, execute_steps, 0, None, seed=cfg.seed, delay_steps=steps,
-                              progress=progress_printer(f"[progress] latency {label} ({steps} steps)"))
-            rows.append({"setting": label, "ms": round(ms, 2), "delay_steps": steps,
-                         **perturb.paired(report.per_episode, rep.per_episode)})
-        report.latency = rows
+        report.latency = _latency_rows(env, policy, cfg, report, execute_steps)
+
+
+def _latency_rows(env, policy, cfg, report: EvalReport, execute_steps: int) -> list[dict]:
+    nominal, planned = report.per_episode, report.episodes
+    rows = [{"setting": "0 ms", "ms": 0.0, "delay_steps": 0, **perturb.paired(nominal, nominal)}]
+    for label, ms in latencies(cfg.latency, report):
+        steps = math.floor(ms * env.fps / 1000 + 0.5)  # to the nearest control step
+        stop, looks = latency_stop(cfg, label, planned)
+        rep, _ = evaluate(env, policy, planned, execute_steps, 0, None, seed=cfg.seed, delay_steps=steps, stop=stop,
+                          progress=progress_printer(f"[progress] latency {label} ({steps} steps)"))
+        rows.append({"setting": label, "ms": round(ms, 2), "delay_steps": steps,
+                     **perturb.paired(nominal, rep.per_episode), **({"looks": looks} if looks and looks > 1 else {}),
+                     **({"stopped_early": rep.stopped_early} if rep.stopped_early else {})})
+    return rows
 
 
 def plot(report: EvalReport, png: Path) -> Path:

@@ -412,14 +412,16 @@ def _gate(new: dict[str, Any], old: dict[str, Any], margin: float, alpha: float)
         return paired_error_gate(new["offline"]["per_episode"], old["offline"]["per_episode"], margin, alpha)
     same = same_episodes(new, old, ("task", "seed", "execute_steps"))
     looks = new.get("looks") if isinstance(new.get("looks"), int) and new["looks"] > 1 else None
-    if looks:  # the challenger's evaluation looked before its end: the last test spends what each look spent
-        alpha = alpha / looks
+    # the challenger's evaluation looked before its end: the last test spends what each look spent (the suites'
+    # runs spend their own looks: robustness_and_latency gets the unspent alpha)
+    nominal_alpha = alpha / looks if looks else alpha
     if same and new.get("outcomes") and old.get("outcomes"):
-        ok, reason = paired_gate(new["outcomes"], old["outcomes"], margin, alpha)
+        ok, reason = paired_gate(new["outcomes"], old["outcomes"], margin, nominal_alpha)
         if looks:
-            reason += f" (alpha {alpha * looks:g}/{looks}: its evaluation looked {looks - 1} times before its end)"
+            reason += f" (alpha {alpha:g}/{looks}: its evaluation looked {looks - 1} times before its end)"
     else:
-        ok, _p, why = non_inferior(new["successes"], new["episodes"], old["successes"], old["episodes"], margin, alpha)
+        ok, _p, why = non_inferior(new["successes"], new["episodes"], old["successes"], old["episodes"], margin,
+                                   nominal_alpha)
         reason = f"unpaired (not the same episodes): {why}"
     if not ok or not new.get("gate"):
         return ok, reason

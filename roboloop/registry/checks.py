@@ -70,5 +70,8 @@ def _latency(new: list[dict], old: list[dict], margin: float, alpha: float) -> t
         return False, "latency: the challenger was not evaluated at its measured p99 latency"
     if b is None:
         return True, "latency not checked: the champion was not evaluated at its measured p99 latency"
-    ok, why = paired_gate(a["outcomes"], b["outcomes"], margin, alpha)
-    return ok, f"latency at each one's measured p99 ({a['ms']:g} vs {b['ms']:g} ms): {why}"
+    looks = a.get("looks") or 1  # its run looked before its end: the last test spends what each did
+    ok, why = paired_gate(a["outcomes"], b["outcomes"], margin, alpha / looks)
+    spent = f", alpha {alpha:g}/{looks}: its run looked {looks - 1} times before its end" if looks > 1 and not ok \
+        else ""
+    return ok, f"latency at each one's measured p99 ({a['ms']:g} vs {b['ms']:g} ms{spent}): {why}"

@@ -4,7 +4,7 @@ execution settings). `recipe` is an EvalRecipe (the registry does not import the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from roboloop.registry import Registry, RegistryError
 
@@ -26,11 +26,22 @@ def _perturbed(ev: dict) -> dict[str, dict[str, str]]:
     return {f: {lv: c["outcomes"] for lv, c in levels.items() if c.get("outcomes")} for f, levels in cells.items()}
 
 
-def early_stop_references(name: str, recipe: Any, registry: str | None = None) \
-        -> tuple[str | None, dict[str, dict[str, str]] | None]:
+class References(NamedTuple):
+    """The champion's outcomes ('1'/'0' per numbered episode) an early-stopping evaluation pairs with."""
+    nominal: str | None = None
+    perturbed: dict[str, dict[str, str]] | None = None  # factor -> level -> outcomes
+    latency_p99: str | None = None  # its run at its own measured p99 latency
+
+
+def _latency_p99(ev: dict) -> str | None:
+    row = next((r for r in ev.get("latency") or [] if r.get("setting") == "measured p99"), None)
+    return (row or {}).get("outcomes") or None
+
+
+def early_stop_references(name: str, recipe: Any, registry: str | None = None) -> References:
     """What an early-stopping evaluation of `recipe` against `name`'s champion pairs with (one read of its record):
-    the champion's nominal outcomes ('1'/'0' per numbered episode), and its outcomes under each perturbation (factor
-    -> level -> outcomes) where the gate checks them (`gate_robustness`)."""
+    the champion's nominal outcomes, its outcomes under each perturbation where the gate checks them
+    (`gate_robustness`), and at its measured p99 latency where the gate checks that (`gate_latency`)."""
     ev = _champion_eval(name, recipe, registry)
     perturbed = _perturbed(ev) if recipe.perturb and recipe.gate_robustness is not None else {}
-    return ev.get("outcomes"), perturbed or None
+    return References(ev.get("outcomes"), perturbed or None, _latency_p99(ev) if recipe.gate_latency else None)

@@ -55,6 +55,8 @@ def test_each_perturbation_run_stops_against_the_champions_and_the_suites_play_t
     that stopped early, the suites play only the episodes it played (the only ones that pair with it)."""
     from roboloop import stages
     from roboloop.evaluation.config import EvalRecipe
+    from roboloop.lineage import eval_record
+
     failed = {"obs_noise": {"0.02": {"success_rate": 0.0, "outcomes": "0" * 48}}}
     reg = _champions(tmp_path, monkeypatch, {"perturbed-only": {**REACH, "perturbations": failed},  # no nominal
                                              "nominal-only": {**REACH, "outcomes": "0" * 48}})
@@ -65,6 +67,7 @@ def test_each_perturbation_run_stops_against_the_champions_and_the_suites_play_t
     assert s.episodes == 48 and s.stopped_early is None, s  # the nominal run had nothing to stop against
     assert cell["episodes"] == 16 and cell["looks"] == 3 and cell["success_rate"] == 1.0, cell
     assert cell["stopped_early"].startswith("stopped after 16 of 48 episodes: paired with the champion, not worse")
+    assert eval_record(s)["perturbations"]["obs_noise"]["0.02"]["looks"] == 3  # the gate's test spends alpha / 3
     # a robustness margin the gate does not check: nothing to stop for, every episode played
     full = stages.evaluate("expert", recipe.model_copy(update={"gate_robustness": None}), against="perturbed-only",
                            registry=str(reg.uri), on_line=lambda _l: None)
@@ -73,3 +76,24 @@ def test_each_perturbation_run_stops_against_the_champions_and_the_suites_play_t
     short = stages.evaluate("expert", recipe, against="nominal-only", registry=str(reg.uri), on_line=lambda _l: None)
     assert short.episodes == 16 and short.stopped_early, short
     assert short.perturbations["obs_noise"]["0.02"]["episodes"] == 16  # the suite played what the nominal run did
+
+
+def test_the_run_at_the_measured_p99_latency_stops_against_the_champions(tmp_path, monkeypatch):
+    """With `gate_latency` (the gate pairs the runs at each one's measured p99 latency), that run stops at the first
+    look where its paired decision against the champion's run at its own p99 is certain; the p50 run, which no
+    check reads, plays every episode."""
+    from roboloop import stages
+    from roboloop.evaluation.config import EvalRecipe
+    from roboloop.lineage import eval_record
+
+    p99 = [{"setting": "measured p99", "ms": 40.0, "delay_steps": 1, "success_rate": 0.0, "outcomes": "0" * 48}]
+    reg = _champions(tmp_path, monkeypatch, {"slow": {**REACH, "latency": p99}})  # no nominal outcomes
+    recipe = EvalRecipe(episodes=48, num_envs=16, execute_steps=4, videos=0, early_stop=True, latency="measured",
+                        gate_latency=True)
+    s = stages.evaluate("expert", recipe, against="slow", registry=str(reg.uri), on_line=lambda _l: None)
+    rows = {r["setting"]: r for r in s.latency}
+    assert s.episodes == 48 and rows["measured p50"]["episodes"] == 48 and "looks" not in rows["measured p50"]
+    assert rows["measured p99"]["episodes"] == 16 and rows["measured p99"]["looks"] == 3, rows
+    assert rows["measured p99"]["stopped_early"].startswith("stopped after 16 of 48 episodes: paired with the "
+                                                            "champion, not worse"), rows
+    assert next(r for r in eval_record(s)["latency"] if r["setting"] == "measured p99")["looks"] == 3

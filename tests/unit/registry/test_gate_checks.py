@@ -71,6 +71,10 @@ def test_the_lineage_keeps_what_the_checks_read_and_a_check_without_its_evaluati
     ev = eval_record(s)
     assert ev["perturbations"] == {"frame_drop": {"0.5": {"success_rate": 0.5, "outcomes": "1001"}}}
     assert ev["latency"][0]["outcomes"] == "0001" and ev["latency"][0]["ms"] == 31.0
+    # a run that could stop early keeps its looks: the gate's test of it spends alpha / looks
+    s.perturbations["frame_drop"]["0.5"]["looks"], s.latency[0]["looks"] = 3, 2
+    ev = eval_record(s)
+    assert ev["perturbations"]["frame_drop"]["0.5"]["looks"] == 3 and ev["latency"][0]["looks"] == 2
     with pytest.raises(ValueError, match="gate_robustness would do nothing: no perturbation is evaluated"):
         EvalRecipe(gate_robustness=0.1)
     with pytest.raises(ValueError, match="gate_latency would do nothing"):
@@ -115,10 +119,35 @@ def test_a_perturbation_run_that_looked_before_its_end_is_tested_at_alpha_over_i
     lost3 = "0" * 3 + CHAMP[3:]
     once = reg.register("reach", _model(tmp_path, "2"), _with(BETTER, {"obs_noise": ("0.02", lost3)},
                                                                 gate_robustness=0.1))
-    assert reg.promote("reach", once, margin=0.05).promoted
+    assert reg.promote("reach", once, margin=0.05).promoted  # the nominal run did not look
+    reg.promote("reach", 1, force=True)
+    nominal_looked = _with(BETTER, {"obs_noise": ("0.02", lost3)}, gate_robustness=0.1)
+    nominal_looked["eval"]["looks"] = 3  # its own looks: they do not spend the cell's alpha again
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "2b"), nominal_looked), margin=0.05)
+    assert d.promoted and "alpha 0.05/3: its evaluation looked 2 times" in d.reason, d.reason
     reg.promote("reach", 1, force=True)
     looked = _with(BETTER, {"obs_noise": ("0.02", lost3)}, gate_robustness=0.1)
     looked["eval"]["perturbations"]["obs_noise"]["0.02"]["looks"] = 3
-    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "3"), looked), margin=0.05)
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "3"), looked), margin=0.1)
     assert not d.promoted and "robustness obs_noise=0.02 (margin 0.1, alpha 0.05/3: its run looked 2 times" \
         in d.reason, d.reason
+
+
+def test_the_run_at_the_p99_latency_that_looked_is_tested_at_alpha_over_its_looks_and_the_nominal_looks_are_its_own(
+        tmp_path):
+    """3 of the champion's 40 successes lost at the p99 latency pass the latency check (margin 0.1) at alpha 0.05
+    and fail at 0.05 / 3 when that run looked (it could stop early against the champion's); the nominal run's own
+    looks do not spend the latency run's alpha again."""
+    reg = Registry(tmp_path / "registry")
+    assert reg.promote("reach", reg.register("reach", _model(tmp_path, "1"), _with(CHAMP, {}, p99=CHAMP))).promoted
+    lost3 = "0" * 3 + CHAMP[3:]
+    nominal_looked = _with(BETTER, {}, p99=lost3, gate_latency=True)
+    nominal_looked["eval"]["looks"] = 3
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "2"), nominal_looked), margin=0.1)
+    assert d.promoted and "alpha 0.05/3: its evaluation looked 2 times" in d.reason, d.reason
+    reg.promote("reach", 1, force=True)
+    looked = _with(BETTER, {}, p99=lost3, gate_latency=True)
+    looked["eval"]["latency"][0]["looks"] = 3
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "3"), looked), margin=0.1)
+    assert not d.promoted and "(20 vs 20 ms, alpha 0.05/3: its run looked 2 times before its end)" in d.reason, \
+        d.reason
