@@ -2,13 +2,16 @@
 
     python bench/robustness.py [--episodes 48] [--perturb obs_noise,action_noise,actuator_gain,...]
                                [--latency measured,50,100,200] [--demos N] [--steps N] [--work DIR]
+                               [--preset demo|so101] [--model MODEL_DIR|registry:NAME@REF]
 
 Records the `make demo` recipe's demonstrations (`roboloop.loop.demo()`: 512 DART-noise episodes on
 Roboloop-Reach-Color-v0), trains its policy (the VLA, state + language, 1,200 steps), then evaluates it and the
 scripted expert on the same `--episodes` test-split episodes, nominal and under each factor and level of `--perturb`
 (the demo policy reads no camera, so the image factors are left out by default: they cannot change what it does)
 and with each `--latency` charged in simulated time (measured: the policy's own p50 and p99 chunk times here).
-Baseline: each policy's nominal run on the same episodes (`drop` is paired, episode by episode).
+`--preset so101 --model MODEL` evaluates a model `roboloop loop --preset so101` trained (no recording or training
+here) on the SO-101 pick as that preset evaluates it (16 envs, 4 actions per re-plan), the image factors included
+when named. Baseline: each policy's nominal run on the same episodes (`drop` is paired, episode by episode).
 
 Ends with one JSON line: for `policy` and `expert`, the nominal success and its interval, `perturbations` (factor ->
 level -> success, interval, drop) and `latency` (setting -> ms, steps late, success, drop).
@@ -66,6 +69,22 @@ def brief(s) -> dict:
                         for r in (s.latency or [])}}
 
 
+def train_preset(base, recipe, demos: int | None, work: Path) -> tuple[str, float]:
+    """Record the preset's demonstrations (`demos` of them, if given) and train its recipe: the model and minutes."""
+    from roboloop import stages
+    from roboloop.datasets.config import ConvertConfig
+
+    quiet = lambda line: None  # noqa: E731
+    collect = base.collect_if_missing
+    if demos:
+        collect = collect.model_copy(update={"episodes": demos, "num_envs": min(collect.num_envs, demos)})
+    raw = stages.ingest(str(work / "demos"), collect=collect, on_line=quiet)
+    data = stages.convert(raw, ConvertConfig(progress=False))
+    t0 = time.time()
+    model = stages.train(data, recipe, on_line=quiet)
+    return model, round((time.time() - t0) / 60, 2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=48)
@@ -74,33 +93,27 @@ def main() -> None:
     ap.add_argument("--demos", type=int, help="demonstrations to record (default: the demo's 512)")
     ap.add_argument("--steps", type=int, help="training steps (default: the demo's 1,200)")
     ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
+    ap.add_argument("--preset", choices=("demo", "so101"), default="demo", help="whose recipe and task")
+    ap.add_argument("--model", help="evaluate this model instead of recording and training the preset's")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-robustness-")).absolute()
     os.environ["ROBOLOOP_ARTIFACTS"] = str(work / "artifacts")
     os.environ["ROBOLOOP_CACHE_DIR"] = str(work / "cache")
 
     from roboloop import stages
-    from roboloop.datasets.config import ConvertConfig
-    from roboloop.loop import demo
+    from roboloop.loop import presets
 
-    quiet = lambda line: None  # noqa: E731
-    base = demo()
-    collect = base.collect_if_missing
-    if args.demos:
-        collect = collect.model_copy(update={"episodes": args.demos, "num_envs": min(collect.num_envs, args.demos)})
+    base = getattr(presets, args.preset)()
     recipe = base.train.model_copy(update={"steps": args.steps} if args.steps else {})
-    raw = stages.ingest(str(work / "demos"), collect=collect, on_line=quiet)
-    data = stages.convert(raw, ConvertConfig(progress=False))
-    t0 = time.time()
-    model = stages.train(data, recipe, on_line=quiet)
-    train_min = round((time.time() - t0) / 60, 2)
+    model, train_min = (args.model, None) if args.model else train_preset(base, recipe, args.demos, work)
     ev = base.eval.model_copy(update={"episodes": args.episodes, "num_envs": min(16, args.episodes), "videos": 0,
                                       "perturb": args.perturb or None, "latency": args.latency or None})
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {"bench": "robustness", "date": time.strftime("%Y-%m-%d"), "commit": commit, "task": ev.task,
-           "episodes": args.episodes, "train_minutes": train_min, "steps": recipe.steps}
+           "episodes": args.episodes, "train_minutes": train_min, "steps": None if args.model else recipe.steps,
+           "preset": args.preset, "model": args.model}
     for who, policy in (("policy", model), ("expert", "expert")):
-        out[who] = brief(stages.evaluate(policy, ev, on_line=quiet))
+        out[who] = brief(stages.evaluate(policy, ev, on_line=lambda line: None))
         print(json.dumps({who: out[who]}), flush=True)
     emit(out, MEASURES)
 
