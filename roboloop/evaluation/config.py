@@ -174,7 +174,7 @@ class CollectConfig(BaseModel):
                         "reference whose visited states the expert labels; its failures are kept too")
     execute_steps: int = Field(4, ge=1, description="a model policy's chunk actions executed before re-planning")
     camera: bool = Field(True, description="record the task's cameras as videos (False: state + language only, "
-                         "about 3x faster on CPU, where rendering is most of a step)")
+                         "much faster on CPU, where rendering is most of a step)")
     environment_state: bool = Field(
         False, description="also record the simulator's scene state (the SO-101's cube pose and grasp point) as "
         "observation.environment_state: the VLA's aux_target; LeRobot's policies read it as an input unless trained "
