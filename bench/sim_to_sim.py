@@ -9,7 +9,10 @@ roboloop.evaluation.mujoco_so101), on the same episodes, in the same units and c
 3. Dynamics: each recorded episode's joint targets replayed open loop in MuJoCo from its own start, in the `matched`
    scene (the Isaac task's cube and table) and the `shipped` one (the MJCF's block and floor): picks that succeed
    there too, and how far MuJoCo's arm strays from the recorded one (degrees).
-4. With `--model`: the policy evaluated on the same `--eval-episodes` test-split episodes in both simulators; the
+4. Closed loop: the scripted expert (the Isaac task's controller, reading each simulator's own state and Jacobian)
+   evaluated on the same `--eval-episodes` test-split episodes in both, paired: an adapter that maps the two
+   simulators' frames, units and actuators lets one controller pick in both.
+5. With `--model`: the policy evaluated on the same `--eval-episodes` test-split episodes in both simulators; the
    transfer gap is Isaac's success minus MuJoCo's, paired episode by episode (the episodes begin from the same
    layout in both).
 Baseline: the Isaac Lab task itself (the recording, and the policy's own success there). Ends with one JSON line.
@@ -58,7 +61,7 @@ def recorded(folder: Path):
     return np.stack(rows["observation.state"].to_numpy()), np.stack(rows["observation.environment_state"].to_numpy())
 
 
-def transfer(model: str, episodes: int, work: Path) -> dict:
+def transfer(model: str, episodes: int, work: Path, videos: int = 1) -> dict:
     """The policy on the same episodes in both simulators, paired."""
     from roboloop.evaluation.perturb import paired
 
@@ -66,7 +69,7 @@ def transfer(model: str, episodes: int, work: Path) -> dict:
     for task in (ISAAC, MUJOCO):
         out = work / task
         roboloop("evaluate", "--policy", model, "--task", task, "--episodes", str(episodes), "--num-envs",
-                 str(min(episodes, 16)), "--videos", "1", "--output-dir", str(out))
+                 str(min(episodes, 16)), "--videos", str(videos), "--output-dir", str(out))
         runs[task] = json.loads((out / "report.json").read_text())
     gap = paired(runs[ISAAC]["per_episode"], runs[MUJOCO]["per_episode"])
     return {"isaac": runs[ISAAC]["success_rate"], "mujoco": gap["success_rate"], "mujoco_ci": [gap["ci_low"],
@@ -96,8 +99,10 @@ def main() -> None:
         r = mujoco_so101.replay(rec, scene)
         out[f"replay_{scene}"] = {"successes": r["successes"], "episodes": r["episodes"],
                                   **{k: round(r[k], 3) for k in ("arm_deg_mean", "arm_deg_p95", "gripper_mean")}}
+    out["expert_closed_loop"] = {k: v for k, v in transfer("expert", args.eval_episodes, work / "expert-evals",
+                                                           videos=0).items() if k != "videos"}
     if args.model:
-        out["transfer"] = transfer(args.model, args.eval_episodes, work)
+        out["transfer"] = transfer(args.model, args.eval_episodes, work / "model-evals")
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     emit(out, MEASURES)
 

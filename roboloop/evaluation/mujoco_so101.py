@@ -20,6 +20,9 @@ What the adapter maps, and how it is checked (tests/isaac/test_sim_to_sim.py):
   closed to 0 where Isaac's stopped at 32 on the cube): 0 of 8 recorded picks replayed, against 7 of 8 with them.
 - success: as in the Isaac task: the cube's centre within 3.5 cm of the grasp point and 5 cm above its rest, held
   for 5 steps; an episode lasts at most 240 steps (8 s).
+- the scripted expert: the Isaac task's own controller (`isaac_tasks/so101_expert.py`), reading MuJoCo's joints,
+  gripper frame and Jacobian (`mj_jacBody`) instead of Isaac Lab's, so `--policy expert` plays here too and its
+  success beside Isaac's on the same episodes measures the simulators, not two experts.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy as np
 import torch
 
 from roboloop.evaluation.isaac_tasks import scenes
+from roboloop.evaluation.isaac_tasks.so101_expert import ExpertSettings, Sensors, SO101Expert
 from roboloop.evaluation.protocol import Obs, StepResult
 
 # MuJoCo picks its OpenGL platform when it is first imported: offscreen EGL (Mesa's software renderer where there is
@@ -205,6 +209,8 @@ class MujocoSO101Env:
         self.episode = np.zeros(num_envs, dtype=int)  # each env's episode number (the Evaluator's, start order)
         self.started = 0
         self.scene_factor: tuple[str, float, int] | None = None
+        self.cube_pose = torch.zeros(num_envs, 4)  # x, y, z, yaw of each env's episode start (the expert's)
+        self._expert = SO101Expert(num_envs, "cpu", ExpertSettings())
 
     # ----------------------------------------------------------------- frames
     def grasp_point(self, i: int) -> np.ndarray:
@@ -232,6 +238,8 @@ class MujocoSO101Env:
         d.qpos[self._block_q:self._block_q + 7] = [x, y, z, math.cos(yaw / 2), 0.0, 0.0, math.sin(yaw / 2)]
         self._mj.mj_forward(self.model, d)
         self.t[i], self.hold[i], self.rest_z[i], self.start_yaw[i] = 0, 0, z, yaw
+        self.cube_pose[i] = torch.tensor([x, y, z, yaw])
+        self._expert.reset(torch.tensor([i]))
 
     def reset(self, seed: int | None = None) -> Obs:
         self.started = 0  # a full reset starts the episode numbering (and the layouts) again
@@ -293,7 +301,27 @@ class MujocoSO101Env:
         return Obs(state, images, ["pick up the cube"] * self.num_envs, env_state)
 
     def expert(self, obs: Obs) -> torch.Tensor | None:
-        return None  # the scripted expert is Isaac Lab's (it reads that simulator); see tests/isaac/test_sim_to_sim.py
+        """The Isaac task's scripted expert on this simulator's state (every env's latest)."""
+        return self._expert.act(self.sensors()).float()
+
+    def sensors(self) -> Sensors:
+        """What the expert reads (the Isaac task's frame; float32, as Isaac Lab's tensors)."""
+        m, mj = self.model, self._mj
+        rows: dict[str, list[np.ndarray]] = {k: [] for k in ("q", "q_target", "speed", "tip", "rot", "jac", "cube")}
+        jacp, jacr = np.zeros((3, m.nv)), np.zeros((3, m.nv))
+        for i, d in enumerate(self.data):
+            mj.mj_jacBody(m, d, jacp, jacr, self._gripper)
+            rows["q"].append(d.qpos[self._qadr])
+            rows["q_target"].append(d.ctrl[self._ctrl])
+            rows["speed"].append(np.abs(d.qvel[self._vadr[:5]]).max(keepdims=True))
+            rows["tip"].append(self.grasp_point(i))
+            rows["rot"].append(d.xmat[self._gripper].reshape(3, 3))
+            rows["jac"].append(np.concatenate([jacp, jacr])[:, self._vadr[:5]])
+            rows["cube"].append(self.cube_pos(i))
+        t = {k: torch.as_tensor(np.stack(v), dtype=torch.float32) for k, v in rows.items()}
+        offset = t["rot"] @ torch.tensor(GRASP_POINT, dtype=torch.float32)
+        return Sensors(q=t["q"], q_target=t["q_target"], settled=t["speed"][:, 0] < 0.3, tip=t["tip"], rot=t["rot"],
+                       offset=offset, jac=t["jac"], cube=t["cube"], cube_pose=self.cube_pose.clone())
 
     def hold_action(self, obs: Obs) -> torch.Tensor:
         return obs.state[:, :self.action_dim].float().cpu()

@@ -17,8 +17,9 @@ LeRobot's schema, as a real `so101_follower` (LeRobot 0.6.1, `use_degrees=True`)
   real arm's): the cube's position
   and yaw in the arm's base frame and the grasp point's position.
 
-The scripted expert (privileged: it reads the cube's pose) moves the grasp point between the jaw pads with
-damped-least-squares differential IK on the simulator's Jacobian: above the cube, down, close, lift.
+The scripted expert (privileged: it reads the cube's pose; `so101_expert.py`, which the MuJoCo twin drives its arm
+with too) moves the grasp point between the jaw pads with damped-least-squares differential IK on the simulator's
+Jacobian: above the cube, down, close, lift.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from isaaclab_so101.constants import HOME_JOINT_POS, JOINT_LIMITS_DEG, SIM_JOINT
 
 from roboloop.evaluation.isaac_tasks import scenes
 from roboloop.evaluation.isaac_tasks.scenes import from_lerobot, to_lerobot
+from roboloop.evaluation.isaac_tasks.so101_expert import ExpertSettings, Sensors, SO101Expert
 from roboloop.evaluation.so101_asset import so101_usd
 
 # LeRobot's so101_follower feature names, in the USD's joint order (Rotation .. Jaw)
@@ -178,11 +180,7 @@ class SO101PickCubeEnv(DirectRLEnv):
         self.cube_pose = torch.zeros(n, 4, device=dev)  # x, y (base frame), z, yaw of the episode's start
         self.hold = torch.zeros(n, dtype=torch.long, device=dev)
         self.success = torch.zeros(n, dtype=torch.bool, device=dev)
-        self.phase = torch.zeros(n, dtype=torch.long, device=dev)  # the expert's: approach, descend, close, lift
-        self.phase_steps = torch.zeros(n, dtype=torch.long, device=dev)
-        self.jaw_cmd = torch.zeros(n, device=dev)  # the expert's gripper command (LeRobot units)
-        self.arm_bias = torch.zeros(n, 5, device=dev)  # the expert's integral term (rad)
-        self.grasp_goal = torch.zeros(n, 3, device=dev)
+        self.expert = SO101Expert(n, dev, ExpertSettings.of(cfg))
         self.grasp_local = torch.tensor(GRASP_POINT, device=dev).expand(n, 3)
         self.episodes_started = 0
         self.scene_factor: tuple[str, float, int] | None = None  # (factor, level, seed) of scenes.py, or nominal
@@ -251,9 +249,7 @@ class SO101PickCubeEnv(DirectRLEnv):
         ids = torch.as_tensor(env_ids, device=self.device, dtype=torch.long)
         self.hold[ids] = 0
         self._expert_cache = None
-        self.phase[ids] = 0
-        self.phase_steps[ids] = 0
-        self.jaw_cmd[ids] = 0.0
+        self.expert.reset(ids)
         first = self.episodes_started == 0  # a full reset (the wrapper restarts the numbering): fresh layouts
         for e in ids.tolist():
             if not first and not bool(self.success[e]) and int(self.retries[e]) < self.cfg.retry_failed:
@@ -262,7 +258,6 @@ class SO101PickCubeEnv(DirectRLEnv):
                 self.retries[e] = 0
                 self.start_q[e] = self._next_layout(e).to(self.device)
         q = self.start_q[ids].clone()
-        self.arm_bias[ids] = 0.0
         self.robot.write_joint_position_to_sim_index(position=q, joint_ids=self.joint_ids, env_ids=ids)
         self.robot.write_joint_velocity_to_sim_index(velocity=torch.zeros_like(q), joint_ids=self.joint_ids,
                                                      env_ids=ids)
@@ -294,123 +289,17 @@ class SO101PickCubeEnv(DirectRLEnv):
         first call's action."""
         if self._expert_cache is not None and self._expert_cache[0] == self.common_step_counter:
             return self._expert_cache[1].clone()
-        cube, tip, p = self.cube_pos(), self.grasp_point(), self.phase
-        goal, xy_err, above = self._expert_goal(cube, tip, p)
-        self.phase_steps += 1
-        settled = self.robot.data.joint_vel.torch[:, self.joint_ids[:5]].abs().max(dim=-1).values < 0.3
-        self._expert_next_phase(cube, tip, p, goal, xy_err, above, settled)
-        out = self._expert_targets(goal, settled)
+        out = self.expert.act(self.sensors())
         self._expert_cache = (self.common_step_counter, out)
         return out.clone()
 
-    def _expert_goal(self, cube: torch.Tensor, tip: torch.Tensor, p: torch.Tensor) -> tuple:
-        """Where the jaws go in the phase each env is in: above the cube, down onto it, or lifted; with the
-        horizontal error and the point above."""
-        dev = self.device
-        # the grasp goal is fixed when the descent starts (chasing a cube the pads nudge would push it away); a
-        # labeller of another actor's states takes the cube where it is until the jaws close (labels of the state)
-        others = self.cfg.expert_labels_others
-        self.grasp_goal = torch.where(((p <= 1) if others else (p == 0))[:, None], cube, self.grasp_goal)
-        above = self.grasp_goal + torch.tensor([0.0, 0.0, 0.07], device=dev)
-        lifted = self.grasp_goal.clone()
-        lifted[:, 2] = CUBE / 2 + self.cfg.lift_height + 0.04
-        # descending, the height comes down only as the jaws line up over the cube (a straight, vertical approach)
-        xy_err = torch.linalg.norm(self.grasp_goal[:, :2] - tip[:, :2], dim=-1)
-        down = self.grasp_goal.clone()
-        down[:, 2] = down[:, 2] + (4.0 * (xy_err - 0.003)).clamp(0.0, 0.07)
-        goal = torch.where((p == 0)[:, None], above, torch.where((p == 3)[:, None], lifted, down))
-        return goal, xy_err, above
-
-    def _expert_next_phase(self, cube, tip, p, goal, xy_err, above, settled) -> None:
-        """The phase each env is in after this step (and its step counter)."""
-        others = self.cfg.expert_labels_others
-        err = torch.linalg.norm(goal - tip, dim=-1)
-        # its own runs close once settled there; the jaws of an actor that keeps moving close on the cube too
-        at_cube = (p == 1) & (torch.linalg.norm(self.grasp_goal - tip, dim=-1) < self.cfg.grasp_tolerance) \
-            & (settled | others)
-        nxt = ((p == 0) & (err < 0.015)) | at_cube \
-            | ((p == 2) & (self.jaw_cmd <= 0) & (self.phase_steps > 70 / self.cfg.jaw_step + 8))
-        # stuck on the way down: back above the cube, try again (its own runs; a timer is no label of a state)
-        retry = (p == 1) & (self.phase_steps > 60) & (not others)
-        # the other actor left the cube (or never had it) while the labels were closing or lifting: descend again
-        lost = (p >= 2) & (torch.linalg.norm(cube - tip, dim=-1) > self.cfg.held_radius) & others
-        phase = torch.where(retry, torch.zeros_like(p),
-                            torch.where(lost, torch.ones_like(p), torch.where(nxt & (p < 3), p + 1, p)))
-        if others:
-            # the phase the state is in, however the actor got there: over the cube below the approach height is
-            # the expert's own descent (its runs pass there only descending), so the labels descend and close
-            # instead of sending the arm back up with open jaws (measured: an actor closing on the cube got
-            # "open" labels in 89% of its frames there, the expert's own recordings in 1%); the cube held up off
-            # the table is the lift
-            over = (p == 0) & (xy_err < 0.015) & (tip[:, 2] < above[:, 2] + 0.015)
-            holding = (torch.linalg.norm(cube - tip, dim=-1) < self.cfg.held_radius) & (cube[:, 2] > CUBE / 2 + 0.01)
-            phase = torch.where(holding, torch.full_like(p, 3), torch.where(over, torch.ones_like(p), phase))
-            nxt = nxt | (phase != p)
-        self.phase = phase
-        self.phase_steps = torch.where(nxt | retry | lost, torch.zeros_like(self.phase_steps), self.phase_steps)
-
-    def _expert_targets(self, goal: torch.Tensor, settled: torch.Tensor) -> torch.Tensor:
-        """The joint targets toward `goal` (IK with a PI term) and the jaw's, in LeRobot units."""
-        dev, others = self.device, self.cfg.expert_labels_others
-        # PI on the joints: the step the IK asks for, plus a slowly integrated bias that takes up the soft servos'
-        # sag under gravity (bounded)
-        speed = torch.where(self.phase == 0, 0.03, self.cfg.careful_step).to(dev)[:, None]
-        dq = self._ik_step(goal, self._grasp_frame(), speed)
-        q = self.joint_pos()
-        if others:
-            sag = (self.q_target[:, :5] - q[:, :5]).clamp(-0.2, 0.2)
-            self.arm_bias = torch.where(settled[:, None], 0.8 * self.arm_bias + 0.2 * sag, self.arm_bias)
-        else:
-            self.arm_bias = (0.98 * self.arm_bias + self.cfg.expert_ki * dq).clamp(-0.2, 0.2)
-        target = q.clone()
-        target[:, :5] = q[:, :5] + dq + self.arm_bias
-        out = to_lerobot(target)
-        # the gripper opens to 70 and closes to 0 at most `jaw_step` a step (a person on a leader arm takes ~1/3 s)
-        closing = self.phase >= 2
-        jaw = self.jaw_cmd
-        if others:  # a step on from where the actor's jaws are, not from the labeller's own last command
-            held = to_lerobot(q)[:, 5]
-            jaw = torch.where(closing, torch.minimum(jaw, held), torch.maximum(jaw, held))
-        self.jaw_cmd = torch.where(closing, (jaw - self.cfg.jaw_step).clamp(min=0.0),
-                                   (jaw + self.cfg.jaw_step).clamp(max=70.0))
-        out[:, 5] = self.jaw_cmd
-        return out
-
-    def _grasp_frame(self) -> torch.Tensor:
-        """(N, 3, 3) the gripper orientation that grasps the cube from above: the jaws (gripper -z) down, tilted
-        `grasp_tilt` out along the arm's bearing (the 5-DoF arm's approach axis lies in its vertical plane), closing
-        (gripper x) along the cube face normal nearest the arm's tangential direction (to its right, as at the home
-        pose, so the wrist roll stays inside its limits), projected square to the jaws."""
-        yaw, bearing = self.cube_pose[:, 3], torch.atan2(self.cube_pose[:, 1], self.cube_pose[:, 0])
-        k = torch.round((bearing - math.pi / 2 - yaw) / (math.pi / 2))
-        a = yaw + k * (math.pi / 2)
-        zeros = torch.zeros_like(a)
-        tilt = math.tan(self.cfg.grasp_tilt)
-        z = torch.stack([-tilt * torch.cos(bearing), -tilt * torch.sin(bearing), torch.ones_like(a)], dim=-1)
-        z = z / z.norm(dim=-1, keepdim=True)
-        x = torch.stack([torch.cos(a), torch.sin(a), zeros], dim=-1)
-        x = x - (x * z).sum(-1, keepdim=True) * z
-        x = x / x.norm(dim=-1, keepdim=True)
-        return torch.stack([x, torch.linalg.cross(z, x), z], dim=-1)  # columns
-
-    def _ik_step(self, goal: torch.Tensor, rot_goal: torch.Tensor, max_step: torch.Tensor) -> torch.Tensor:
-        """Damped least squares on the simulator's Jacobian of the grasp point: joint steps (N, 5)."""
+    def sensors(self) -> Sensors:
+        """What the expert reads of this simulator (the arm's base frame: the env origin)."""
         data = self.robot.data
         quat = data.body_quat_w.torch[:, self.gripper_idx]
-        jac = data.body_link_jacobian_w.torch[:, self.jacobi_idx, :, :5].clone()  # (N, 6, 5), world frame
-        offset = quat_apply(quat, self.grasp_local)
-        jac[:, :3] = jac[:, :3] + torch.linalg.cross(jac[:, 3:], offset[:, :, None].expand_as(jac[:, 3:]), dim=1)
-        rot = matrix_from_quat(quat)
-        rot_err = 0.5 * torch.linalg.cross(rot, rot_goal, dim=1).sum(-1)  # sum over columns of r_i x r_goal_i
-        turn = rot_err.norm(dim=-1, keepdim=True).clamp(min=1e-6)
-        rot_err = rot_err * (turn.clamp(max=0.3) / turn)  # at most ~0.3 rad a step
-        pos_err = goal - self.grasp_point()
-        step = pos_err.norm(dim=-1, keepdim=True).clamp(min=1e-6)
-        pos_err = pos_err * (torch.minimum(step, max_step) / step)  # at most max_step (m) a step
-        err = torch.cat([pos_err, 0.3 * rot_err], dim=-1)[:, :, None]
-        w = torch.tensor([1.0, 1.0, 1.0, 0.3, 0.3, 0.3], device=self.device)[None, :, None]
-        jw = jac * w
-        lam = self.cfg.ik_damping ** 2 * torch.eye(6, device=self.device)
-        dq = (jw.transpose(1, 2) @ torch.linalg.solve(jw @ jw.transpose(1, 2) + lam, err)).squeeze(-1)
-        return dq.clamp(-self.cfg.max_joint_step, self.cfg.max_joint_step)
+        return Sensors(q=self.joint_pos(), q_target=self.q_target,
+                       settled=data.joint_vel.torch[:, self.joint_ids[:5]].abs().max(dim=-1).values < 0.3,
+                       tip=self.grasp_point(), rot=matrix_from_quat(quat), offset=quat_apply(quat, self.grasp_local),
+                       jac=data.body_link_jacobian_w.torch[:, self.jacobi_idx, :, :5], cube=self.cube_pos(),
+                       cube_pose=self.cube_pose)
 
