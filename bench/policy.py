@@ -38,15 +38,15 @@ MEASURES = ["bench/policy.py", "roboloop"]
 
 
 def recipe_over(base, update: dict, model: dict):
-    """`base` (the demo's recipe) with `update` and `model` merged into its model overrides. A LeRobot policy keeps
-    none of the VLA's own settings (its token budget, its model overrides): the training config refuses them,
-    since they would do nothing."""
+    """`base` (the demo's recipe) with `update` and `model` merged into its model overrides (their `horizon` is a
+    LeRobot ACT's chunk too). A LeRobot policy does not keep the VLA's token budget (`max_tokens`): the training
+    config refuses it, since it would do nothing."""
     from roboloop.training.config import TrainRecipe
 
-    if update.get("family", base.family) == "lerobot":
-        data = {k: v for k, v in base.model_dump().items() if k not in ("max_tokens", "model_overrides")}
-        return TrainRecipe.model_validate({**data, **update, **({"model_overrides": model} if model else {})})
-    return base.model_copy(update={**update, "model_overrides": {**base.model_overrides, **model}})
+    data = {**base.model_dump(), **update, "model_overrides": {**base.model_overrides, **model}}
+    if data["family"] == "lerobot":
+        data.pop("max_tokens")
+    return TrainRecipe.model_validate(data)
 
 
 def main() -> None:
