@@ -67,7 +67,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=96)
     ap.add_argument("--num-envs", type=int, default=16)
-    ap.add_argument("--speed-steps", type=int, default=100)
+    ap.add_argument("--speed-steps", type=int, default=100,
+                    help="steps each speed row times; 0: no speed rows (success only, e.g. beside other work)")
     ap.add_argument("--policy", help="a model folder or registry reference to evaluate beside expert and random")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--speed-envs", type=int, nargs="*", default=[],
@@ -82,9 +83,10 @@ def main() -> None:
         return {k: round(speed(n, cam, args.speed_steps, args.device), 1)
                 for k, cam in (("no_cameras", False), ("cameras", True))}
 
-    out.update({f"env_steps_per_s_{k}": v for k, v in row(args.num_envs).items()})
+    if args.speed_steps:
+        out.update({f"env_steps_per_s_{k}": v for k, v in row(args.num_envs).items()})
     out["speed"] = []
-    for n in args.speed_envs:
+    for n in args.speed_envs if args.speed_steps else ():
         out["speed"].append({"num_envs": n, **row(n)})
         print(f"[progress] {json.dumps(out['speed'][-1])}", file=sys.stderr, flush=True)
     recipe = EvalRecipe(task=TASK, episodes=args.episodes, num_envs=args.num_envs, videos=0, device=args.device)
@@ -99,17 +101,24 @@ def main() -> None:
             print(f"[progress] {name}: {json.dumps(out[name])}", file=sys.stderr, flush=True)
     if args.policy and not args.policy.startswith("registry:"):
         out["policy"]["train_minutes"] = train_minutes(args.policy)
+    table(out, who)
+    emit(out, MEASURES)
+
+
+def table(out: dict, who: list[str]) -> None:
+    """The figures as a person reads them (before the JSON line)."""
     for k in ("env_steps_per_s_no_cameras", "env_steps_per_s_cameras"):
-        print(f"{k:32s} {out[k]:10.1f}")
+        if k in out:
+            print(f"{k:32s} {out[k]:10.1f}")
     for row in out["speed"]:
         print(f"{row['num_envs']:6d} envs: {row['no_cameras']:10.1f} env-steps/s without cameras, "
               f"{row['cameras']:10.1f} with")
     for name in who:
         row = out["policy" if name not in ("expert", "random") else name]
         print(f"{name[:32]:32s} {row['success']:10.3f}  CI {row['ci'][0]:.3f}-{row['ci'][1]:.3f}")
-    print(f"cameras cost {out['env_steps_per_s_no_cameras'] / out['env_steps_per_s_cameras']:.2f}x "
-          "(baseline: the same scene without rendering)")
-    emit(out, MEASURES)
+    if "env_steps_per_s_cameras" in out:
+        print(f"cameras cost {out['env_steps_per_s_no_cameras'] / out['env_steps_per_s_cameras']:.2f}x "
+              "(baseline: the same scene without rendering)")
 
 
 if __name__ == "__main__":
