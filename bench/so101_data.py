@@ -51,7 +51,7 @@ def load(root: Path) -> dict[str, np.ndarray]:
 
 def rule_roll(env: np.ndarray) -> np.ndarray:
     """The closing direction the expert's grasp frame picks (the cube face nearest the arm's tangential
-    direction; SO101PickCubeEnv._grasp_frame) relative to the cube's bearing, degrees."""
+    direction; isaac_tasks/so101_expert.grasp_frame) relative to the cube's bearing, degrees."""
     yaw, bearing = env[:, 3], np.arctan2(env[:, 1], env[:, 0])
     k = np.round((bearing - math.pi / 2 - yaw) / (math.pi / 2))
     return np.degrees(yaw + k * math.pi / 2 - bearing)

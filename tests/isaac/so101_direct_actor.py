@@ -15,6 +15,7 @@ def main(steps: int) -> None:
 
     from roboloop.evaluation.isaac import IsaacLabEnv
     from roboloop.evaluation.isaac_tasks.so101 import to_lerobot
+    from roboloop.evaluation.isaac_tasks.so101_expert import grasp_frame
 
     env = IsaacLabEnv("Roboloop-SO101-PickCube-v0", num_envs=4, camera=False,
                       overrides={"expert_labels_others": True})
@@ -29,7 +30,8 @@ def main(steps: int) -> None:
         xy = torch.linalg.norm(cube[:, :2] - tip[:, :2], dim=-1)
         goal = cube.clone()
         goal[:, 2] += (3.0 * (xy - 0.003)).clamp(0.0, 0.03)
-        dq = u._ik_step(goal, u._grasp_frame(), torch.full((4, 1), 0.01))
+        dq = u.expert._ik_step(goal, grasp_frame(u.cube_pose, u.cfg.grasp_tilt), torch.full((4, 1), 0.01),
+                               u.sensors())
         bias = (0.98 * bias + 0.1 * dq).clamp(-0.2, 0.2)
         q = u.joint_pos()
         target = q.clone()
