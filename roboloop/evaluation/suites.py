@@ -72,8 +72,7 @@ def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None
                 wrapped.release()
             runs[(factor, level)], videos[(factor, level)] = rep.per_episode, rep.videos
             extra[(factor, level)] = {"changed_initial": perturb.changed(report.initial_states, rep.initial_states),
-                                      **({"looks": looks} if looks and looks > 1 else {}),
-                                      **({"stopped_early": rep.stopped_early} if rep.stopped_early else {})}
+                                      **_sequential(looks, rep)}
         report.perturbations = perturb.summarise(report.per_episode, runs, extra)
         worst = perturb.worst(report.perturbations)
         if worst is not None:
@@ -93,9 +92,15 @@ def _latency_rows(env, policy, cfg, report: EvalReport, execute_steps: int) -> l
         rep, _ = evaluate(env, policy, planned, execute_steps, 0, None, seed=cfg.seed, delay_steps=steps, stop=stop,
                           progress=progress_printer(f"[progress] latency {label} ({steps} steps)"))
         rows.append({"setting": label, "ms": round(ms, 2), "delay_steps": steps,
-                     **perturb.paired(nominal, rep.per_episode), **({"looks": looks} if looks and looks > 1 else {}),
-                     **({"stopped_early": rep.stopped_early} if rep.stopped_early else {})})
+                     **perturb.paired(nominal, rep.per_episode), **_sequential(looks, rep)})
     return rows
+
+
+def _sequential(looks: int | None, rep: EvalReport) -> dict:
+    """What a suite's row records of a run that could stop early: its planned looks (the gate's test of it spends
+    alpha / looks) and why it stopped, if it did."""
+    return {**({"looks": looks} if looks and looks > 1 else {}),
+            **({"stopped_early": rep.stopped_early} if rep.stopped_early else {})}
 
 
 def plot(report: EvalReport, png: Path) -> Path:

@@ -48,10 +48,8 @@ def _robustness(new: dict, old: dict, margin: float, alpha: float) -> tuple[bool
                       ", ".join(missing or ["the challenger's factors"]))
     worst = None
     for f, lv in cells:
-        looks = new[f][lv].get("looks") or 1  # its run looked before its end: the last test spends what each did
-        ok, why = paired_gate(new[f][lv]["outcomes"], old[f][lv]["outcomes"], margin, alpha / looks)
+        ok, why, spent = _paired_run(new[f][lv], old[f][lv], margin, alpha)
         if not ok:
-            spent = f", alpha {alpha:g}/{looks}: its run looked {looks - 1} times before its end" if looks > 1 else ""
             return False, f"robustness {f}={lv} (margin {margin}{spent}): {why}"
         diff = new[f][lv]["success_rate"] - old[f][lv]["success_rate"]
         worst = min(worst or (diff, f, lv), (diff, f, lv))
@@ -70,8 +68,16 @@ def _latency(new: list[dict], old: list[dict], margin: float, alpha: float) -> t
         return False, "latency: the challenger was not evaluated at its measured p99 latency"
     if b is None:
         return True, "latency not checked: the champion was not evaluated at its measured p99 latency"
-    looks = a.get("looks") or 1  # its run looked before its end: the last test spends what each did
-    ok, why = paired_gate(a["outcomes"], b["outcomes"], margin, alpha / looks)
-    spent = f", alpha {alpha:g}/{looks}: its run looked {looks - 1} times before its end" if looks > 1 and not ok \
-        else ""
+    ok, why, spent = _paired_run(a, b, margin, alpha)
+    spent = "" if ok else spent
     return ok, f"latency at each one's measured p99 ({a['ms']:g} vs {b['ms']:g} ms{spent}): {why}"
+
+
+def _paired_run(new: dict, old: dict, margin: float, alpha: float) -> tuple[bool, str, str]:
+    """The paired test of one suite run (a perturbation cell, the p99 latency row) against the champion's: a run that
+    looked before its end spends alpha / looks, as each look did. Returns (ok, why, what was spent: '' or ', alpha
+    A/L: ...')."""
+    looks = new.get("looks") or 1
+    ok, why = paired_gate(new["outcomes"], old["outcomes"], margin, alpha / looks)
+    spent = f", alpha {alpha:g}/{looks}: its run looked {looks - 1} times before its end" if looks > 1 else ""
+    return ok, why, spent

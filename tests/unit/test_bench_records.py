@@ -91,10 +91,7 @@ def test_the_results_page_quotes_no_figure_of_its_own():
     """Its text explains; every figure on it is rendered from a record (docs/hooks.py fills the marker)."""
     page = (ROOT / "docs" / "results.md").read_text()
     assert "<!-- records -->" in page
-    prose = re.sub(r"```.*?```", "", page, flags=re.S)
-    prose = re.sub(r"`[^`]*`", "", prose)
-    figures = re.findall(r"\d+\.\d+|\d+(?:\.\d+)?\s*(?:%|ms|s\b|x\b|MB|GB)", prose)
-    assert not figures, f"docs/results.md quotes figures without a record: {figures}"
+    assert not (figures := _figures_in_prose(page)), f"docs/results.md quotes figures without a record: {figures}"
 
 
 def _figures_in_prose(text: str) -> list[str]:
