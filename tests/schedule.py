@@ -27,6 +27,7 @@ UNIT_SECONDS = {
     "tests/deploy": 220,  # session 46: its teardown waits 15 s for cancelled runs, not 60
     "tests/isaac/test_act_loop.py": 150,
     "tests/isaac/test_sim_to_sim.py": 75,
+    "tests/isaac/test_so101_dressing.py": 70,  # session 49: two simulators, the expert under two factors
     "bench:so101": 55,
     "tests/isaac/test_reach_variants.py": 174,
     "tests/isaac/test_serve_reach.py": 60,  # session 46: the SO-101's served check is in its loop

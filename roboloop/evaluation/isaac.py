@@ -123,10 +123,11 @@ class IsaacLabEnv:
 
     @property
     def scene_factors(self) -> tuple[str, ...]:
-        """The scene factors this task's own reset applies (isaac_tasks/scenes.py; its renderer has no knobs)."""
+        """The scene factors this task's own reset applies (isaac_tasks/scenes.py: the layout, and on the SO-101 the
+        distractors and the cube's colour; the renderer has no knobs)."""
         from roboloop.evaluation.isaac_tasks.scenes import SCENE_FACTORS
 
-        return SCENE_FACTORS if hasattr(self.u, "scene_factor") else ()
+        return tuple(getattr(self.u, "scene_factors", SCENE_FACTORS)) if hasattr(self.u, "scene_factor") else ()
 
     def perturb_scene(self, factor: str | None, level: float = 0.0, seed: int = 0) -> None:
         """Episodes laid out from the next reset on with a scene factor, or nominal (None)."""

@@ -19,7 +19,9 @@ beyond the range the task trains on, seen by the physics, the cameras and the ex
 so on its tasks what a wrapper can do is named, not passed off as re-rendering: `camera_shift` moves the rendered
 image (a camera translated parallel to its image plane, no parallax) and `brightness` scales it (no shadows).
 `instruction` rewords what a language-conditioned policy is told (a policy that reads no instruction is unaffected by
-it, as it should be). Distractor objects need scenes built with them: not in these suites yet.
+it, as it should be). The SO-101 task's reset also applies `distractors` (cubes of other colours placed on the table
+beside an unchanged layout; they wait under the table otherwise) and `colour_swap` (the cube's hue turned, through
+the Newton model's shape colours that Isaac Lab's renderer reads).
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ FACTORS: dict[str, Factor] = {
     "camera_fov": Factor((0.8, 0.9, 1.1, 1.25), "each camera re-rendered with its focal length scaled by this (its "
                          "field of view narrower above 1)", "scene"),
     "lighting": Factor((0.5, 0.75, 1.5), "the scene re-rendered with its light scaled by this", "scene"),
+    "distractors": Factor((1, 2, 3), "this many cubes of other colours (blue, green, yellow) on the table where the "
+                          "cube could be, drawn per episode (seen by the cameras, not collidable: Roboloop-SO101-"
+                          "PickCube-v0)", "scene"),
+    "colour_swap": Factor((60, 120, 180), "the object drawn in another colour: its hue turned by this many degrees, "
+                          "one way or the other per episode (the red cube yellow or magenta, green or blue, cyan: "
+                          "Roboloop-SO101-PickCube-v0)", "scene"),
 }
 
 # paraphrases of the tasks' own wording (reach the red ball; pick up the cube): level 1 swaps the verb, level 2 the

@@ -9,6 +9,7 @@ episode number), so two models meet the same moved scene on the same episode. Pu
     reach(factor, level, rng, balls, target, q, min_separation) -> (balls, q)
     so101(factor, level, rng, cube, q, theta_range, joint_ranges) -> (cube, q)
     so101_layout(split, seed, episode, scene_factor) -> (cube, q)   the SO-101 pick's episode, for either simulator
+    so101_dressing(scene_factor, episode, cube) -> (distractors, hue)  what else the SO-101's scene shows (Isaac's)
     to_lerobot(q) / from_lerobot(a)        the SO-101's joint radians <-> LeRobot's units (degrees, gripper 0-100)
 """
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 SCENE_FACTORS = ("object_pose", "arm_pose")  # what a task's own reset lays out (the renderers' factors: mujoco_so101)
+DRESSING_FACTORS = ("distractors", "colour_swap")  # what the SO-101 task's reset puts beside an unchanged layout
 
 
 def layout_generator(split: str, seed: int, layout: int, task: str = "reach") -> torch.Generator:
@@ -104,11 +106,53 @@ def so101_layout(split: str, seed: int, episode: int, scene_factor: tuple[str, f
     home = torch.tensor([HOME_JOINT_POS[n] for n in SIM_JOINT_NAMES])
     spread = torch.tensor(SO101_START_SPREAD)
     q = home + (torch.rand(6, generator=g) * 2 - 1) * spread
-    if scene_factor is not None:  # a perturbation suite's scene factor (see perturb.Perturbed)
+    if scene_factor is not None and scene_factor[0] in SCENE_FACTORS:  # a suite's layout factor (perturb.Perturbed)
         factor, level, fseed = scene_factor
         cube, q = so101(factor, level, draw(fseed, factor, level, episode, -2), cube, q, reach_theta, spread, home,
                         cube_yaw)
     return cube, q
+
+
+SO101_DISTRACTOR_GAP = 0.06  # m: centres this far apart: two 4 cm cubes never overlap, whatever their yaws
+
+
+def so101_dressing(scene_factor: tuple[str, float, int] | None, episode: int, cube: torch.Tensor,
+                   reach_r: tuple[float, float] = SO101_REACH_R,
+                   reach_theta: tuple[float, float] = SO101_REACH_THETA) -> tuple[torch.Tensor, float]:
+    """What the SO-101's episode `episode` shows beside its layout (`cube`, unchanged): (distractors' (x, y, yaw),
+    the cube's hue turn in degrees). Nominal and the layout factors: none and 0. distractors=N: N cubes drawn in the
+    training range of distances and bearings, each `SO101_DISTRACTOR_GAP` from the cube and from each other;
+    colour_swap=D: the cube's hue turned by D degrees, one way or the other. A pure function of (seed, factor,
+    level, episode)."""
+    if scene_factor is None or scene_factor[0] not in DRESSING_FACTORS:
+        return torch.zeros(0, 3), 0.0
+    from roboloop.evaluation.perturb import draw
+
+    factor, level, seed = scene_factor
+    rng = draw(seed, factor, level, episode, -2)
+    if factor == "colour_swap":
+        return torch.zeros(0, 3), float(rng.choice((-1.0, 1.0)) * level)
+    if level != int(level) or level < 1:
+        raise ValueError(f"perturb: distractors={level:g}: the level is how many (1, 2, ...)")
+    for _ in range(64):  # a layout that left no room for the last one is drawn again from the first
+        placed: list[torch.Tensor] = []
+        for _ in range(64 * int(level)):
+            r, th = rng.uniform(*reach_r), rng.uniform(*reach_theta)
+            xy = torch.tensor([r * math.cos(th), r * math.sin(th)], dtype=cube.dtype)
+            if all(float(torch.linalg.norm(xy - c[:2])) >= SO101_DISTRACTOR_GAP for c in (cube, *placed)):
+                yaw = th + rng.uniform(-1.0, 1.0) * SO101_CUBE_YAW
+                placed.append(torch.cat([xy, torch.tensor([yaw], dtype=cube.dtype)]))
+                if len(placed) == int(level):
+                    return torch.stack(placed), 0.0
+    raise RuntimeError(f"distractors={level:g}: no room for them {SO101_DISTRACTOR_GAP} m from the cube and apart")
+
+
+def turn_hue(rgb: tuple[float, float, float], degrees: float) -> tuple[float, float, float]:
+    """`rgb` (0-1) with its hue turned by `degrees` (saturation and value kept)."""
+    import colorsys
+
+    h, s, v = colorsys.rgb_to_hsv(*rgb)
+    return colorsys.hsv_to_rgb((h + degrees / 360.0) % 1.0, s, v)
 
 
 def _jaw_range() -> tuple[float, float]:

@@ -66,6 +66,24 @@ def _servos() -> dict:
                                           stiffness=17.8, damping=0.6, armature=0.028, friction=0.052)}
 
 
+# the distractors' colours (blue, green, yellow) and where they wait while no suite shows them: under the table, out
+# of every camera's sight (the table's top hides them from above)
+DISTRACTOR_COLOURS = ((0.1, 0.25, 0.85), (0.15, 0.6, 0.2), (0.9, 0.8, 0.1))
+PARKED = (0.2, 0.0, -0.3)
+
+
+def _distractor(i: int) -> AssetBaseCfg:
+    """A 4 cm cube another colour than the one to pick: shapes the cameras see and the physics does not (no rigid
+    body, no collision: the arm passes through it, and the arm's and the cube's physics is bit for bit what it is
+    without it; a free body beside them changed their rounding). A reset moves it by its Newton shape's transform."""
+    return AssetBaseCfg(
+        prim_path=f"{{ENV_REGEX_NS}}/Distractor{i}",
+        spawn=sim_utils.CuboidCfg(size=(CUBE, CUBE, CUBE),
+                                  collision_props=sim_utils.CollisionPropertiesCfg(collision_enabled=False),
+                                  visual_material=sim_utils.PreviewSurfaceCfg(diffuse_color=DISTRACTOR_COLOURS[i])),
+        init_state=AssetBaseCfg.InitialStateCfg(pos=(PARKED[0], 0.1 * i, PARKED[2])))
+
+
 def _camera(name: str, prim: str, offset: CameraCfg.OffsetCfg, focal: float, h: int, w: int,
             on_body: bool = False) -> CameraCfg:
     """`on_body`: the camera rides a moving link. Isaac Lab's camera renders from the pose it had at start unless
@@ -106,6 +124,9 @@ class SO101SceneCfg(InteractiveSceneCfg):
                                   visual_material=sim_utils.PreviewSurfaceCfg(diffuse_color=(0.85, 0.15, 0.1))),
         init_state=RigidObjectCfg.InitialStateCfg(pos=(0.2, 0.0, CUBE / 2), rot=(0.0, 0.0, 0.0, 1.0)),
     )
+    distractor0 = _distractor(0)
+    distractor1 = _distractor(1)
+    distractor2 = _distractor(2)
     light = AssetBaseCfg(prim_path="/World/Light", spawn=sim_utils.DomeLightCfg(intensity=2000.0))
     front: CameraCfg | None = _camera("front", "{ENV_REGEX_NS}/FrontCamera",
                                       look_at_offset(eye=(0.55, 0.0, 0.38), target=(0.17, 0.0, 0.0)), 14.0, 96, 128)
@@ -168,6 +189,7 @@ class SO101PickCubeEnvCfg(DirectRLEnvCfg):
 
 class SO101PickCubeEnv(DirectRLEnv):
     cfg: SO101PickCubeEnvCfg
+    scene_factors = (*scenes.SCENE_FACTORS, *scenes.DRESSING_FACTORS)  # what its reset applies (perturb.py)
 
     def __init__(self, cfg: SO101PickCubeEnvCfg, render_mode: str | None = None, **kwargs):
         super().__init__(cfg, render_mode, **kwargs)
@@ -187,6 +209,11 @@ class SO101PickCubeEnv(DirectRLEnv):
         self.start_q = torch.zeros(n, 6, device=dev)  # the arm's start of the episode (for retry_failed)
         self.retries = torch.zeros(n, dtype=torch.long, device=dev)  # replays of the env's current layout
         self._expert_cache: tuple[int, torch.Tensor] | None = None
+        self.distractors = DISTRACTOR_COLOURS
+        # per env: the distractors' (x, y, yaw) its episode shows (NaN: parked)
+        self.shown = torch.full((n, len(self.distractors), 3), float("nan"), device=dev)
+        self.hue = torch.zeros(n)  # per env: the cube's hue turn (degrees) in its episode
+        self._cube_colour: tuple[list[int], list[list[int]], list[tuple]] | None = None
 
     def instructions(self) -> list[str]:
         return ["pick up the cube"] * self.num_envs
@@ -271,6 +298,44 @@ class SO101PickCubeEnv(DirectRLEnv):
         self.cube.write_root_pose_to_sim_index(root_pose=pose, env_ids=ids)
         self.cube.write_root_velocity_to_sim_index(root_velocity=torch.zeros(len(ids), 6, device=self.device),
                                                    env_ids=ids)
+        self._dress(ids)
+
+    def _dress(self, ids: torch.Tensor) -> None:
+        """The distractors on the table where the episode shows them, else parked; the cube in its episode's colour.
+        Written into the Newton model's shape transforms and colours, which Isaac Lab's renderer reads each frame."""
+        import warp as wp
+        from isaaclab_newton.physics.newton_manager import NewtonManager
+
+        model = NewtonManager.get_model()
+        where, colours = wp.to_torch(model.shape_transform), wp.to_torch(model.shape_color)  # in place
+        cube, distractors, base = self._shapes(model.shape_label, colours)
+        origins = self.scene.env_origins.to(where.device)
+        for e in ids.tolist():
+            colours[cube[e]] = torch.tensor(scenes.turn_hue(base[e], float(self.hue[e])), device=colours.device)
+            for i, shape in enumerate(distractors[e]):
+                x, y, yaw = self.shown[e, i].tolist()
+                on = not math.isnan(x)
+                pose = [x, y, CUBE / 2] if on else [PARKED[0], 0.1 * i, PARKED[2]]
+                half = yaw / 2 if on else 0.0
+                where[shape] = torch.tensor([*pose, 0.0, 0.0, math.sin(half), math.cos(half)], device=where.device)
+                where[shape, :3] += origins[e]
+
+    def _shapes(self, labels: list[str], colours: torch.Tensor) -> tuple[list[int], list[list[int]], list[tuple]]:
+        """Each env's cube shape and distractor shapes in the Newton model, and the cube's colour as it was made."""
+        if self._cube_colour is None:
+            import re
+
+            cube: dict[int, int] = {}
+            distractors: dict[int, dict[int, int]] = {}
+            for i, label in enumerate(labels):
+                if m := re.fullmatch(r"/World/envs/env_(\d+)/Cube/.*", label):
+                    cube[int(m[1])] = i
+                elif m := re.fullmatch(r"/World/envs/env_(\d+)/Distractor(\d+)(/.*)?", label):
+                    distractors.setdefault(int(m[1]), {})[int(m[2])] = i
+            self._cube_colour = ([cube[e] for e in range(self.num_envs)],
+                                 [[d[k] for k in sorted(d)] for d in (distractors[e] for e in range(self.num_envs))],
+                                 [tuple(colours[cube[e]].tolist()) for e in range(self.num_envs)])
+        return self._cube_colour
 
     def _next_layout(self, env: int) -> torch.Tensor:
         """The cube's pose and the arm's start of the next episode to begin: a pure function of (split, seed,
@@ -278,6 +343,12 @@ class SO101PickCubeEnv(DirectRLEnv):
         (r0, r1), (t0, t1) = self.cfg.reach_r, self.cfg.reach_theta
         cube, q = scenes.so101_layout(str(self.cfg.layout_split), int(self.cfg.seed or 0), self.episodes_started,
                                       self.scene_factor, (r0, r1), (t0, t1), self.cfg.cube_yaw)
+        placed, self.hue[env] = scenes.so101_dressing(self.scene_factor, self.episodes_started, cube,
+                                                      (r0, r1), (t0, t1))
+        if len(placed) > len(self.distractors):
+            raise ValueError(f"perturb: distractors={len(placed)}: this scene has {len(self.distractors)}")
+        self.shown[env] = float("nan")
+        self.shown[env, :len(placed)] = placed.to(self.device)
         self.episodes_started += 1
         self.cube_pose[env] = cube.to(self.device)
         return q

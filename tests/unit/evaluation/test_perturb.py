@@ -223,6 +223,34 @@ def test_scene_factors_move_the_object_and_the_arm_past_the_training_range_the_s
     assert float(q3[5]) == 0.0  # the gripper starts as it always does
 
 
+def test_the_so101_dressing_puts_distractors_where_a_cube_could_be_and_turns_the_cubes_colour_nothing_else():
+    from roboloop.evaluation.isaac_tasks import scenes
+
+    for level in perturb.FACTORS["distractors"].levels:
+        for episode in range(40):
+            cube, q = scenes.so101_layout("test", 0, episode, ("distractors", level, 5))
+            assert torch.equal(cube, scenes.so101_layout("test", 0, episode)[0])  # the layout is nominal's
+            placed, hue = scenes.so101_dressing(("distractors", level, 5), episode, cube)
+            assert placed.shape == (level, 3) and hue == 0.0
+            r, bearing = torch.linalg.norm(placed[:, :2], dim=-1), torch.atan2(placed[:, 1], placed[:, 0])
+            assert ((r >= 0.17) & (r <= 0.25) & (bearing.abs() <= 0.6)).all(), placed  # where the cube could be
+            spots = torch.cat([cube[None, :2], placed[:, :2]])
+            gaps = torch.cdist(spots, spots) + torch.eye(len(spots))
+            assert gaps.min() >= scenes.SO101_DISTRACTOR_GAP, gaps  # no two cubes overlap
+            again, _ = scenes.so101_dressing(("distractors", level, 5), episode, cube)
+            assert torch.equal(again, placed)  # a pure function of (seed, factor, level, episode)
+    turns = {scenes.so101_dressing(("colour_swap", 120, 5), e, cube)[1] for e in range(20)}
+    assert turns == {120.0, -120.0}
+    red = (0.85, 0.15, 0.1)
+    assert scenes.turn_hue(red, 120) == pytest.approx((0.1, 0.85, 0.15)) and scenes.turn_hue(red, 360) == \
+        pytest.approx(red)
+    for factor in (None, ("object_pose", 1.0, 5)):  # nominal and the layout factors dress nothing
+        placed, hue = scenes.so101_dressing(factor, 3, cube)
+        assert placed.numel() == 0 and hue == 0.0
+    with pytest.raises(ValueError, match=r"distractors=1.5: the level is how many"):
+        scenes.so101_dressing(("distractors", 1.5, 5), 0, cube)
+
+
 def test_a_scene_factor_on_a_task_without_its_own_reset_is_refused_before_any_episode():
     with pytest.raises(ValueError, match="object_pose is applied by the task's own reset or renderer; counting "
                                          "applies none"):
