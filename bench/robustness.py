@@ -16,29 +16,9 @@ when named. Baseline: each policy's nominal run on the same episodes (`drop` is 
 Ends with one JSON line: for `policy` and `expert`, the nominal success and its interval, `perturbations` (factor ->
 level -> success, interval, drop) and `latency` (setting -> ms, steps late, success, drop).
 
-Measured 2026-12-05 (commit b6e9f4b, the 2-core Intel Xeon VM; 48 episodes, training 2.3 min): the demo policy 48/48
-nominal; under obs_noise up to 0.05 and action_noise up to 0.3, 48/48; actuator_gain 0.6 and 0.8: 47/48 (drop 2%),
-1.25: 48/48. Latency (30 Hz control): its measured p50 9.3 ms and p99 22.5 ms (0 and 1 steps late) 47/48 and 48/48,
-50 ms 48/48, 100 ms 48/48, 200 ms 21/48 (drop 56%). The expert: 48/48 under every factor; 50 ms 40/48, 100 ms 28/48,
-200 ms 15/48 (it acts on the state it saw, one action per chunk, so a late action is a stale one). That run drew the
-VLA's noise from one generator across calls, so its p50 row (0 steps late, i.e. nominal) differed by one episode;
-since then each chunk's noise is drawn per (episode, step) and a 0-step row equals nominal.
-
-Reworded instructions (`--perturb instruction --latency ""`, 2026-12-05, commit 549f2d3, the same VM, training 3.2 min):
-the demo policy 48/48 nominal; another verb (touch the red ball) 25/48 = 52% [38, 66]; another verb and noun in a
-longer sentence (please go to the red sphere now) 9/48 = 19% [10, 32]. The expert (it reads the target, not the words)
-48/48 under both. The demo's recipe trains on one wording per colour, and its byte-level tokens let a reworded
-sentence move the colour word: the policy keyed on the template, not the colour.
-
-Scenes laid out past the training range (`--perturb object_pose,arm_pose --latency ""`, 2026-12-05, commit 02b1d1b,
-the same VM, training 5.8 min beside another test): the demo policy 48/48 nominal; the named ball at a bearing up to
-22.5, 45 and 90 deg past the +-90 deg it trained on (object_pose 0.25, 0.5, 1): 42/48 = 88% [75, 94], 29/48 = 60%
-[46, 73], 20/48 = 42% [29, 56]; the shoulder starting up to 0.15, 0.3, 0.6 rad past +-0.6 rad (arm_pose): 48/48,
-48/48, 47/48. The expert on the same episodes: object_pose 46/48, 40/48, 46/48 (its straight-line approach in
-fingertip space stalls on some layouts behind the shoulder), arm_pose 48/48, 48/48, 47/48. So the policy generalises
-in the arm's start, not in where the ball is: its drop under object_pose=1 is 58 points against the expert's 4.
-
-Pending: the SO-101 preset's figures (a 20-minute training) and the camera factors on a vision policy.
+Each run is kept as a record in `bench/results/` (the Results page of the docs); the figures are there, not here.
+For the SO-101 the factors worth naming are the cameras' (`frame_drop`, `camera_shift`, `brightness`) and the
+scene's (`object_pose`, `arm_pose`, `distractors`, `colour_swap`).
 """
 
 from __future__ import annotations
@@ -67,6 +47,31 @@ def brief(s) -> dict:
             "latency": {r["setting"]: {"ms": r["ms"], "steps_late": r["delay_steps"],
                                        "success": round(r["success_rate"], 3), "drop": round(r["drop"], 3)}
                         for r in (s.latency or [])}}
+
+
+def _cell(c: dict | None) -> str:
+    return "" if c is None else f"{c['success_rate']:.0%} [{c['ci_low']:.0%}, {c['ci_high']:.0%}] | {c['drop']:+.0%}"
+
+
+def markdown(out: dict) -> str:
+    """The record as tables: success per factor and level, then per latency, the policy beside the expert (drop:
+    paired with each one's own nominal run; positive is worse)."""
+    pol, exp = out["policy"], out["expert"]
+    lines = [f"{out['task']}, {out['episodes']} test episodes; nominal: the policy {pol['success']:.0%} "
+             f"[{pol['ci'][0]:.0%}, {pol['ci'][1]:.0%}], the expert {exp['success']:.0%}.", "",
+             "| factor | level | policy | drop | expert | drop |", "|---|---|---|---|---|---|"]
+    for factor, levels in pol["perturbations"].items():
+        for level, c in levels.items():
+            other = exp["perturbations"].get(factor, {}).get(level)
+            lines.append(f"| {factor} | {level} | {_cell(c)} | {_cell(other) or ' | '} |")
+    if pol["latency"]:
+        lines += ["", "| latency | ms | steps late | policy | drop | expert | drop |", "|---|---|---|---|---|---|---|"]
+        for setting, r in pol["latency"].items():
+            e = exp["latency"].get(setting)
+            theirs = f"{e['success']:.0%} | {e['drop']:+.0%}" if e else " | "
+            lines.append(f"| {setting} | {r['ms']} | {r['steps_late']} | {r['success']:.0%} | {r['drop']:+.0%} | "
+                         f"{theirs} |")
+    return "\n".join(lines)
 
 
 def train_preset(base, recipe, demos: int | None, work: Path) -> tuple[str, float]:
