@@ -1,7 +1,7 @@
 """The demo policy under perturbations and latency: how much of its success on nominal episodes survives.
 
     python bench/robustness.py [--episodes 48] [--perturb obs_noise,action_noise,actuator_gain,...]
-                               [--latency measured,50,100,200] [--demos N] [--steps N] [--work DIR]
+                               [--latency measured,50,100,200] [--prefetch N] [--demos N] [--steps N] [--work DIR]
                                [--preset demo|so101] [--model MODEL_DIR|registry:NAME@REF]
 
 Records the `make demo` recipe's demonstrations (`roboloop.loop.demo()`: 512 DART-noise episodes on
@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=48)
     ap.add_argument("--perturb", default="obs_noise,action_noise,actuator_gain")
     ap.add_argument("--latency", default="measured,50,100,200")
+    ap.add_argument("--prefetch", type=int, default=0, help="also play each latency as a robot loop with prefetch")
     ap.add_argument("--demos", type=int, help="demonstrations to record (default: the demo's 512)")
     ap.add_argument("--steps", type=int, help="training steps (default: the demo's 1,200)")
     ap.add_argument("--work", help="keep everything here (default: a temporary folder)")
@@ -112,7 +113,8 @@ def main() -> None:
     recipe = base.train.model_copy(update={"steps": args.steps} if args.steps else {})
     model, train_min = (args.model, None) if args.model else train_preset(base, recipe, args.demos, work)
     ev = base.eval.model_copy(update={"episodes": args.episodes, "num_envs": min(16, args.episodes), "videos": 0,
-                                      "perturb": args.perturb or None, "latency": args.latency or None})
+                                      "perturb": args.perturb or None, "latency": args.latency or None,
+                                      "prefetch": args.prefetch})
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {"bench": "robustness", "date": time.strftime("%Y-%m-%d"), "commit": commit, "task": ev.task,
            "episodes": args.episodes, "train_minutes": train_min, "steps": None if args.model else recipe.steps,

@@ -26,6 +26,7 @@ UNIT_SECONDS = {
     "tests/e2e/test_fresh_clone.py": 500,  # its training: 310 s of 1,200 steps on one thread
     "tests/deploy": 220,  # session 46: its teardown waits 15 s for cancelled runs, not 60
     "tests/isaac/test_act_loop.py": 150,
+    "tests/isaac/test_robust_gate.py": 300,  # session 49: two demo-recipe models trained (400 steps each)
     "tests/isaac/test_sim_to_sim.py": 75,
     "tests/isaac/test_so101_dressing.py": 70,  # session 49: two simulators, the expert under two factors
     "bench:so101": 55,

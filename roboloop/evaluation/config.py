@@ -35,7 +35,7 @@ class EvalRecipe(BaseModel):
     # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
     KEYED: ClassVar[frozenset[str]] = frozenset({
         "device", "early_stop", "episodes", "execute_steps", "num_envs", "precision", "seed", "task", "videos",
-        "perturb", "latency"})
+        "perturb", "latency", "prefetch"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({"gate_robustness", "gate_latency"})
 
 
@@ -69,6 +69,10 @@ class EvalRecipe(BaseModel):
         None, description="also play the same episodes with the policy's latency charged in simulated time: "
         "measured (the nominal run's p50 and p99 chunk times; through the server for serve://) and/or "
         "milliseconds, comma-separated (e.g. measured,50); the arm holds or finishes the previous chunk meanwhile")
+    prefetch: int = Field(
+        0, ge=0, description="with latency: also play each latency setting as a robot loop with prefetch (roboloop "
+        "robot --prefetch): the next chunk asked for when this many actions of the executing one are left, from "
+        "that step's observation, the arm going on meanwhile (rows '<setting>, prefetch N'); 0: without prefetch only")
 
     gate_robustness: float | None = Field(
         None, ge=0, le=1, description="promotion also needs, under every perturbation both the challenger and the "
@@ -89,6 +93,11 @@ class EvalRecipe(BaseModel):
             from roboloop.evaluation.perturb import parse
 
             parse(self.perturb)
+        if self.prefetch and not self.latency:
+            raise ValueError("prefetch would do nothing: it is played with the latency settings (set latency)")
+        if self.prefetch >= (self.execute_steps or DEFAULT_EXECUTE_STEPS):
+            raise ValueError(f"prefetch {self.prefetch}: it asks for the next chunk with that many of the "
+                             f"{self.execute_steps or DEFAULT_EXECUTE_STEPS} executed actions left (fewer, please)")
         for part in [p.strip() for p in (self.latency or "").split(",") if p.strip()]:
             if part != "measured":
                 try:
@@ -150,7 +159,7 @@ class CollectConfig(BaseModel):
     # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
     KEYED: ClassVar[frozenset[str]] = frozenset({
         "camera", "device", "environment_state", "episodes", "execute_steps", "instructions_per_layout", "noise",
-        "num_envs", "only_success", "retry_failed", "seed", "task"})
+        "num_envs", "only_success", "perturb", "perturb_share", "retry_failed", "seed", "task"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({"dst", "policy"})
 
 
@@ -176,6 +185,13 @@ class CollectConfig(BaseModel):
     execute_steps: int = Field(4, ge=1, description="a model policy's chunk actions executed before re-planning")
     camera: bool = Field(True, description="record the task's cameras as videos (False: state + language only, "
                          "much faster on CPU, where rendering is most of a step)")
+    perturb: str | None = Field(
+        None, description="record the demonstrations as a robot meets them under one perturbation (FACTOR=LEVEL, "
+        "evaluate's factors: reworded instructions, noise, dropped frames, a scene laid out past the training range, "
+        "...): what is recorded is what the perturbed robot saw, the labels stay the expert's. Trains a policy "
+        "robust to it (the gate's robustness check then tells)")
+    perturb_share: float = Field(1.0, gt=0, le=1, description="the share of episodes recorded under `perturb`, drawn "
+                                 "per episode (the rest nominal); a scene factor applies to every episode (1)")
     environment_state: bool = Field(
         False, description="also record the simulator's scene state (the SO-101's cube pose and grasp point) as "
         "observation.environment_state: the VLA's aux_target; LeRobot's policies read it as an input unless trained "
@@ -196,6 +212,14 @@ class CollectConfig(BaseModel):
             raise ValueError(f"retry_failed: {self.task} does not replay layouts; only the SO-101 tasks do")
         if self.retry_failed and self.noise == 0 and self.policy == "expert":
             raise ValueError("retry_failed: the clean expert (noise 0) would replay the same failed run; set noise")
+        if self.perturb_share < 1 and not self.perturb:
+            raise ValueError("perturb_share would do nothing: no perturbation is recorded (set perturb)")
+        if self.perturb:
+            from roboloop.evaluation.perturb import parse
+
+            if len(parse(self.perturb)) != 1:
+                raise ValueError(f"perturb: {self.perturb!r}: a recording meets one factor at one level "
+                                 "(FACTOR=LEVEL)")
         if self.environment_state and self.task not in ROBOLOOP_TASKS:
             raise ValueError(f"environment_state: {self.task} is not a roboloop task; only those expose their scene "
                              "state")

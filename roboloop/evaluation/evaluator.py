@@ -120,12 +120,24 @@ class Recorder:
         return done
 
 
+def _refuse(episodes: int, stop_and_record: bool, prefetch: int, execute_steps: int) -> None:
+    """What `evaluate` cannot do, refused before it starts."""
+    if episodes < 1:
+        raise ValueError("episodes must be >= 1")
+    if stop_and_record:
+        raise ValueError("early stopping and recorded rollouts do not mix (the rollouts would include episodes "
+                         "past the stopping point)")
+    if not 0 <= prefetch < execute_steps:
+        raise ValueError(f"prefetch {prefetch}: ask for the next chunk with 0 to {execute_steps - 1} actions left "
+                         f"(of the {execute_steps} executed)")
+
+
 def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int = 8, videos: int = 2,
              output_dir: str | Path | None = None, record_rollouts: bool = False, seed: int = 0,
              max_env_steps: int = 10_000_000, labeler: Policy | None = None,
              stop: Callable[[list[bool]], str | None] | None = None, look_every: int = LOOK_EVERY,
              progress: Callable[[int, int, int], None] | None = None,
-             delay_steps: int = 0, label: str = "policy") -> tuple[EvalReport, list[dict]]:
+             delay_steps: int = 0, label: str = "policy", prefetch: int = 0) -> tuple[EvalReport, list[dict]]:
     """Returns the report and (if `record_rollouts`) the counted episodes' trajectories.
 
     With a `labeler` (the scripted expert), recorded trajectories carry the labeler's action at each
@@ -139,17 +151,15 @@ def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int 
     With `delay_steps` (latency charged in simulated time), a chunk asked for at step t arrives at step t + d: the
     simulator goes on meanwhile with the previous chunk's later actions (the arm holds, `env.hold_action(obs)`, where
     none are left or at an episode's start), and the new chunk is executed from its action d on (the ones planned
-    for the steps that passed are stale), `execute_steps` actions, as a robot loop without prefetch would.
+    for the steps that passed are stale), `execute_steps` actions, as a robot loop without prefetch would. With
+    `prefetch` (`roboloop robot --prefetch`), the next chunk is asked for when that many actions of the executing one
+    are left, from that step's observation, while they go on.
 
     With `output_dir`: `videos` rollouts (one of them a failure whenever any episode failed), captioned with `label`
     (the model and version), and a contact sheet (contact.png): `roboloop.evaluation.videos`."""
-    if episodes < 1:
-        raise ValueError("episodes must be >= 1")
-    if stop is not None and record_rollouts:
-        raise ValueError("early stopping and recorded rollouts do not mix (the rollouts would include episodes "
-                         "past the stopping point)")
+    _refuse(episodes, stop is not None and record_rollouts, prefetch, execute_steps)
     run = _Run(env, policy, episodes, execute_steps, videos, output_dir is not None, record_rollouts)
-    run.labeler, run.progress, run.delay = labeler, progress, max(0, delay_steps)
+    run.labeler, run.progress, run.delay, run.prefetch = labeler, progress, max(0, delay_steps), prefetch
     obs = env.reset(seed=seed)
     next_look, why = look_every, None
     while len(run.results) < episodes:
@@ -199,6 +209,7 @@ class _Run:
         self.idx = torch.full((n,), execute_steps, dtype=torch.long)  # >= end: needs a plan
         self.end = torch.full((n,), execute_steps, dtype=torch.long)  # the chunk index at which an env re-plans
         self.delay = 0  # steps a chunk takes to arrive (latency charged in simulated time)
+        self.prefetch = 0  # ask for the next chunk when this many of the executing one's actions are left
         self.pending: torch.Tensor | None = None  # chunks on their way, per env
         self.wait = torch.zeros(n, dtype=torch.long)  # steps until an env's pending chunk arrives (0: none)
         self.fresh_plan = torch.ones(n, dtype=torch.bool)  # no chunk of this episode has arrived yet: hold
@@ -219,7 +230,7 @@ class _Run:
         self.successes = 0
 
     def plan(self, obs: Obs) -> None:
-        need = (self.idx >= self.end) & (self.wait == 0)
+        need = (self.idx >= self.end - self.prefetch) & (self.wait == 0)
         if not need.any():
             return
         tp = time.perf_counter()

@@ -116,20 +116,26 @@ def draw(seed: int, factor: str, level: float, episode: int, step: int) -> np.ra
 
 class Perturbed:
     """`env` with one factor at one level. Episode numbers follow the Evaluator's rule: the first `num_envs` are
-    0..N-1, then each env that finishes (in env order) starts the next number."""
+    0..N-1, then each env that finishes (in env order) starts the next number. `share` < 1: only that share of the
+    episodes meets the factor, drawn per episode (recording demonstrations partly under it: `roboloop collect
+    --perturb`); a scene factor lays out every episode (share 1 only)."""
 
-    def __init__(self, env: BatchedEnv, factor: str, level: float, seed: int):
+    def __init__(self, env: BatchedEnv, factor: str, level: float, seed: int, share: float = 1.0):
         if factor not in FACTORS:
             raise ValueError(f"unknown factor {factor!r}")
-        self.env, self.factor, self.level, self.seed = env, factor, float(level), seed
+        self.env, self.factor, self.level, self.seed, self.share = env, factor, float(level), seed, float(share)
         self.kind = FACTORS[factor].acts_on
+        if self.kind == "scene" and self.share < 1:
+            raise ValueError(f"perturb: {factor} lays out every episode the task resets; a share of them "
+                             f"({share:g}) is not possible: record the nominal and the perturbed episodes apart")
         self._scene = getattr(env, "perturb_scene", None)  # the task's own reset or renderer applies it
         if self.kind == "scene":  # refused before any episode runs where the task cannot apply it
             if factor not in getattr(env, "scene_factors", ()):
                 raise ValueError(f"perturb: {factor} is applied by the task's own reset or renderer; {env.task} "
                                  f"applies {', '.join(getattr(env, 'scene_factors', ())) or 'none'} (roboloop's "
-                                 "reach and SO-101 tasks lay out object_pose and arm_pose; MuJoCo-SO101-PickCube-v0 "
-                                 "also re-renders camera_pose, camera_fov and lighting)")
+                                 "reach and SO-101 tasks lay out object_pose and arm_pose, the SO-101's also "
+                                 "distractors and colour_swap; MuJoCo-SO101-PickCube-v0 also re-renders "
+                                 "camera_pose, camera_fov and lighting)")
             self._lay(None)
         self.num_envs, self.action_dim, self.fps = env.num_envs, env.action_dim, env.fps
         self.action_low, self.action_high = env.action_low, env.action_high
@@ -148,6 +154,11 @@ class Perturbed:
 
     def _draw(self, i: int) -> np.random.Generator:
         return draw(self.seed, self.factor, self.level, int(self.number[i]), int(self.t[i]))
+
+    def _on(self, i: int) -> bool:
+        """Whether env `i`'s episode meets the factor (always, unless only a share of episodes does)."""
+        return self.share >= 1 or draw(self.seed, self.factor, self.level, int(self.number[i]), -3).random() < \
+            self.share
 
     def reset(self, seed: int | None = None) -> Obs:
         if self.kind == "scene":  # the task lays out every episode from here on with the factor (until `release`)
@@ -172,9 +183,10 @@ class Perturbed:
     def _act(self, actions: torch.Tensor) -> torch.Tensor:
         a = actions.clone()
         if self.factor == "actuator_gain":
-            return a * self.level
+            return a * torch.tensor([self.level if self._on(i) else 1.0 for i in range(self.num_envs)],
+                                    dtype=a.dtype, device=a.device)[:, None]
         half = (self.action_high - self.action_low).to(a) / 2
-        for i in range(self.num_envs):
+        for i in [i for i in range(self.num_envs) if self._on(i)]:
             noise = self._draw(i).standard_normal(self.action_dim)
             a[i] += torch.as_tensor(noise, dtype=a.dtype) * self.level * half
         return torch.maximum(torch.minimum(a, self.action_high.to(a)), self.action_low.to(a))
@@ -182,13 +194,13 @@ class Perturbed:
     def _observe(self, obs: Obs) -> Obs:
         if self.kind == "state":
             state = obs.state.clone()
-            for i in range(self.num_envs):
+            for i in [i for i in range(self.num_envs) if self._on(i)]:
                 state[i] += torch.as_tensor(self._draw(i).standard_normal(state.shape[1]), dtype=state.dtype,
                                             device=state.device) * self.level
             return Obs(state, obs.images, obs.instructions, obs.env_state, obs.past)
         if self.kind == "images" and obs.images:
             images = {k: v.clone() for k, v in obs.images.items()}
-            for i in range(self.num_envs):
+            for i in [i for i in range(self.num_envs) if self._on(i)]:
                 now = {k: v[i] for k, v in obs.images.items()}
                 if self.factor == "frame_delay":  # this episode's frames so far; the one `level` steps back
                     self.history[i] = [*self.history[i], now][-(int(self.level) + 1):]
@@ -197,7 +209,7 @@ class Perturbed:
                     images[k][i] = self._image(i, k, now[k])
             return Obs(obs.state, images, obs.instructions, obs.env_state, obs.past)
         if self.kind == "instruction" and obs.instructions:
-            said = [self._reword(i, text) for i, text in enumerate(obs.instructions)]
+            said = [self._reword(i, text) if self._on(i) else text for i, text in enumerate(obs.instructions)]
             return Obs(obs.state, obs.images, said, obs.env_state, obs.past)
         return obs
 

@@ -106,6 +106,11 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
             overrides["expert_labels_others"] = True  # DAgger: its labeller cannot integrate another actor's lag
     env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=cfg.camera, overrides=overrides)
     try:
+        if cfg.perturb:  # recorded as the robot meets it under the factor; the labels stay the expert's
+            from roboloop.evaluation.perturb import Perturbed, parse
+
+            (factor, level), = parse(cfg.perturb)
+            env = Perturbed(env, factor, level, cfg.seed, share=cfg.perturb_share)
         expert = ExpertPolicy(env)
         dagger = cfg.policy != "expert"
         actor = make_policy(cfg.policy, env, cfg.device, cfg.seed) if dagger else expert

@@ -86,13 +86,18 @@ def run_suites(env, policy, cfg, report: EvalReport, execute_steps: int) -> None
 def _latency_rows(env, policy, cfg, report: EvalReport, execute_steps: int) -> list[dict]:
     nominal, planned = report.per_episode, report.episodes
     rows = [{"setting": "0 ms", "ms": 0.0, "delay_steps": 0, **perturb.paired(nominal, nominal)}]
+    prefetch = getattr(cfg, "prefetch", 0)
     for label, ms in latencies(cfg.latency, report):
         steps = math.floor(ms * env.fps / 1000 + 0.5)  # to the nearest control step
-        stop, looks = latency_stop(cfg, label, planned)
-        rep, _ = evaluate(env, policy, planned, execute_steps, 0, None, seed=cfg.seed, delay_steps=steps, stop=stop,
-                          progress=progress_printer(f"[progress] latency {label} ({steps} steps)"))
-        rows.append({"setting": label, "ms": round(ms, 2), "delay_steps": steps,
-                     **perturb.paired(nominal, rep.per_episode), **_sequential(looks, rep)})
+        for ahead in (0, prefetch) if prefetch else (0,):  # as a robot loop without prefetch, then with it
+            setting = f"{label}, prefetch {ahead}" if ahead else label
+            stop, looks = latency_stop(cfg, setting, planned)  # the gate's check reads the row without prefetch
+            rep, _ = evaluate(env, policy, planned, execute_steps, 0, None, seed=cfg.seed, delay_steps=steps,
+                              stop=stop, prefetch=ahead,
+                              progress=progress_printer(f"[progress] latency {setting} ({steps} steps)"))
+            rows.append({"setting": setting, "ms": round(ms, 2), "delay_steps": steps,
+                         **({"prefetch": ahead} if ahead else {}),
+                         **perturb.paired(nominal, rep.per_episode), **_sequential(looks, rep)})
     return rows
 
 

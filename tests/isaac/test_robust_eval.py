@@ -68,7 +68,8 @@ def test_perturbed_and_latency_runs_pair_with_nominal_whatever_the_number_of_env
 def test_a_sampling_policys_outcomes_are_the_same_whatever_the_number_of_envs(tmp_path, monkeypatch):
     """The VLA samples each chunk's initial noise: drawn per (episode, step), an episode meets the same draws whether
     it was run alone or batched with 4 others, so per-episode outcomes match exactly across env counts (a short-trained
-    model, so there are failures to match), under 200 ms of latency too. (The random policy draws the same way.)"""
+    model, so there are failures to match), under 200 ms of latency too, and with the robot loop's prefetch. (The
+    random policy draws the same way.)"""
     from roboloop import stages
     from roboloop.datasets.config import ConvertConfig
     from roboloop.evaluation.config import CollectConfig, EvalRecipe
@@ -83,10 +84,11 @@ def test_a_sampling_policys_outcomes_are_the_same_whatever_the_number_of_envs(tm
                                            model_overrides={"horizon": 8}), on_line=quiet)
     seen = set()
     for n in (1, 5):  # 5 episodes: one at a time they are most of this test's time
-        s = stages.evaluate(model, EvalRecipe(episodes=5, num_envs=n, videos=0, execute_steps=4, latency="200"),
-                            on_line=quiet)
-        seen.add((s.outcomes, s.latency[-1]["outcomes"], s.initial_states_sha256))
+        s = stages.evaluate(model, EvalRecipe(episodes=5, num_envs=n, videos=0, execute_steps=4, latency="200",
+                                              prefetch=2), on_line=quiet)
+        assert [r["setting"] for r in s.latency] == ["0 ms", "200 ms", "200 ms, prefetch 2"], s.latency
+        seen.add((s.outcomes, s.latency[1]["outcomes"], s.latency[2]["outcomes"], s.initial_states_sha256))
     assert len(seen) == 1, seen  # the same outcomes, of the same initial states (hashed from what the policy saw)
-    (nominal, late, initial), = seen
+    (nominal, late, ahead, initial), = seen
     assert initial and len(initial) == 64
-    assert "0" in nominal + late and "1" in nominal + late, seen  # mixed outcomes: the match means something
+    assert "0" in nominal + late + ahead and "1" in nominal + late + ahead, seen  # mixed: the match means something

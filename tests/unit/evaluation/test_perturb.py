@@ -55,8 +55,9 @@ class CountingEnv:
         pass
 
 
-def _noise_by_episode(num_envs: int, factor: str, level: float) -> dict[tuple[int, int], torch.Tensor]:
-    env = perturb.Perturbed(CountingEnv(num_envs), factor, level, seed=3)
+def _noise_by_episode(num_envs: int, factor: str, level: float,
+                      share: float = 1.0) -> dict[tuple[int, int], torch.Tensor]:
+    env = perturb.Perturbed(CountingEnv(num_envs), factor, level, seed=3, share=share)
     clean = CountingEnv(num_envs)
     seen, obs, ref = {}, env.reset(seed=0), clean.reset(seed=0)
     for _ in range(20):
@@ -149,6 +150,21 @@ def test_latency_runs_the_old_chunk_or_holds_then_the_new_chunk_from_its_action_
     assert [round(float(a[0, 0]) * 100) for a in env0.executed] == [10, 11, 12, 13, 20, 21, 22, 23, 30, 31, 32, 33]
 
 
+def test_with_prefetch_the_next_chunk_is_asked_for_before_the_executing_one_runs_out():
+    env = CountingEnv(1, length=12)
+    evaluate(env, ChunkPolicy(), episodes=1, execute_steps=4, videos=0, delay_steps=2, prefetch=2)
+    got = [round(float(a[0, 0]) * 100) for a in env.executed]
+    # call 1 at step 0 arrives at step 2 (the arm holds), acts from its action 2; with 2 of its 4 actions left (step
+    # 4) call 2 is asked for, and arrives at step 6 as call 1's last planned action ends: no stale action is run
+    assert got[:12] == [-50, -50, 12, 13, 14, 15, 22, 23, 24, 25, 32, 33], got
+    # as robot.py: without latency, prefetch re-plans that many actions early
+    env0 = CountingEnv(1, length=12)
+    evaluate(env0, ChunkPolicy(), episodes=1, execute_steps=4, videos=0, prefetch=1)
+    assert [round(float(a[0, 0]) * 100) for a in env0.executed] == [10, 11, 12, 20, 21, 22, 30, 31, 32, 40, 41, 42]
+    with pytest.raises(ValueError, match="prefetch 4: ask for the next chunk with 0 to 3 actions left"):
+        evaluate(CountingEnv(1), ChunkPolicy(), episodes=1, execute_steps=4, videos=0, prefetch=4)
+
+
 def test_summary_pairs_each_factor_with_the_nominal_episodes():
     nominal = [{"index": i, "success": i < 8} for i in range(10)]
     worse = [{"index": i, "success": i < 4 or i == 9} for i in range(10)]
@@ -221,6 +237,29 @@ def test_scene_factors_move_the_object_and_the_arm_past_the_training_range_the_s
                          spread, home, 0.5)
     assert all(s < abs(float(v)) <= 2 * s + 1e-6 for v, s in zip(q3[:5], spread[:5], strict=True))
     assert float(q3[5]) == 0.0  # the gripper starts as it always does
+
+
+def test_a_share_of_the_episodes_meets_the_factor_drawn_per_episode_and_a_recording_takes_one_factor():
+    from pydantic import ValidationError
+
+    from roboloop.evaluation.config import CollectConfig
+
+    two, five = _noise_by_episode(2, "obs_noise", 0.05, 0.5), _noise_by_episode(5, "obs_noise", 0.05, 0.5)
+    assert all(torch.equal(two[k], five[k]) for k in set(two) & set(five))  # per episode, whatever num_envs
+    noisy = {}
+    for (episode, _step), delta in five.items():
+        noisy.setdefault(episode, set()).add(bool(delta.abs().sum() > 0))
+    assert all(len(v) == 1 for v in noisy.values()), noisy  # an episode meets it at every step or at none
+    met = sum(v == {True} for v in noisy.values())
+    assert 0 < met < len(noisy), noisy  # some episodes do, some do not (6 of 20 here)
+    with pytest.raises(ValueError, match="object_pose lays out every episode the task resets; a share of them"):
+        perturb.Perturbed(CountingEnv(2), "object_pose", 0.5, seed=0, share=0.5)
+    assert CollectConfig(perturb="instruction=2", perturb_share=0.5).perturb == "instruction=2"
+    for bad, said in (({"perturb": "instruction"}, "a recording meets one factor at one level"),
+                      ({"perturb": "obs_noise=0.01,frame_drop=0.1"}, "one factor at one level"),
+                      ({"perturb_share": 0.5}, "perturb_share would do nothing")):
+        with pytest.raises(ValidationError, match=said):
+            CollectConfig(**bad)
 
 
 def test_the_so101_dressing_puts_distractors_where_a_cube_could_be_and_turns_the_cubes_colour_nothing_else():
