@@ -15,9 +15,11 @@ policy), so two models meet the same perturbation on the same episode, whatever 
 The scene factors are applied by the task itself, which lists them (`env.scene_factors`; a task that cannot apply one
 refuses it by name): `object_pose` and `arm_pose` by its reset (isaac_tasks/scenes.py: the object and the arm start
 beyond the range the task trains on, seen by the physics, the cameras and the expert alike), `camera_pose`,
-`camera_fov` and `lighting` by its renderer (MuJoCo-SO101-PickCube-v0's). Isaac Lab's renderer here has no such knobs,
-so on its tasks what a wrapper can do is named, not passed off as re-rendering: `camera_shift` moves the rendered
-image (a camera translated parallel to its image plane, no parallax) and `brightness` scales it (no shadows).
+`camera_fov` and `lighting` by its renderer (MuJoCo-SO101-PickCube-v0's). On Isaac Lab's tasks these suites do not
+re-render a moved camera yet (Isaac Lab 3.0's `Camera.set_world_poses` and `set_intrinsic_matrices` would, per env;
+its dome light is one for all envs), so there what a wrapper can do is named, not passed off as re-rendering:
+`camera_shift` moves the rendered image (a camera translated parallel to its image plane, no parallax) and
+`brightness` scales it (no shadows).
 `instruction` rewords what a language-conditioned policy is told (a policy that reads no instruction is unaffected by
 it, as it should be). The SO-101 task's reset also applies `distractors` (cubes of other colours placed on the table
 beside an unchanged layout; they wait under the table otherwise) and `colour_swap` (the cube's hue turned, through
