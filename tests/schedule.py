@@ -29,6 +29,7 @@ UNIT_SECONDS = {
     "tests/isaac/test_robust_gate.py": 300,  # session 49: two demo-recipe models trained (400 steps each)
     "tests/isaac/test_sim_to_sim.py": 75,
     "tests/isaac/test_so101_dressing.py": 70,  # session 49: two simulators, the expert under two factors
+    "tests/isaac/test_camera_factors.py": 35,  # session 50: two tasks' probes (one simulator each)
     "bench:so101": 55,
     "tests/isaac/test_reach_variants.py": 174,
     "tests/isaac/test_serve_reach.py": 60,  # session 46: the SO-101's served check is in its loop

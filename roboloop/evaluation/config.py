@@ -61,8 +61,8 @@ class EvalRecipe(BaseModel):
     perturb: str | None = Field(
         None, description="also play the same episodes under perturbations: FACTOR[=LEVEL],... or all (factors: "
         "obs_noise, action_noise, actuator_gain, frame_drop, frame_delay, camera_shift, brightness, instruction, "
-        "object_pose, arm_pose, on the SO-101 pick: distractors, colour_swap, and where the task re-renders: "
-        "camera_pose, camera_fov, lighting; a factor alone: "
+        "object_pose, arm_pose, on the SO-101 pick: distractors, colour_swap, re-rendered where the task has cameras: "
+        "camera_pose, camera_fov, and on MuJoCo-SO101-PickCube-v0 lighting; a factor alone: "
         "all its levels; all: every factor the task applies); reports success per factor and level and the "
         "paired drop from nominal")
     latency: str | None = Field(

@@ -124,7 +124,7 @@ class IsaacLabEnv:
     @property
     def scene_factors(self) -> tuple[str, ...]:
         """The scene factors this task's own reset applies (isaac_tasks/scenes.py: the layout, and on the SO-101 the
-        distractors and the cube's colour; no moved camera yet: see perturb.py)."""
+        distractors and the cube's colour, and where it has cameras their mounts and focal lengths: see perturb.py)."""
         from roboloop.evaluation.isaac_tasks.scenes import SCENE_FACTORS
 
         return tuple(getattr(self.u, "scene_factors", SCENE_FACTORS)) if hasattr(self.u, "scene_factor") else ()

@@ -14,12 +14,12 @@ policy), so two models meet the same perturbation on the same episode, whatever 
 
 The scene factors are applied by the task itself, which lists them (`env.scene_factors`; a task that cannot apply one
 refuses it by name): `object_pose` and `arm_pose` by its reset (isaac_tasks/scenes.py: the object and the arm start
-beyond the range the task trains on, seen by the physics, the cameras and the expert alike), `camera_pose`,
-`camera_fov` and `lighting` by its renderer (MuJoCo-SO101-PickCube-v0's). On Isaac Lab's tasks these suites do not
-re-render a moved camera yet (Isaac Lab 3.0's `Camera.set_world_poses` and `set_intrinsic_matrices` would, per env;
-its dome light is one for all envs), so there what a wrapper can do is named, not passed off as re-rendering:
-`camera_shift` moves the rendered image (a camera translated parallel to its image plane, no parallax) and
-`brightness` scales it (no shadows).
+beyond the range the task trains on, seen by the physics, the cameras and the expert alike), `camera_pose` and
+`camera_fov` by its renderer (each camera's mount moved and turned, its focal length scaled, and the scene rendered
+again: Isaac Lab's tasks through isaac_tasks/cameras.py, MuJoCo-SO101-PickCube-v0 through mujoco_so101.py), and
+`lighting` by MuJoCo-SO101-PickCube-v0's renderer only (Isaac Lab's dome light is one for all envs). What a wrapper can
+do on any task is named, not passed off as re-rendering: `camera_shift` moves the rendered image (a camera translated
+parallel to its image plane, no parallax) and `brightness` scales it (no shadows).
 `instruction` rewords what a language-conditioned policy is told (a policy that reads no instruction is unaffected by
 it, as it should be). The SO-101 task's reset also applies `distractors` (cubes of other colours placed on the table
 beside an unchanged layout; they wait under the table otherwise) and `colour_swap` (the cube's hue turned, through
@@ -66,7 +66,8 @@ FACTORS: dict[str, Factor] = {
     "arm_pose": Factor((0.25, 0.5, 1.0), "the arm's start beyond the training range (the reach arm's shoulder, the "
                        "SO-101's arm joints), by up to this fraction of each range's half-width", "scene"),
     "camera_pose": Factor((1, 2, 4), "each camera re-rendered moved by this many cm and turned by this many degrees, "
-                          "in directions drawn per episode (tasks whose renderer can: MuJoCo-SO101-PickCube-v0)",
+                          "in directions drawn per episode and camera (in the frame it rides: the world, or the wrist "
+                          "camera's link)",
                           "scene"),
     "camera_fov": Factor((0.8, 0.9, 1.1, 1.25), "each camera re-rendered with its focal length scaled by this (its "
                          "field of view narrower above 1)", "scene"),
@@ -136,8 +137,8 @@ class Perturbed:
                 raise ValueError(f"perturb: {factor} is applied by the task's own reset or renderer; {env.task} "
                                  f"applies {', '.join(getattr(env, 'scene_factors', ())) or 'none'} (roboloop's "
                                  "reach and SO-101 tasks lay out object_pose and arm_pose, the SO-101's also "
-                                 "distractors and colour_swap; MuJoCo-SO101-PickCube-v0 also re-renders "
-                                 "camera_pose, camera_fov and lighting)")
+                                 "distractors and colour_swap; tasks with cameras also re-render camera_pose and "
+                                 "camera_fov, MuJoCo-SO101-PickCube-v0 also lighting)")
             self._lay(None)
         self.num_envs, self.action_dim, self.fps = env.num_envs, env.action_dim, env.fps
         self.action_low, self.action_high = env.action_low, env.action_high
@@ -156,6 +157,10 @@ class Perturbed:
 
     def _draw(self, i: int) -> np.random.Generator:
         return draw(self.seed, self.factor, self.level, int(self.number[i]), int(self.t[i]))
+
+    def _met(self) -> list[int]:
+        """The envs whose episodes meet the factor now."""
+        return [i for i in range(self.num_envs) if self._on(i)]
 
     def _on(self, i: int) -> bool:
         """Whether env `i`'s episode meets the factor (always, unless only a share of episodes does)."""
@@ -188,7 +193,7 @@ class Perturbed:
             return a * torch.tensor([self.level if self._on(i) else 1.0 for i in range(self.num_envs)],
                                     dtype=a.dtype, device=a.device)[:, None]
         half = (self.action_high - self.action_low).to(a) / 2
-        for i in [i for i in range(self.num_envs) if self._on(i)]:
+        for i in self._met():
             noise = self._draw(i).standard_normal(self.action_dim)
             a[i] += torch.as_tensor(noise, dtype=a.dtype) * self.level * half
         return torch.maximum(torch.minimum(a, self.action_high.to(a)), self.action_low.to(a))
@@ -196,13 +201,13 @@ class Perturbed:
     def _observe(self, obs: Obs) -> Obs:
         if self.kind == "state":
             state = obs.state.clone()
-            for i in [i for i in range(self.num_envs) if self._on(i)]:
+            for i in self._met():
                 state[i] += torch.as_tensor(self._draw(i).standard_normal(state.shape[1]), dtype=state.dtype,
                                             device=state.device) * self.level
             return Obs(state, obs.images, obs.instructions, obs.env_state, obs.past)
         if self.kind == "images" and obs.images:
             images = {k: v.clone() for k, v in obs.images.items()}
-            for i in [i for i in range(self.num_envs) if self._on(i)]:
+            for i in self._met():
                 now = {k: v[i] for k, v in obs.images.items()}
                 if self.factor == "frame_delay":  # this episode's frames so far; the one `level` steps back
                     self.history[i] = [*self.history[i], now][-(int(self.level) + 1):]

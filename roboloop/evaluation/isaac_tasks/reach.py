@@ -47,6 +47,7 @@ from isaaclab_newton.renderers.newton_warp_renderer_cfg import NewtonWarpRendere
 
 from roboloop.evaluation.assets import ARM_REL
 from roboloop.evaluation.isaac_tasks import scenes
+from roboloop.evaluation.isaac_tasks.cameras import CAMERA_FACTORS, CameraMounts
 from roboloop.evaluation.isaac_tasks.controllers import (
     JOINT_LIMIT,
     dls_step,
@@ -194,6 +195,11 @@ class ReachColorEnv(DirectRLEnv):
         self.start_q = torch.zeros(self.num_envs, 2)
         self.episodes_started = 0  # episodes begun since the last full reset (the evaluator's counting order)
         self.scene_factor: tuple[str, float, int] | None = None  # (factor, level, seed) of scenes.py, or nominal
+        self.episode = torch.zeros(self.num_envs, dtype=torch.long)  # per env: the number of the episode it plays
+        self.mounts = CameraMounts({"camera": self.scene["camera"]} if "camera" in self.scene.keys() else {},  # noqa: SIM118
+                                   self.num_envs)
+        # what its reset applies (perturb.py): the camera factors where it has a camera
+        self.scene_factors = (*scenes.SCENE_FACTORS, *(CAMERA_FACTORS if self.mounts.cameras else ()))
 
     # ----------------------------------------------------------------- language
     def instructions(self) -> list[str]:
@@ -290,6 +296,7 @@ class ReachColorEnv(DirectRLEnv):
             pose[:, 2] = TABLE_TOP + BALL_RADIUS
             pose[:, 6] = 1.0  # quaternion (x, y, z, w)
             ball.write_root_pose_to_sim_index(root_pose=pose, env_ids=ids)
+        self.mounts.lay(ids.tolist(), self.episode[ids.cpu()].tolist(), self.scene_factor)
 
     def _next_layout(self, ids: torch.Tensor) -> torch.Tensor:
         """Targets, ball positions and start joints of the envs `ids` (in the order their episodes start): episode
@@ -297,6 +304,7 @@ class ReachColorEnv(DirectRLEnv):
         k = max(1, int(self.cfg.instructions_per_layout))
         for env in ids.tolist():
             layout, slot = divmod(self.episodes_started, k)
+            self.episode[env] = self.episodes_started
             self.episodes_started += 1
             g = scenes.layout_generator(str(self.cfg.layout_split), int(self.cfg.seed or 0), layout)
             order = torch.randperm(3, generator=g) if k > 1 else torch.randint(0, 3, (1,), generator=g).expand(3)
@@ -305,7 +313,7 @@ class ReachColorEnv(DirectRLEnv):
             q = torch.empty(2).uniform_(-0.6, 0.6, generator=g)
             q[1] = q[1] + torch.sign(q[1] + 1e-3) * 0.6  # start bent, away from the singularity
             target = int(order[min(slot, 2)]) if self.cfg.fixed_target < 0 else int(self.cfg.fixed_target)
-            if self.scene_factor is not None:  # a perturbation suite's scene factor (see perturb.Perturbed)
+            if self.scene_factor is not None and self.scene_factor[0] in scenes.SCENE_FACTORS:  # a suite's layout
                 factor, level, seed = self.scene_factor
                 rng = perturb_rng(seed, factor, level, self.episodes_started - 1, -2)
                 balls, q = scenes.reach(factor, level, rng, balls, target, q, self.cfg.min_separation)

@@ -44,6 +44,7 @@ from isaaclab_so101.cameras import look_at_offset
 from isaaclab_so101.constants import HOME_JOINT_POS, JOINT_LIMITS_DEG, SIM_JOINT_NAMES
 
 from roboloop.evaluation.isaac_tasks import scenes
+from roboloop.evaluation.isaac_tasks.cameras import CAMERA_FACTORS, CameraMounts
 from roboloop.evaluation.isaac_tasks.scenes import from_lerobot, to_lerobot
 from roboloop.evaluation.isaac_tasks.so101_expert import ExpertSettings, Sensors, SO101Expert
 from roboloop.evaluation.so101_asset import so101_usd
@@ -189,7 +190,6 @@ class SO101PickCubeEnvCfg(DirectRLEnvCfg):
 
 class SO101PickCubeEnv(DirectRLEnv):
     cfg: SO101PickCubeEnvCfg
-    scene_factors = (*scenes.SCENE_FACTORS, *scenes.DRESSING_FACTORS)  # what its reset applies (perturb.py)
 
     def __init__(self, cfg: SO101PickCubeEnvCfg, render_mode: str | None = None, **kwargs):
         super().__init__(cfg, render_mode, **kwargs)
@@ -209,9 +209,14 @@ class SO101PickCubeEnv(DirectRLEnv):
         self.start_q = torch.zeros(n, 6, device=dev)  # the arm's start of the episode (for retry_failed)
         self.retries = torch.zeros(n, dtype=torch.long, device=dev)  # replays of the env's current layout
         self._expert_cache: tuple[int, torch.Tensor] | None = None
-        self.distractors = DISTRACTOR_COLOURS
         # per env: the distractors' (x, y, yaw) its episode shows (NaN: parked)
-        self.shown = torch.full((n, len(self.distractors), 3), float("nan"), device=dev)
+        self.shown = torch.full((n, len(DISTRACTOR_COLOURS), 3), float("nan"), device=dev)
+        self.episode = torch.zeros(n, dtype=torch.long)  # per env: the number of the episode it plays
+        self.mounts = CameraMounts({c: self.scene[c] for c in ("front", "wrist")
+                                    if c in self.scene.keys()}, n)  # noqa: SIM118
+        # what its reset applies (perturb.py): the camera factors where it has cameras
+        self.scene_factors = (*scenes.SCENE_FACTORS, *scenes.DRESSING_FACTORS,
+                              *(CAMERA_FACTORS if self.mounts.cameras else ()))
         self.hue = torch.zeros(n)  # per env: the cube's hue turn (degrees) in its episode
         self._cube_colour: tuple[list[int], list[list[int]], list[tuple]] | None = None
 
@@ -301,8 +306,10 @@ class SO101PickCubeEnv(DirectRLEnv):
         self._dress(ids)
 
     def _dress(self, ids: torch.Tensor) -> None:
-        """The distractors on the table where the episode shows them, else parked; the cube in its episode's colour.
-        Written into the Newton model's shape transforms and colours, which Isaac Lab's renderer reads each frame."""
+        """The distractors on the table where the episode shows them, else parked; the cube in its episode's colour;
+        the cameras' mounts and focal lengths (cameras.py). Written into the Newton model's shape transforms and
+        colours and the cameras' sites and intrinsics, which Isaac Lab's renderer reads each frame."""
+        self.mounts.lay(ids.tolist(), self.episode[ids.cpu()].tolist(), self.scene_factor)
         import warp as wp
         from isaaclab_newton.physics.newton_manager import NewtonManager
 
@@ -345,10 +352,11 @@ class SO101PickCubeEnv(DirectRLEnv):
                                       self.scene_factor, (r0, r1), (t0, t1), self.cfg.cube_yaw)
         placed, self.hue[env] = scenes.so101_dressing(self.scene_factor, self.episodes_started, cube,
                                                       (r0, r1), (t0, t1))
-        if len(placed) > len(self.distractors):
-            raise ValueError(f"perturb: distractors={len(placed)}: this scene has {len(self.distractors)}")
+        if len(placed) > len(DISTRACTOR_COLOURS):
+            raise ValueError(f"perturb: distractors={len(placed)}: this scene has {len(DISTRACTOR_COLOURS)}")
         self.shown[env] = float("nan")
         self.shown[env, :len(placed)] = placed.to(self.device)
+        self.episode[env] = self.episodes_started
         self.episodes_started += 1
         self.cube_pose[env] = cube.to(self.device)
         return q
