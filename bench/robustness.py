@@ -17,8 +17,8 @@ Ends with one JSON line: for `policy` and `expert`, the nominal success and its 
 level -> success, interval, drop) and `latency` (setting -> ms, steps late, success, drop).
 
 Each run is kept as a record in `bench/results/` (the Results page of the docs); the figures are there, not here.
-For the SO-101 the factors worth naming are the cameras' (`frame_drop`, `camera_shift`, `brightness`) and the
-scene's (`object_pose`, `arm_pose`, `distractors`, `colour_swap`).
+For the SO-101 the factors worth naming are the cameras' (`frame_drop`, `camera_shift`, `brightness`, and
+re-rendered: `camera_pose`, `camera_fov`) and the scene's (`object_pose`, `arm_pose`, `distractors`, `colour_swap`).
 """
 
 from __future__ import annotations

@@ -80,6 +80,14 @@ FACTORS: dict[str, Factor] = {
                           "Roboloop-SO101-PickCube-v0)", "scene"),
 }
 
+RENDERED = ("camera_pose", "camera_fov", "lighting")  # the scene factors a task applies through its renderer
+
+
+def renders(spec: str | None) -> bool:
+    """Whether the suites of `spec` name a factor that only an env rendering its cameras can apply (`all` does)."""
+    return bool(spec) and any(f in RENDERED for f, _ in parse(str(spec)))
+
+
 # paraphrases of the tasks' own wording (reach the red ball; pick up the cube): level 1 swaps the verb, level 2 the
 # noun too and wraps the sentence
 VERBS = {"reach": ("touch", "go to", "move to", "point at"), "pick up": ("grab", "lift", "take")}

@@ -35,14 +35,17 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
     from roboloop.evaluation.assets import hashes
     from roboloop.evaluation.evaluator import evaluate, progress_printer
     from roboloop.evaluation.gym_env import make_env
+    from roboloop.evaluation.perturb import renders
     from roboloop.evaluation.policies import fits, make_policy, reads_env_state, served_policy
     from roboloop.policies.precision import require_acting_precision
 
     ran = require_acting_precision(cfg.precision, cfg.device)  # refused before any env is made
 
     # the scripted baselines read no image: unless a video or rollout is asked for, render nothing (the episodes,
-    # seeded by layout, are the same ones; an SO-101 random baseline runs ~2x faster without its two cameras)
-    blind = cfg.policy in ("random", "expert") and not cfg.videos and not cfg.save_rollouts
+    # seeded by layout, are the same ones; an SO-101 random baseline runs ~2x faster without its two cameras), unless
+    # a suite moves a camera (the env without cameras could not: the scripted policy is played with them)
+    blind = cfg.policy in ("random", "expert") and not cfg.videos and not cfg.save_rollouts and \
+        not renders(cfg.perturb)
     # a policy that reads observation.environment_state: roboloop's tasks observe their scene's state for it (what
     # `collect --environment-state` records); another task either has it among its observations or the policy says
     policy: Any = None

@@ -16,6 +16,7 @@ import torch
 
 from roboloop.evaluation.isaac_tasks.cameras import mount_offset, quat_mul
 from roboloop.evaluation.perturb import draw
+from tests.isaac.test_reach_task import roboloop
 
 pytestmark = pytest.mark.isaac
 
@@ -67,3 +68,16 @@ def test_a_mount_offset_is_the_level_in_cm_and_degrees_and_a_pure_function_of_it
     assert math.isclose(float(turned(ident, quat_mul(ident, turn))), 2.0, abs_tol=1e-3)
     z90 = torch.tensor([0.0, 0.0, math.sin(math.pi / 4), math.cos(math.pi / 4)])  # a quarter turn about z, twice
     assert torch.allclose(quat_mul(z90, z90), torch.tensor([0.0, 0.0, 1.0, 0.0]), atol=1e-6)
+
+
+def test_the_expert_under_camera_factors_through_roboloop_evaluate_does_what_it_does_nominally(tmp_path):
+    # the scripted expert reads the simulator, not the cameras: its env renders them here only because the suites
+    # move them (it is played without cameras otherwise), and its outcomes are nominal's episode for episode
+    r = roboloop("evaluate", "--task", "Roboloop-Reach-Red-v0", "--policy", "expert", "--episodes", "4",
+                 "--num-envs", "2", "--output-dir", str(tmp_path), "--perturb", "camera_pose=2,camera_fov=0.9")
+    nominal = "".join("01"[e["success"]] for e in sorted(json.loads((tmp_path / "report.json").read_text())
+                                                          ["per_episode"], key=lambda e: e["index"]))
+    assert nominal.count("1") >= 3, nominal
+    for factor, level in (("camera_pose", "2"), ("camera_fov", "0.9")):
+        cell = r["perturbations"][factor][level]
+        assert cell["outcomes"] == nominal and cell["drop"] == 0 and cell["changed_initial"] == 0, (factor, cell)

@@ -122,6 +122,12 @@ def test_parse_names_factors_and_levels_and_refuses_the_unknown():
         perturb.parse("obs_noise=high")
 
 
+def test_a_suite_that_moves_a_camera_needs_an_env_that_renders():
+    # the scripted baselines run without cameras (faster) unless a suite names a factor applied by the renderer
+    assert perturb.renders("camera_pose=2") and perturb.renders("obs_noise,camera_fov") and perturb.renders("all")
+    assert not perturb.renders("obs_noise,camera_shift,brightness,object_pose") and not perturb.renders(None)
+
+
 class ChunkPolicy:
     """Chunk j of a call holds (call number, j) in every action dimension, scaled to stay within [-1, 1]."""
 
