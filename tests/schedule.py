@@ -26,7 +26,7 @@ UNIT_SECONDS = {
     "tests/e2e/test_fresh_clone.py": 500,  # its training: 310 s of 1,200 steps on one thread
     "tests/deploy": 220,  # session 46: its teardown waits 15 s for cancelled runs, not 60
     "tests/isaac/test_act_loop.py": 150,
-    "tests/isaac/test_robust_gate.py": 300,  # session 49: two demo-recipe models trained (400 steps each)
+    "tests/isaac/test_robust_gate.py": 175,  # session 51: two demo-recipe models trained (120 steps each; 172 s alone)
     "tests/isaac/test_sim_to_sim.py": 75,
     "tests/isaac/test_so101_dressing.py": 70,  # session 49: two simulators, the expert under two factors
     "tests/isaac/test_camera_factors.py": 35,  # session 50: two tasks' probes (one simulator each)
@@ -34,7 +34,7 @@ UNIT_SECONDS = {
     "tests/isaac/test_reach_variants.py": 174,
     "tests/isaac/test_serve_reach.py": 60,  # session 46: the SO-101's served check is in its loop
     "bench:dagger": 155,
-    "tests/unit/evaluation/test_lerobot_envs.py": 138,
+    "tests/unit/evaluation/test_lerobot_envs.py": 80,  # session 51: Diffusion and a lerobot-train ACT (73 s alone)
     "ray-serve": 330,  # session 41: with bench:rl (66 s) and tests/isaac/test_rl.py (84 s)
     "bench:rl": 130,
     "bench:policy": 120,

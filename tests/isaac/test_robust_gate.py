@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.isaac
 
-TASK, DEMOS, STEPS = "Roboloop-Reach-Red-v0", 128, 400
+TASK, DEMOS, STEPS = "Roboloop-Reach-Red-v0", 128, 120  # 400 steps: the same verdicts in twice the time
 FACTOR = "object_pose=1"
 
 
@@ -44,7 +44,7 @@ def test_the_gate_refuses_a_challenger_trained_without_the_perturbation_the_cham
     monkeypatch.setenv("ROBOLOOP_ARTIFACTS", str(tmp_path / "artifacts"))
     registry = str(tmp_path / "registry")
     quiet = lambda _line: None  # noqa: E731
-    checked = EvalRecipe(task=TASK, episodes=96, num_envs=16, execute_steps=4, videos=0, perturb=FACTOR,
+    checked = EvalRecipe(task=TASK, episodes=64, num_envs=16, execute_steps=4, videos=0, perturb=FACTOR,
                          gate_robustness=0.05)
     unchecked = checked.model_copy(update={"gate_robustness": None})  # the same runs, the nominal gate alone
     baseline = stages.evaluate("random", unchecked.model_copy(update={"perturb": None}), on_line=quiet)
@@ -60,7 +60,8 @@ def test_the_gate_refuses_a_challenger_trained_without_the_perturbation_the_cham
     # what the check sees: the plain model not worse nominally, far worse with the ball where it never was
     assert fragile.success_rate >= robust.success_rate - 0.05, (fragile.outcomes, robust.outcomes)
     assert moved(robust)["success_rate"] >= 0.8, moved(robust)
-    # measured on the 2-core AMD EPYC VM: both 96/96 nominally; past the range 88/96 and 74/96
+    # measured on the 2-core AMD EPYC VM: both 64/64 nominally; past the range 58/64 and 32/64 (at 400 steps on
+    # 96 episodes: 88/96 and 74/96; the longer-trained plain model generalises a little further)
     assert moved(fragile)["success_rate"] <= moved(robust)["success_rate"] - 0.1, (moved(fragile), moved(robust))
 
     for gate in (None, 0.05):  # a registry name without the check, one with it; the robust model champion of both
