@@ -37,6 +37,7 @@ the server chose for its torch threads and why (`--server-threads N` sets them).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import re
@@ -138,9 +139,11 @@ def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 
                           precision or PRECISION,
                           *(["--max-wait-ms", str(MAX_WAIT_MS)] if MAX_WAIT_MS is not None else []), *engine],
                          stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 180
+    deadline, said = time.time() + 180, collections.deque(maxlen=20)
     while time.time() < deadline:
         line = p.stderr.readline()  # type: ignore[union-attr]
+        if line:
+            said.append(line.rstrip())
         if m := re.search(r"; (\d+ torch threads \([^)]*\))", line):
             STARTED["threads"] = m.group(1)
         if m := LISTENING.search(line):
@@ -149,7 +152,7 @@ def start_server(model: Path, token_file: Path, max_batch: int, replicas: int = 
         if not line and p.poll() is not None:
             break
     p.kill()
-    raise SystemExit(f"roboloop serve did not start ({model})")
+    raise SystemExit(f"roboloop serve did not start ({model}, exit {p.wait()}); its last lines:\n" + "\n".join(said))
 
 
 def throughput(port: int, token: str, clients: int, seconds: float, state, images) -> float:
