@@ -187,3 +187,18 @@ def run_entry(stage: str, cfg, work, on_line: Callable[[str], None], timeout_s: 
         cause = next((ln for ln in reversed(tail) if ": " in ln and ln.split(":")[0].endswith("Error")), tail[-1:])
         raise ChildFailed(f"{what} failed (exit {code}): {cause if isinstance(cause, str) else ' | '.join(cause)}")
     return json.loads(tail[-1])
+
+
+@contextlib.contextmanager
+def own_sigterm():
+    """Keep this process's SIGTERM handler across `ray.init`, which installs Ray's own (`sys.exit`) and, in its core
+    worker, a C++ failure-signal handler that ends the process a few seconds after a SIGTERM: a `roboloop serve
+    --engine ray` stopped that way was gone before `serve.shutdown()` and `ray.shutdown()` finished, and Ray's
+    dashboard and runtime-env agents outlived it. With the handler kept (the CLI's raises SystemExit), the caller's
+    `finally` shuts Ray down."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)

@@ -84,14 +84,17 @@ def get(refs: Any, watch: Callable[[], None] | None = None) -> Any:
 def _start_ray(cfg: RLConfig) -> bool:
     import ray
 
+    from roboloop.procs import own_sigterm
+
     if ray.is_initialized():
         return False
-    if cfg.ray_address:
-        ray.init(address=cfg.ray_address, log_to_driver=True)
-        return False
-    need = cfg.env_workers * cfg.env_cpus + 2
-    ray.init(num_cpus=max(int(need + 0.999), os.cpu_count() or 1), num_gpus=None, include_dashboard=False,
-             log_to_driver=False, object_store_memory=256 * 1024 ** 2, configure_logging=False)
+    with own_sigterm():
+        if cfg.ray_address:
+            ray.init(address=cfg.ray_address, log_to_driver=True)
+            return False
+        need = cfg.env_workers * cfg.env_cpus + 2
+        ray.init(num_cpus=max(int(need + 0.999), os.cpu_count() or 1), num_gpus=None, include_dashboard=False,
+                 log_to_driver=False, object_store_memory=256 * 1024 ** 2, configure_logging=False)
     return True
 
 

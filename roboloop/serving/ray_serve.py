@@ -150,11 +150,14 @@ def run(cfg: ServeConfig, token_file: str, replicas: int = 1, address: str | Non
     import ray
     from ray import serve
 
+    from roboloop.procs import own_sigterm
+
     if not ray.is_initialized():
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(include_dashboard=False, log_to_driver=False, num_cpus=max(2, replicas))
+        with own_sigterm():
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(include_dashboard=False, log_to_driver=False, num_cpus=max(2, replicas))
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
     serve.run(build_app(cfg, token_file, replicas, per_node), name="roboloop-policy", route_prefix="/")
     return cfg.port
