@@ -123,6 +123,10 @@ def test_every_figure_in_the_docs_and_the_readme_comes_from_a_record(page):
     records = record.load()
     for m in record.QUOTE.finditer(text):
         record.quoted(m["bench"], [k.strip() for k in m["keys"].split(",")], records, m["args"])
+    # a quote broken across two lines is no quote: the site would show its braces
+    unquoted = re.sub(r"```.*?```|`[^`\n]*`", "", record.QUOTE.sub("", text), flags=re.S)
+    assert "{{" not in unquoted, f"{page.relative_to(ROOT)}: a quote the site cannot read (one line each): " \
+        + unquoted[unquoted.index("{{"):][:120]
 
 
 def test_a_quote_shows_the_newest_record_with_its_provenance_and_a_missing_one_is_refused():
