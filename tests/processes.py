@@ -22,3 +22,18 @@ def kill_leftovers(marker: str) -> None:
                 os.killpg(group, signal.SIGKILL)
         except (psutil.Error, ProcessLookupError, PermissionError):
             continue
+
+
+def in_session(sid: int) -> list[str]:
+    """The live (not zombie) processes of session `sid`, by command line: what a process started with
+    `start_new_session=True` left behind once it exited."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(" ".join(p.cmdline())[:80])
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return found

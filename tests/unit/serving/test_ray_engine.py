@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from roboloop.serving.check import LISTENING
 from roboloop.serving.client import PolicyClient
 from roboloop.serving.token import read_token
 from tests.models import untrained_model
+from tests.processes import in_session
 
 pytestmark = pytest.mark.slow
 
@@ -63,22 +63,12 @@ def test_ray_serve_engine_answers_like_in_process(tmp_path):
         try:
             code = proc.wait(60)
             deadline = time.time() + 20
-            while _session(proc.pid) and time.time() < deadline:
+            while in_session(proc.pid) and time.time() < deadline:
                 time.sleep(0.5)
-            left = _session(proc.pid)
+            left = in_session(proc.pid)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.stderr.close()
     assert code == 143 and not left, (code, left)
 
-
-def _session(sid: int) -> list[str]:
-    """The live processes of session `sid` (their command lines)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if fields[0] != "Z" and int(fields[3]) == sid:
-                found.append((stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:80])
-    return found
