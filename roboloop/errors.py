@@ -68,6 +68,10 @@ class CorruptFileError(RoboloopError, ValueError):
     """A file roboloop needs exists but cannot be read (truncated, corrupt, not what it claims)."""
 
 
+class UntrustedFileError(RoboloopError, ValueError):
+    """A file asks to run code or build objects when read (a pickle where data belongs): refused, nothing run."""
+
+
 def from_os_error(e: OSError, doing: str = "") -> RoboloopError | None:
     """The cause of an OSError as a roboloop error, or None when it is not one we can name better."""
     where = e.filename or doing or "the destination"

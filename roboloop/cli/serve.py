@@ -89,10 +89,13 @@ def _robot_parser(sub) -> None:
                    "(so101_follower, so100_follower, ...) or sim")
     r.add_argument("--robot.port", dest="robot_port", help="the servo bus's serial port (e.g. /dev/ttyACM0)")
     r.add_argument("--robot.id", dest="robot_id", help="the robot's id (its calibration file's name)")
+    r.add_argument("--robot.calibration-dir", dest="robot_calibration_dir", help="the folder of the robot's "
+                   "calibration file (default: LeRobot's, ~/.cache/huggingface/lerobot/calibration/robots/TYPE)")
     r.add_argument("--robot.cameras", dest="robot_cameras", default="{}", help='LeRobot camera configs as JSON, '
                    'e.g. \'{"front": {"type": "opencv", "index_or_path": 0, "width": 640, "height": 480, "fps": 30}}\'')
     r.add_argument("--robot.max-relative-target", dest="robot_max_relative_target", type=float,
-                   help="LeRobot's safety cap on each joint's move per action (degrees)")
+                   help="LeRobot's own cap on each joint's move per action (default: --max-step-deg)")
+    _envelope_args(r)
     r.add_argument("--task", default="Roboloop-SO101-PickCube-v0", help="--robot.type sim: the simulated task")
     r.add_argument("--instruction", default="", help="the task string sent with each observation")
     r.add_argument("--fps", type=float, default=30.0, help="control rate")
@@ -104,10 +107,34 @@ def _robot_parser(sub) -> None:
                    "goes away: hold (send the robot's present positions each tick while reconnecting, then resume "
                    "with a fresh chunk; stop when --reconnect tries are spent), stop (end at once, exit 3), or auto "
                    "(default: hold where the robot observes a position for every action, as LeRobot's arms do)")
+    r.add_argument("--reply-timeout", type=float, default=2.0, help="seconds to wait for a chunk; past that the "
+                   "connection counts as lost (the arm holds and the client reconnects)")
     r.add_argument("--reconnect", type=int, default=5, help="tries to reconnect to a lost server (0.5 s, doubled "
                    "each try, at most 8 s apart); the server must come back serving the same interface")
     r.add_argument("--token-file", help="the server's token file (default $ROBOLOOP_SERVE_TOKEN_FILE)")
     r.set_defaults(fn=cmd_robot)
+
+
+def _envelope_args(r) -> None:
+    from roboloop.serving import envelope as env
+
+    r.add_argument("--limits", help="a JSON file of each action's limits ({\"JOINT.pos\": {\"min\": -90, \"max\": "
+                   "90, \"units\": \"deg\"}, ...}) for an arm without a calibrated LeRobot motor bus (default: the "
+                   "robot's calibration; sim: the task's action bounds)")
+    r.add_argument("--max-step-deg", type=float, help=f"the most a joint's target may move in one tick, in degrees "
+                   f"(a gripper in percent: the same motion of its servo) (default {env.MAX_STEP_DEG:g}; sim: none)")
+    r.add_argument("--max-accel-deg", type=float, help=f"the most a joint's step may change from one tick to the "
+                   f"next, in degrees (default {env.MAX_ACCEL_DEG:g}; sim: none)")
+    r.add_argument("--max-first-deg", type=float, help=f"the most a chunk's first target may be from where the "
+                   f"joint is, in degrees (default {env.MAX_FIRST_DEG:g}; sim: none)")
+    r.add_argument("--on-violation", choices=["auto", *env.ON_VIOLATION], default="auto", help="a chunk outside "
+                   "the envelope (limits, step, acceleration, first target): hold (refused, the arm holds where it is "
+                   "and the next chunk is asked for), clamp (each target clamped into the envelope), or auto "
+                   "(default: hold where the robot observes a position for every action, as LeRobot's arms do; else "
+                   "clamp)")
+    r.add_argument("--max-lag-ms", type=float, help="a chunk's action later than this after its due time (its "
+                   "observation's time plus its place in the chunk) is stale and refused (default: the chunk's "
+                   "length, horizon / fps)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -250,6 +277,7 @@ def _import_all(package) -> None:
 
 def lerobot_robot(args: argparse.Namespace):
     """LeRobot's own robot object for `--robot.type` (its config class, its cameras), connected."""
+    import dataclasses
     import json
 
     import lerobot.cameras
@@ -269,49 +297,117 @@ def lerobot_robot(args: argparse.Namespace):
     kw = {"port": args.robot_port, "cameras": cams}
     if args.robot_id:
         kw["id"] = args.robot_id
-    if args.robot_max_relative_target is not None:
-        kw["max_relative_target"] = args.robot_max_relative_target
-    robot = make_robot_from_config(RobotConfig.get_choice_class(args.robot_type)(**kw))
+    # LeRobot's own cap, from the same bound as the envelope's step: a second line of defence inside the robot class
+    # (it limits each move from the *present* position, so a far target still walks there a step a tick: the
+    # envelope refuses such a target first)
+    from roboloop.serving.envelope import MAX_STEP_DEG
+
+    config_class = RobotConfig.get_choice_class(args.robot_type)
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    if "max_relative_target" in fields:
+        kw["max_relative_target"] = next(v for v in (args.robot_max_relative_target, args.max_step_deg,
+                                                     MAX_STEP_DEG) if v is not None)
+    elif args.robot_max_relative_target is not None:
+        raise ValueError(f"--robot.max-relative-target: LeRobot's {args.robot_type} has no such setting")
+    if args.robot_calibration_dir:
+        from pathlib import Path
+
+        kw["calibration_dir"] = Path(args.robot_calibration_dir)
+    robot = make_robot_from_config(config_class(**kw))
     robot.connect()
     return robot
 
 
+# `roboloop robot`'s exit codes: why the loop ended
+EXIT_DONE, EXIT_SERVER_LOST, EXIT_ROBOT_FAULT, EXIT_STOPPED = 0, 3, 4, 130
+
+
+def _loop_config(args: argparse.Namespace, realtime: bool):
+    from roboloop.serving import envelope as env
+    from roboloop.serving.robot import RobotLoopConfig
+
+    sim = args.robot_type == "sim"
+
+    def bound(value: float | None, default: float) -> float | None:
+        return value if value is not None else None if sim else default
+
+    return RobotLoopConfig(args.fps, args.execute_steps, args.prefetch, args.instruction, args.max_steps, realtime,
+                           on_server_loss=args.on_server_loss, max_step=bound(args.max_step_deg, env.MAX_STEP_DEG),
+                           max_accel=bound(args.max_accel_deg, env.MAX_ACCEL_DEG),
+                           max_first=bound(args.max_first_deg, env.MAX_FIRST_DEG), on_violation=args.on_violation,
+                           limits_file=args.limits,
+                           max_lag_s=args.max_lag_ms / 1e3 if args.max_lag_ms is not None else None)
+
+
 def cmd_robot(args: argparse.Namespace) -> int:
+    """Exit 0 after --max-steps, 130 on the operator's stop (Ctrl-C or SIGTERM: the arm is brought to rest first),
+    3 when the server is lost for good (the arm holds, torque on), 4 when the robot itself fails."""
     import json
+    import signal
 
-    from roboloop.serving.client import PolicyClient
-    from roboloop.serving.robot import RobotLoop, RobotLoopConfig
+    from roboloop.serving.client import PolicyClient, ServerLostError
+    from roboloop.serving.robot import RobotFault, RobotLoop
 
-    if args.robot_type == "sim":
-        from roboloop.serving.sim_robot import SimRobot
+    robot, realtime = _make_robot(args)
 
-        robot = SimRobot.make(args.task)
-        realtime = False  # the simulator keeps its own time
-    else:
-        if not args.robot_port:
-            raise ValueError(f"--robot.type {args.robot_type} needs --robot.port (the servo bus, e.g. /dev/ttyACM0)")
-        robot, realtime = lerobot_robot(args), True
-    from roboloop.serving.client import ServerLostError
+    def stop(signum, frame):  # SIGTERM (a service manager, Prefect's cancel) is the operator's stop too
+        raise KeyboardInterrupt("SIGTERM")
 
+    before = signal.signal(signal.SIGTERM, stop)
+    code, loop = EXIT_DONE, None
     try:
-        with PolicyClient(args.server, token_file=args.token_file, reconnect=args.reconnect) as client:
-            loop = RobotLoop(robot, client, RobotLoopConfig(args.fps, args.execute_steps, args.prefetch,
-                                                            args.instruction, args.max_steps, realtime,
-                                                            on_server_loss=args.on_server_loss))
+        with PolicyClient(args.server, token_file=args.token_file, reconnect=args.reconnect,
+                          timeout=args.reply_timeout) as client:
+            loop = RobotLoop(robot, client, _loop_config(args, realtime))
+            _say(f"roboloop robot: envelope: {loop.envelope.describe()}")
 
             def on_tick(tick: int, action: dict) -> None:
                 if getattr(robot, "episode_ended", False):
                     loop.reset()
 
-            stats = loop.run(on_tick)
+            loop.run(on_tick)
+    except KeyboardInterrupt:
+        code = EXIT_STOPPED
     except ServerLostError as e:
+        _say(f"roboloop robot: stopped, holding the arm where it is: {e}")
+        code = EXIT_SERVER_LOST
+    except RobotFault as e:
         _say(f"roboloop robot: stopped: {e}")
-        return 3
+        code = EXIT_ROBOT_FAULT
     finally:
-        robot.disconnect()
-    out = {"robot": args.robot_type, **stats.summary()}
+        _let_go(robot, loop, operator=code in (EXIT_DONE, EXIT_STOPPED))
+        signal.signal(signal.SIGTERM, before)
+    if loop is not None:
+        out = {"robot": args.robot_type, "exit": code, **loop.stats.summary()}
+        if args.robot_type == "sim":
+            eps = robot.episodes  # type: ignore[attr-defined]
+            out |= {"task": args.task, "episodes": len(eps), "successes": sum(e["success"] for e in eps)}
+        print(json.dumps(out))
+    return code
+
+
+def _make_robot(args: argparse.Namespace):
+    """(the robot, whether the loop keeps real time): LeRobot's robot class, or a task's simulator."""
     if args.robot_type == "sim":
-        eps = robot.episodes  # type: ignore[attr-defined]
-        out |= {"task": args.task, "episodes": len(eps), "successes": sum(e["success"] for e in eps)}
-    print(json.dumps(out))
-    return 0
+        from roboloop.serving.sim_robot import SimRobot
+
+        return SimRobot.make(args.task), False  # the simulator keeps its own time
+    if not args.robot_port:
+        raise ValueError(f"--robot.type {args.robot_type} needs --robot.port (the servo bus, e.g. /dev/ttyACM0)")
+    return lerobot_robot(args), True
+
+
+def _let_go(robot, loop, operator: bool) -> None:
+    """Disconnect the robot. On the operator's stop (or the planned end) the arm is brought to rest first and the
+    robot's own setting decides its torque; after a fault it is left holding its present position with torque on
+    (LeRobot's default turns torque off on disconnect: the arm would drop mid-motion)."""
+    config = getattr(robot, "config", None)
+    try:
+        if loop is not None:
+            loop.rest() if operator else loop.rest(ticks=1)
+    except Exception as e:  # noqa: BLE001 - a robot that cannot even hold: disconnect as it can
+        _say(f"roboloop robot: could not hold the arm before disconnecting ({type(e).__name__}: {e})")
+    if not operator and config is not None and getattr(config, "disable_torque_on_disconnect", False):
+        config.disable_torque_on_disconnect = False
+        _say("roboloop robot: torque left on: the arm holds its present position")
+    robot.disconnect()

@@ -11,6 +11,7 @@ exactly as they drive one in their own process.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import Counter
@@ -32,6 +33,12 @@ class ServerLostError(ServerError):
     """The connection to the server broke (killed, restarted, network lost) and was not re-established."""
 
 
+class ProtocolError(ServerLostError):
+    """A reply that breaks the protocol (not msgpack, a text frame, an over-long field, another request's id or
+    observation time): the connection is closed, since what comes next on it cannot be trusted to answer the next
+    request; a robot holds and reconnects as it does for a lost server."""
+
+
 @dataclass
 class Reply:
     actions: np.ndarray  # (N, H, A)
@@ -40,6 +47,7 @@ class Reply:
     roundtrip_ms: float
     batch: int
     note: str = ""
+    timestamp: float = 0.0  # the observation's time (time.time() when it was sent), echoed by the server
 
 
 def ws_url(url: str) -> str:
@@ -117,6 +125,9 @@ class PolicyClient:
         if not isinstance(actions, np.ndarray) or tuple(actions.shape) != want:
             raise ServerError(f"{self.url} sent a chunk of shape {getattr(actions, 'shape', None)} from {version}; "
                               f"this connection was opened for {want} ({self.spec['version']}): reconnect")
+        if actions.dtype != np.float32:  # the model's float: an int, bool or float64 chunk is not what it computes
+            raise ServerError(f"{self.url} sent a {actions.dtype} chunk from {version}; chunks are float32: "
+                              "not executed")
         if not np.isfinite(actions).all():
             raise ServerError(f"{self.url} sent a non-finite chunk from {version}: not executed")
         return actions
@@ -140,18 +151,31 @@ class PolicyClient:
                               f"{limit / 2**20:.1f} MiB a message: send fewer rows or smaller frames a request")
         try:
             self.ws.send(data)
-            reply = wire.loads(self.ws.recv(timeout=self.timeout))
-        except (ConnectionClosed, OSError) as e:
+            raw = self.ws.recv(timeout=self.timeout)
+        except (ConnectionClosed, OSError) as e:  # OSError: TimeoutError too (no reply within `timeout`)
             why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             if not retry:
                 raise ServerLostError(f"the policy server at {self.url} went away ({why})") from None
             self._reopen(why)
             return self.request(msg, retry=False)
+        try:
+            reply = wire.loads(raw, self.max_size)
+        except wire.WireError as e:
+            self._poisoned(f"a malformed reply ({e})")
+        if reply.get("id") != msg["id"]:  # a late, replayed or invented reply: what comes next is out of step too
+            self._poisoned(f"reply {reply.get('id')} to request {msg['id']}")
         if reply.get("type") == "error":
-            raise ServerError(str(reply.get("error")))
-        if reply.get("id") != msg["id"]:
-            raise ServerError(f"reply {reply.get('id')} to request {msg['id']}")
+            raise ServerError(str(reply.get("error"))[:500])
+        if "timestamp" in msg and reply.get("timestamp") != msg["timestamp"]:
+            self._poisoned(f"a reply for the observation of {reply.get('timestamp')!r}, not of this request's "
+                           f"{msg['timestamp']!r} (stale or replayed)")
         return reply
+
+    def _poisoned(self, why: str) -> None:
+        """Close a connection that broke the protocol and raise ProtocolError: the next request opens a new one."""
+        with contextlib.suppress(Exception):  # closing a connection already gone
+            self.ws.close()
+        raise ProtocolError(f"{self.url} broke the protocol: {why}; the connection is closed")
 
     def info(self) -> dict[str, Any]:
         reply = self.request({"type": "info"})
@@ -179,8 +203,8 @@ class PolicyClient:
         t0 = time.perf_counter()
         r = self.request(msg, retry=retry)
         actions = self._check(r.get("actions"), len(state), str(r.get("version")))
-        return Reply(actions, r["version"], float(r["infer_ms"]), (time.perf_counter() - t0) * 1e3,
-                     int(r.get("batch", 1)), str(r.get("note", "")))
+        return Reply(actions, str(r.get("version")), float(r.get("infer_ms", 0.0)), (time.perf_counter() - t0) * 1e3,
+                     int(r.get("batch", 1)), str(r.get("note", ""))[:1000], float(msg["timestamp"]))
 
     def close(self) -> None:
         self.ws.close()

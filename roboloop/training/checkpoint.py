@@ -8,6 +8,13 @@ the run is alive and at which step.
 `meta.json` (written last) lists every file's sha256: a checkpoint whose bytes changed since
 (a flipped bit, a copy cut short) is never resumed; `latest` falls back to the newest intact one
 and says why it skipped the others.
+
+A checkpoint is data, never code: what it holds is tensors and plain types (numpy's RNG state and
+arrays are stored as tensors), and it is read with `torch.load(weights_only=True)`, which builds
+nothing else. The checksums prove only that the bytes are those the writer wrote, and anyone who
+can write the run store (an S3 prefix every training node reads) can write `meta.json` too: a file
+that asks for any other object (a planted pickle, or a checkpoint from before this format) is
+refused as untrusted, by name, and nothing in it runs.
 """
 
 from __future__ import annotations
@@ -62,7 +69,10 @@ def damage(path: Path) -> str | None:
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = [str(kind), torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss),
+                   float(cached)]
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -70,7 +80,8 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -84,6 +95,24 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def plain(obj: Any) -> Any:
+    """`obj` as what `torch.load(weights_only=True)` reads back: numpy arrays as tensors, numpy scalars as Python
+    numbers, containers of those; anything else is refused here, at save time, rather than written unreadable."""
+    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(obj))
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(plain(v) for v in obj) if type(obj) in (list, tuple) else [plain(v) for v in obj]
+    if isinstance(obj, (torch.dtype, torch.device, torch.Size)):
+        return obj
+    raise TypeError(f"a checkpoint holds tensors and plain types; got a {type(obj).__name__}")
+
+
 def save(ckpt_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"{PREFIX}{step:08d}"
@@ -92,7 +121,7 @@ def save(ckpt_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Pa
     tmp.mkdir()
     try:
         with open(tmp / "state.pt", "wb") as f:
-            torch.save(state, f)
+            torch.save(plain(state), f)
             f.flush()
             os.fsync(f.fileno())
         _publish(tmp, final, {"step": step, "time": time.time()}, keep_last)
@@ -153,13 +182,57 @@ def latest(ckpt_dir: Path) -> Path | None:
     return None
 
 
-def load(path: Path) -> dict[str, Any]:
-    from roboloop.errors import CorruptFileError
+def read_data(file: Path) -> Any:
+    """A checkpoint file's tensors and plain values, read so that nothing in it can run (`weights_only=True`);
+    UntrustedFileError when it asks for anything else, CorruptFileError when it cannot be read at all."""
+    import pickle
+    import warnings
+
+    from roboloop.errors import CorruptFileError, UntrustedFileError
 
     try:
-        return torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+        with warnings.catch_warnings():  # a bare pickle's protocol is warned about before it is refused below
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UntrustedFileError(f"{file} asks to build {_globals(file)} when loaded: a checkpoint holds tensors and "
+                                 "plain values only, so it was planted or written before roboloop stored checkpoints "
+                                 "as data; refused as untrusted, nothing in it was run (resume from another "
+                                 "checkpoint, or train with resume=False)") from e
     except (RuntimeError, EOFError, OSError, ValueError) as e:  # torch's zip reader names no file
-        raise CorruptFileError(f"{path / 'state.pt'} cannot be read ({str(e).splitlines()[0]})") from e
+        raise CorruptFileError(f"{file} cannot be read ({str(e).splitlines()[0]})") from e
+
+
+def _globals(file: Path) -> str:
+    """The objects a pickle would look up (read from its opcodes, never run)."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(str(file))
+    except Exception:  # noqa: BLE001 - not a torch zip file at all: a bare pickle
+        names = _pickle_globals(file)
+    return ", ".join(sorted(names)[:4]) + (" ..." if len(names) > 4 else "") if names else "objects"
+
+
+def _pickle_globals(file: Path) -> list[str]:
+    """The globals a bare pickle names, from its opcodes (pickletools reads, never runs)."""
+    import pickletools
+
+    names: set[str] = set()
+    strings: list[str] = []
+    try:
+        for op, arg, _ in pickletools.genops(file.read_bytes()):
+            if op.name == "GLOBAL":
+                names.add(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                names.add(f"{strings[-2]}.{strings[-1]}")
+            elif isinstance(arg, str):
+                strings.append(arg)
+    except Exception:  # noqa: BLE001 - cut short or not a pickle: name what was seen
+        pass
+    return sorted(names)
+
+
+def load(path: Path) -> dict[str, Any]:
+    return read_data(path / "state.pt")
 
 
 def heartbeat(path: Path, step: int, **extra: Any) -> None:
@@ -189,7 +262,7 @@ def save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: t
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp))
     if rank == 0:
-        torch.save(extra, tmp / "extra.pt")
+        torch.save(plain(extra), tmp / "extra.pt")
     barrier()
     if rank == 0:
         _publish(tmp, final, {"step": step, "time": time.time(), "format": "dcp"}, keep_last)
@@ -210,4 +283,4 @@ def load_sharded(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
     state = {"model": msd, "optimizer": osd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    return torch.load(path / "extra.pt", map_location="cpu", weights_only=False)
+    return read_data(path / "extra.pt")

@@ -97,6 +97,9 @@ class Arm:
         self.pos = {k: 0.0 for k in JOINTS}
         self.sent: list[dict] = []
 
+    def joint_limits(self) -> dict:
+        return dict.fromkeys(JOINTS, (-180.0, 180.0, "deg"))
+
     def get_observation(self) -> dict:
         return dict(self.pos)
 
@@ -128,7 +131,9 @@ def test_the_robot_loop_holds_while_the_server_is_away_or_stops(server, on_loss)
     if on_loss == "stop":
         with pytest.raises(ServerLostError, match=f"127.0.0.1:{server.port}"):
             loop.run(on_tick)
-        assert loop.stats.server_losses == 1 and loop.stats.held == 0 and len(arm.sent) <= 25
+        # the tick that found the server gone held the arm where it was, then the loop ended
+        assert loop.stats.server_losses == 1 and loop.stats.held == 1 and len(arm.sent) <= 26
+        assert arm.sent[-1] == arm.sent[-2]
         return
     stats = loop.run(on_tick)
     client.close()

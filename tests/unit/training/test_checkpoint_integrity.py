@@ -57,3 +57,56 @@ def test_a_full_disk_during_a_checkpoint_is_named(tmp_path, monkeypatch):
     with pytest.raises(DiskFullError, match="checkpoint .*step-00000010"):
         checkpoint.save(tmp_path / "c", 10, {"x": 1}, keep_last=2)
     assert not list((tmp_path / "c").iterdir())  # nothing half-written left
+
+
+class _Payload:
+    """What a planted checkpoint pickles: unpickling it would run `touch MARK`."""
+
+    def __init__(self, mark):
+        self.mark = str(mark)
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.mark}",)
+
+
+@pytest.mark.parametrize("how", ["inside a real checkpoint", "a bare pickle"])
+def test_a_planted_pickle_with_good_checksums_runs_nothing_and_is_refused_as_untrusted(tmp_path, how):
+    """meta.json's checksums are written by whoever wrote the folder: they prove nothing about its author. A pickle
+    that asks for any object but tensors and plain values is refused by name, and its command never runs."""
+    import pickle
+
+    from roboloop.errors import UntrustedFileError
+
+    d, mark = tmp_path / "checkpoints", tmp_path / "ran"
+    checkpoint.save(d, 10, {"step": 10, "w": torch.ones(3)}, keep_last=2)
+    planted = d / "step-00000990"
+    planted.mkdir()
+    if how == "a bare pickle":
+        (planted / "state.pt").write_bytes(pickle.dumps({"step": 990, "model": _Payload(mark)}))
+    else:  # torch's own zip format, a payload beside real tensors
+        torch.save({"step": 990, "w": torch.ones(3), "x": _Payload(mark)}, planted / "state.pt")
+    checkpoint._publish(planted, tmp_path / "moved", {"step": 990}, keep_last=5)  # meta.json with its true sha256
+    (tmp_path / "moved").rename(planted)
+    assert checkpoint.latest(d) == planted  # intact by its checksums
+    with pytest.raises(UntrustedFileError, match=r"step-00000990/state.pt asks to build .*system.*untrusted"):
+        checkpoint.load(planted)
+    assert not mark.exists()
+
+
+def test_what_a_checkpoint_holds_is_data_and_restores_every_rng(tmp_path):
+    import random
+
+    import numpy as np
+
+    rng = checkpoint.rng_state()
+    a = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    state = {"step": 3, "rng": rng, "data": {"order": np.arange(5), "epoch": np.int64(2), "seen": (1, 2)}}
+    path = checkpoint.save(tmp_path / "c", 3, state, keep_last=1)
+    back = checkpoint.load(path)  # weights_only=True inside
+    checkpoint.set_rng_state(back["rng"])
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == a
+    assert back["data"]["order"].tolist() == [0, 1, 2, 3, 4] and back["data"]["epoch"] == 2
+    with pytest.raises(TypeError, match="tensors and plain types; got a object"):
+        checkpoint.save(tmp_path / "d", 1, {"x": object()}, keep_last=1)
