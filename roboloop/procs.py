@@ -202,3 +202,51 @@ def own_sigterm():
     finally:
         if previous is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, previous)
+
+
+class MemoryBoundError(RoboloopError, MemoryError):
+    """A step took more memory than its bound allows (a model whose config describes more than its weights hold)."""
+
+
+def _vm_data() -> int:
+    """This process's data size as the kernel counts it against RLIMIT_DATA (private writable memory), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmData in /proc/self/status")
+
+
+@contextlib.contextmanager
+def memory_bound(budget: int, what: str):
+    """Run the body with at most `budget` more bytes of data memory (RLIMIT_DATA, soft, restored after); an allocation
+    past it fails inside the body and comes out as MemoryBoundError naming `what` and the bound. Linux only (elsewhere
+    the body runs unbounded). Meant for a step that runs alone (a model's load at start, a check child): other
+    threads' allocations count against the same limit while it holds."""
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        limit = _vm_data() + budget
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "memory" not in str(e).lower():
+            raise
+        raise MemoryBoundError(f"{what} needed more than {budget / 2**30:.1f} GiB, its bound; refused "
+                               f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def load_budget(weights: int) -> int:
+    """The memory a model's load and check may take: 4x its weights file plus 1 GiB (the model's parameters, a copy
+    while loading, the check's activations), never more than 90% of what this machine has available."""
+    import psutil
+
+    return int(min(4 * weights + 2**30, 0.9 * psutil.virtual_memory().available))

@@ -51,11 +51,10 @@ def _serve_parser(sub) -> None:
                    "36 frames of 480x640; --engine ray: at most 16, its proxy's limit); a larger one closes its "
                    "connection (1009) and clients refuse to send one")
     s.add_argument("--max-connections", type=int, help="connections at once (all holders of the token; default "
-                   "64); more are refused at the handshake (HTTP 503). --engine process")
-    s.add_argument("--idle-timeout", type=float, help="seconds a connection may send nothing (default 300). "
-                   "--engine process")
+                   "64; --engine ray: per replica); more are refused at the handshake (HTTP 503; ray: 403)")
+    s.add_argument("--idle-timeout", type=float, help="seconds a connection may send nothing (default 300)")
     s.add_argument("--send-timeout", type=float, help="seconds a client may take to read a reply before its "
-                   "connection is dropped (default 10). --engine process")
+                   "connection is dropped (default 10)")
     s.add_argument("--token-file", help="the token file (default $ROBOLOOP_SERVE_TOKEN_FILE or "
                    ".roboloop/serve-token; created with mode 600 when absent)")
     s.add_argument("--engine", choices=["process", "ray"], default="process", help="process (default: one process, "
@@ -150,9 +149,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          "process on this machine)")
     limits = {"max_connections": args.max_connections, "idle_timeout_s": args.idle_timeout,
               "send_timeout_s": args.send_timeout}
-    if args.engine == "ray" and any(v is not None for v in limits.values()):
-        raise ValueError("--max-connections, --idle-timeout and --send-timeout apply to --engine process: Ray "
-                         "Serve's proxy holds the connections (its own limits)")
     token = read_token(args.token_file, create=True)
     logging.getLogger("roboloop.serve").setLevel(logging.INFO)
     max_bytes = _max_message_bytes(args)
@@ -204,13 +200,13 @@ def _start_line(server, cfg, args: argparse.Namespace) -> str:
     threads = f"{torch.get_num_threads()} torch threads ({'--threads' if cfg.threads else 'cores less one'})"
     torch_on_cpu = cfg.device == "cpu" and spec["runtime"] not in ("OnnxPolicy", "OnnxLeRobotPolicy")
     if not cfg.threads and torch_on_cpu:
-        from roboloop.serving.service import choose_threads
+        from roboloop.serving.tuning import choose_threads
 
         n, why = server.service.compute.submit(choose_threads, server.service.slot, os.cpu_count() or 1).result()
         threads = f"{n} torch threads ({why})"
     batching = f"batches of up to {cfg.max_batch} (--max-batch)" if args.max_batch else "batches of up to 64"
     if not args.max_batch and torch_on_cpu:
-        from roboloop.serving.service import choose_batching
+        from roboloop.serving.tuning import choose_batching
 
         cfg.max_batch, why = server.service.compute.submit(choose_batching, server.service.slot).result()
         batching = f"batches of up to {cfg.max_batch} ({why})"

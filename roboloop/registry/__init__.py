@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +37,11 @@ from roboloop.registry.store import PreconditionFailed, open_store
 
 REQUIRED_LINEAGE = ("git_commit", "dataset_md5", "config", "metrics")
 ALIASES = ("champion", "challenger")
+
+
+log = logging.getLogger(__name__)
+_VERSION_KEY = re.compile(r"v(\d{6,})/(COMMITTED\.json|claim\.json)")
+_warned: set[tuple[str, str]] = set()  # junk keys warned about once per process
 
 
 class RegistryError(RoboloopError, ValueError):
@@ -105,12 +112,29 @@ class Registry:
     def _vdir(self, name: str, v: int) -> str:
         return f"{name}/versions/{_vname(v)}"
 
+    def _numbered(self, name: str, marker: str) -> list[int]:
+        """Version numbers under NAME/versions/ that have `marker`; a key of another shape (junk written by hand or
+        by another tool: `versions/vXYZ/COMMITTED.json`) is skipped with a warning, never fatal to every user."""
+        found = set()
+        for k in self.store.list(f"{name}/versions/"):
+            if not k.endswith(f"/{marker}"):
+                continue
+            m = _VERSION_KEY.fullmatch(k.removeprefix(f"{name}/versions/"))
+            if m is None or m.group(2) != marker:
+                if (self.uri, k) not in _warned:
+                    _warned.add((self.uri, k))
+                    log.warning("registry %s: skipping %s (not a version's key: versions/vNNNNNN/%s)", self.uri, k,
+                                marker)
+                continue
+            found.add(int(m.group(1)))
+        return sorted(found)
+
     def versions(self, name: str) -> list[int]:
-        keys = self.store.list(f"{name}/versions/")
-        return sorted({int(k.split("/")[2][1:]) for k in keys if k.endswith("/COMMITTED.json")})
+        return self._numbered(name, "COMMITTED.json")
 
     def models(self) -> list[str]:
-        return sorted({k.split("/")[0] for k in self.store.list("") if k.endswith("/COMMITTED.json")})
+        return sorted({k.split("/")[0] for k in self.store.list("")
+                       if k.endswith("/COMMITTED.json") and _VERSION_KEY.fullmatch("/".join(k.split("/")[2:]))})
 
     def register(self, name: str, model_dir: str | Path, lineage: dict[str, Any]) -> int:
         """Upload `model_dir` as a new immutable version; returns its number. Lineage is required."""
@@ -122,8 +146,7 @@ class Registry:
         if not name or "/" in name or name.startswith("."):
             raise RegistryError(f"bad model name {name!r}")
         src = Path(model_dir)
-        files = sorted(p for p in src.rglob("*") if p.is_file() and "checkpoints" not in p.relative_to(src).parts
-                       and not any(part.startswith(".") for part in p.relative_to(src).parts))
+        files = _model_files(src)
         if not files:
             raise RegistryError(f"{src}: no model files")
         from roboloop.policies.trust import UntrustedFolderError, check_processor_steps
@@ -153,8 +176,7 @@ class Registry:
         return v
 
     def _claimed(self, name: str) -> list[int]:
-        return sorted({int(k.split("/")[2][1:]) for k in self.store.list(f"{name}/versions/")
-                       if k.endswith("/claim.json")})
+        return self._numbered(name, "claim.json")
 
     def resolve(self, name: str, ref: str | int) -> int:
         if str(ref) in ALIASES:
@@ -348,6 +370,24 @@ class Registry:
                                           f"({out['successes']}/{out['episodes']}); refusing to use them")
             out["outcomes"] = o
         return out
+
+
+def _model_files(src: Path) -> list[Path]:
+    """The files a version uploads: everything under `src` but checkpoints and hidden files. A link is refused, not
+    followed: a link in a model folder once uploaded a 0600 secret from elsewhere and served it to every reader."""
+    if src.is_symlink():
+        raise RegistryError(f"refusing to register {src}: it is a link (to {os.readlink(src)}); pass the folder itself")
+    files = []
+    for p in sorted(src.rglob("*")):
+        parts = p.relative_to(src).parts
+        if "checkpoints" in parts or any(part.startswith(".") for part in parts):
+            continue
+        if p.is_symlink():
+            raise RegistryError(f"refusing to register {src}: {p.relative_to(src)} is a link (to {os.readlink(p)}); "
+                                "a version holds the folder's own files: copy what it needs into it")
+        if p.is_file():
+            files.append(p)
+    return files
 
 
 def _first_gate(ev: dict[str, Any], alpha: float) -> tuple[bool, str]:

@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -38,6 +39,26 @@ def check_in_child(folder: Path, version: str, service: PolicyService) -> None:
     with tempfile.TemporaryDirectory(prefix="roboloop-check-") as work:
         run_entry("check-model", cfg, work, lambda line: log.info("[check %s] %s", version, line), CHECK_TIMEOUT_S,
                   f"the check of {version} in a child process")
+
+
+def own_cache(root: Path, slots: int = 256) -> tuple[Path, Any]:
+    """A download cache under `root` that no other server uses while this one runs: the first free `server-N`
+    (held with an exclusive flock on `server-N.lock` for the holder's life; a server restarted finds its old
+    downloads again). Each server's follower prunes the versions it no longer serves, so two servers started in
+    one working directory pruned each other's models out from under them. Returns (folder, the open lock file:
+    keep it)."""
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(slots):
+        lock = open(root / f"server-{n}.lock", "a+b")  # noqa: SIM115 - held open for the server's life
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        return root / f"server-{n}", lock
+    raise RuntimeError(f"{root}: {slots} servers hold a download cache here; stop one or give this one --cache")
 
 
 def resolve(ref: str, cache: Path) -> tuple[Path, str, tuple[str | None, str, str] | None]:

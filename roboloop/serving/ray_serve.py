@@ -11,6 +11,7 @@ argument that Ray would record.
 
 import asyncio
 import hmac
+import logging
 from typing import Any
 
 # at module level and without `from __future__ import annotations`: FastAPI resolves the endpoint's `WebSocket`
@@ -19,18 +20,22 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 from roboloop.serving.server import ServeConfig
 
+log = logging.getLogger("roboloop.serve")
+
 
 def _make_service(cfg: ServeConfig) -> Any:
     """A replica's checked PolicyService, following the registry alias when the reference names one."""
     from pathlib import Path
 
-    from roboloop.serving.follow import Follower, resolve
+    from roboloop.serving.follow import Follower, own_cache, resolve
     from roboloop.serving.service import PolicyService
 
-    folder, version, follow = resolve(cfg.ref, Path(cfg.cache))
+    cache, lock = own_cache(Path(cfg.cache))  # each replica's own on a machine (its follower prunes it)
+    folder, version, follow = resolve(cfg.ref, cache)
     service = PolicyService.load(folder, version, cfg.device, cfg.seed, cfg.precision)
+    service.cache_lock = lock  # held for the replica's life
     if follow is not None:
-        f = Follower(service, follow[0], follow[1], follow[2], Path(cfg.cache), cfg.follow_interval_s,
+        f = Follower(service, follow[0], follow[1], follow[2], cache, cfg.follow_interval_s,
                      cfg.follow_retry_s)
         f.seen = int(version.split("@v")[1])
         f.start()
@@ -54,13 +59,28 @@ async def _forward(service: Any, batch: list[tuple[Any, Any]]) -> list[tuple]:
     return out
 
 
-async def _session(ws: WebSocket, token: str, service: Any, submit: Any, max_bytes: int) -> None:
+class _Sessions:
+    """A replica's open connections, against the process engine's limits (ServeConfig.max_connections,
+    idle_timeout_s, send_timeout_s): without them, 256 idle authenticated connections (Serve's
+    max_ongoing_requests) locked every honest client out of the replica."""
+
+    def __init__(self, cfg: ServeConfig):
+        self.cfg, self.open = cfg, 0
+
+
+async def _session(ws: WebSocket, token: str, service: Any, submit: Any, sessions: _Sessions) -> None:
     from roboloop.serving.service import respond
 
+    cfg = sessions.cfg
     if not hmac.compare_digest(ws.headers.get("authorization", "").encode(), f"Bearer {token}".encode()):
         await ws.close(code=1008)  # before accept: the handshake is refused (HTTP 403)
         return
+    if sessions.open >= cfg.max_connections:  # refused at the handshake, as the process engine refuses (there 503)
+        log.warning("refused a connection: %d open (max_connections)", sessions.open)
+        await ws.close(code=1013)
+        return
     await ws.accept()
+    sessions.open += 1
     iface = service.open_session()
 
     async def submit_one(obs: Any, slot: Any) -> tuple:
@@ -68,15 +88,23 @@ async def _session(ws: WebSocket, token: str, service: Any, submit: Any, max_byt
 
     try:
         while True:
-            m = await ws.receive()
+            try:
+                m = await asyncio.wait_for(ws.receive(), cfg.idle_timeout_s)
+            except TimeoutError:  # nothing sent for idle_timeout_s: its place goes to someone else
+                await ws.close(code=1001)
+                return
             if m["type"] == "websocket.disconnect":
                 return
             data = m["bytes"] if m.get("bytes") is not None else (m.get("text") or "")
-            reply, _ = await respond(service, data, submit_one, max_bytes, iface)
-            await ws.send_bytes(reply)
+            reply, _ = await respond(service, data, submit_one, cfg.max_message_bytes, iface)
+            try:
+                await asyncio.wait_for(ws.send_bytes(reply), cfg.send_timeout_s)
+            except TimeoutError:  # a client that sends but does not read
+                return
     except WebSocketDisconnect:
         return
     finally:
+        sessions.open -= 1
         service.close_session(iface)
 
 
@@ -87,7 +115,10 @@ def build_app(cfg: ServeConfig, token_file: str, replicas: int = 1, per_node: in
 
     # a replica that stops answering its health check (its machine lost) leaves the routing table within ~8 s,
     # not Serve's default ~40 s: new robot sessions stop landing on it (tests/cluster/test_ray_hosts.py)
-    @serve.deployment(num_replicas=replicas, max_ongoing_requests=256, ray_actor_options={"num_cpus": 0},
+    # each websocket is one ongoing request for its whole life: room for max_connections of them and the handshakes
+    # that are refused beyond
+    @serve.deployment(num_replicas=replicas, max_ongoing_requests=cfg.max_connections + 32,
+                      ray_actor_options={"num_cpus": 0},
                       health_check_period_s=2, health_check_timeout_s=6)
     @serve.ingress(app)
     class RoboloopPolicy:
@@ -101,6 +132,7 @@ def build_app(cfg: ServeConfig, token_file: str, replicas: int = 1, per_node: in
             # Ray starts workers with OMP_NUM_THREADS=1; a replica gets this machine's cores shared among replicas
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // replicas))
             self.cfg, self._token, self.service = cfg, read_token(token_file), _make_service(cfg)
+            self.sessions = _Sessions(cfg)
             self.act_batched.set_max_batch_size(max(1, cfg.max_batch))  # type: ignore[attr-defined]
             self.act_batched.set_batch_wait_timeout_s(max(0.0, cfg.max_wait_ms) / 1e3)  # type: ignore[attr-defined]
 
@@ -110,7 +142,7 @@ def build_app(cfg: ServeConfig, token_file: str, replicas: int = 1, per_node: in
 
         @app.websocket("/")
         async def websocket(self, ws: WebSocket) -> None:
-            await _session(ws, self._token, self.service, self.act_batched, self.cfg.max_message_bytes)
+            await _session(ws, self._token, self.service, self.act_batched, self.sessions)
 
     deployment: Any = RoboloopPolicy
     if per_node is not None:  # Ray Serve's own placement rule: at most `per_node` replicas on one machine

@@ -25,7 +25,7 @@ from typing import Any
 
 from roboloop.evaluation.protocol import Obs
 from roboloop.serving import wire
-from roboloop.serving.follow import Follower, resolve
+from roboloop.serving.follow import Follower, own_cache, resolve
 from roboloop.serving.service import ModelSlot, PolicyService, respond, signature
 
 log = logging.getLogger("roboloop.serve")
@@ -148,7 +148,8 @@ class Server:
 
     def __init__(self, cfg: ServeConfig, token: str):
         self.cfg, self._token = cfg, token
-        folder, version, self.follow = resolve(cfg.ref, Path(cfg.cache))
+        self.cache, self._cache_lock = own_cache(Path(cfg.cache))  # this server's alone (its follower prunes it)
+        folder, version, self.follow = resolve(cfg.ref, self.cache)
         self.service = PolicyService.load(folder, version, cfg.device, cfg.seed, cfg.precision)
         self.port = cfg.port
         self.requests = self.errors = self.connections = 0  # connections: sessions that passed the token check
@@ -241,7 +242,7 @@ class Server:
     def _start_follower(self) -> None:
         if self.follow is not None:
             uri, name, alias = self.follow
-            self.follower = Follower(self.service, uri, name, alias, Path(self.cfg.cache), self.cfg.follow_interval_s,
+            self.follower = Follower(self.service, uri, name, alias, self.cache, self.cfg.follow_interval_s,
                                      self.cfg.follow_retry_s)
             self.follower.seen = int(self.service.slot.version.split("@v")[1].split("+")[0])
             self.follower.start()
@@ -270,6 +271,7 @@ class Server:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self.thread is not None:
             self.thread.join(10)
+        self._cache_lock.close()  # the download cache is free for the next server
 
     def __enter__(self) -> Server:
         return self.start()

@@ -59,6 +59,7 @@ class ModelSlot:
     # bf16: the largest |bf16 - fp32| action on the check observation, and that chunk's largest |action|
     deviation: tuple[float, float] | None = None
     camera_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # (H, W) each camera was recorded at
+    check_chunk: Any = None  # its chunk on the check observation (a new version's actions against the serving one's)
 
     def interface(self) -> tuple:
         """What a client relies on: the inputs it sends and the chunk it gets. Versions with equal interfaces can
@@ -82,7 +83,22 @@ class ModelSlot:
 def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
               probe: Obs | None = None, precision: str = "fp32") -> ModelSlot:
     """Load `folder` and check it; raises (naming the version) when it does not load or does not act. In bf16
-    the check chunk is also computed in fp32 and the largest difference kept (`ModelSlot.deviation`)."""
+    the check chunk is also computed in fp32 and the largest difference kept (`ModelSlot.deviation`). Under a memory
+    bound from its weights' size (`procs.load_budget`): a config.json with large dimensions took 5.2 GB to be
+    refused, in the server itself at start."""
+    from roboloop.policies import WEIGHTS_FILE
+    from roboloop.procs import load_budget, memory_bound
+    from roboloop.serving.export import ONNX_FILE
+
+    weights = Path(folder) / (ONNX_FILE if (Path(folder) / ONNX_FILE).is_file() else WEIGHTS_FILE)
+    size = weights.stat().st_size if weights.is_file() else 0
+    budget = load_budget(size)
+    with memory_bound(budget, f"loading {version} ({size / 2**20:.0f} MiB of weights)"):
+        return _load_and_check(folder, version, device, seed, probe, precision)
+
+
+def _load_and_check(folder: Path, version: str, device: str, seed: int, probe: Obs | None,
+                    precision: str) -> ModelSlot:
     from roboloop.policies import WEIGHTS_FILE, load_policy
     from roboloop.serving.export import ONNX_FILE, open_export
 
@@ -104,7 +120,7 @@ def load_slot(folder: Path, version: str, device: str = "cpu", seed: int = 0,
         with noise_kept(policy):
             ref = policy.act(obs).detach().float().cpu()
         slot.policy = acting(policy, precision, device, obs)
-    out = check(slot, obs)
+    out = slot.check_chunk = check(slot, obs)
     if ref is not None:
         slot.deviation = (float((out - ref).abs().max()), float(ref.abs().max()))
     return slot
@@ -154,66 +170,6 @@ def check(slot: ModelSlot, obs: Obs) -> torch.Tensor:
     if not torch.isfinite(out).all():
         raise ValueError(f"{slot.version}: the check chunk is not finite")
     return out
-
-
-def choose_threads(slot: ModelSlot, cores: int, repeats: int = 5, gain: float = 1.2,
-                   budget_s: float = 1.5) -> tuple[int, str]:
-    """Torch threads for the server's forward passes on a CPU: one core is left to the event loop, the message
-    (de)coding and a local client unless the model's forward pass is compute-bound, i.e. timed on the check
-    observation (the two counts in turn, at least `repeats` times each and for up to `budget_s`, fastest times
-    compared: another tenant's load only ever slows a pass) it runs at least `gain` times faster on every core.
-    Measured on 2 cores (bench/serve.py --server-threads 1 or 2): the demo's VLA (small kernels) served at
-    10.3 ms p50 on one thread and 18.6 ms on two (the client and the loop then fight its threads); LeRobot's ACT
-    on a 480x640 camera at 422 ms on one and 262 ms on two. With medians of 5 on a shared host whose speed
-    drifts 40% from second to second, ACT at 96x128 was once timed 1.03x on two cores and served on one."""
-    if cores <= 1:
-        return 1, "one core"
-    obs = probe_obs(slot.policy)
-    times: dict[int, list[float]] = {cores - 1: [], cores: []}
-    with noise_kept(slot.policy):
-        start, i = time.perf_counter(), 0
-        while i <= repeats or (time.perf_counter() - start < budget_s and i <= 10 * repeats):
-            for threads, seen in times.items():
-                torch.set_num_threads(threads)
-                t0 = time.perf_counter()
-                slot.policy.act(obs)
-                if i:  # the first round warms each thread count up
-                    seen.append(time.perf_counter() - t0)
-            i += 1
-    fewer, every = (min(t) for t in times.values())
-    speedup = fewer / max(every, 1e-9)
-    if speedup >= gain:
-        chosen, why = cores, f"compute-bound: {speedup:.2f}x faster on all {cores} cores"
-    else:
-        chosen, why = cores - 1, f"one core left to the network side: {speedup:.2f}x on all {cores} cores"
-    torch.set_num_threads(chosen)
-    return chosen, why
-
-
-def choose_batching(slot: ModelSlot, rows: int = 8, repeats: int = 2, gain: float = 1.1) -> tuple[int, str]:
-    """`roboloop serve`'s batch size on a CPU when none is given: 64 observations, unless one forward pass over
-    `rows` of them (timed on the check observation, alternating with `rows` passes over one, the fastest of
-    `repeats` each) is not at least `gain` times faster per observation; then 1, no batching. Measured on 2 cores
-    (bench/serve.py): the demo's VLA 2.85x, ACT at 96x128 1.88x, ACT at 480x640 1.01x, where the batching server
-    gave 0.74x the unbatched chunks/s at 8 clients."""
-    one = probe_obs(slot.policy)
-    many = concat([one] * rows)
-    singles: list[float] = []
-    batched: list[float] = []
-    with noise_kept(slot.policy):
-        for i in range(repeats + 1):
-            t0 = time.perf_counter()
-            for _ in range(rows):
-                slot.policy.act(one)
-            t1 = time.perf_counter()
-            slot.policy.act(many)
-            if i:  # the first round warms both up
-                singles.append(t1 - t0)
-                batched.append(time.perf_counter() - t1)
-    speedup = min(singles) / max(min(batched), 1e-9)
-    if speedup >= gain:
-        return 64, f"a pass over {rows} observations {speedup:.2f}x faster than {rows} over one"
-    return 1, f"no batching: a pass over {rows} observations only {speedup:.2f}x faster than {rows} over one"
 
 
 def _fits(slot: ModelSlot, obs: Obs) -> bool:
@@ -332,6 +288,7 @@ class PolicyService:
     precision: str = "fp32"  # what every version it loads acts in ("fp32" or "bf16")
     refused: str = ""  # the last version that failed its check, and why (no server paths: clients read it)
     probe: Obs | None = None  # the last request whose chunk was finite (a NaN-making one never becomes the probe)
+    cache_lock: Any = None  # the lock on this server's own download cache (follow.own_cache), held for its life
     lock: threading.Lock = field(default_factory=threading.Lock)  # one forward pass at a time; swaps between
     # slot, lanes and sessions: held only to read or change them, never during a pass (the event loop takes it)
     state_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -404,9 +361,13 @@ class PolicyService:
         between two forward passes; sessions connected to another interface (a new action size or chunk length,
         other inputs) keep their version until they close, and new sessions get the new one. On failure keep
         serving the old one."""
+        from roboloop.serving.action_range import refusal
+
         try:
             new = on_passing_thread(load_slot, folder, version, self.device, self.seed, self.probe,
                                     self.precision)
+            if why := refusal(self.slot, new):
+                raise ValueError(why)
         except Exception as e:  # any failure of the new version keeps the old one serving
             self.refused = redact(f"{version} refused: {type(e).__name__}: {e}")[:500]
             log.error("keeping %s: %s: %s", self.slot.version, version, e)

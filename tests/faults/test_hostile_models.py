@@ -198,3 +198,24 @@ def test_a_version_that_kills_its_loader_is_checked_in_a_child_and_the_server_li
         while "arm@v2 refused" not in (r := c.act(state)).note and time.time() < deadline:
             time.sleep(0.1)
         assert r.version.startswith("arm@v1+") and "in a child process failed" in r.note, r.note
+
+
+def test_a_config_that_describes_more_than_its_weights_is_refused_under_a_memory_bound(tmp_path):
+    """A config.json with large dimensions took the check child to 5.2 GB, and the server itself at start: loading
+    now runs under a bound from the weights' size (4x plus 1 GiB), and past it the version is refused by name."""
+    import resource
+
+    from roboloop.procs import MemoryBoundError
+    from roboloop.serving.service import load_slot
+
+    folder = untrained_model(tmp_path / "big", 6, 3, 8)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model"].update(dim=4096, head_dim_model=4096, layers=48)  # ~38 GB of parameters for 1 MB of weights
+    (folder / "config.json").write_text(json.dumps(cfg))
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    t0 = time.time()
+    with pytest.raises(MemoryBoundError, match=r"loading arm@v9 \(\d+ MiB of weights\) needed more than 1\.\d GiB"):
+        load_slot(folder, "arm@v9")
+    assert time.time() - t0 < 60 and resource.getrlimit(resource.RLIMIT_DATA) == before
+    slot = load_slot(untrained_model(tmp_path / "ok", 6, 3, 8), "arm@v1")  # a model as big as its weights loads
+    assert slot.check_chunk.shape == (1, 8, 3)

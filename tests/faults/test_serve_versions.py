@@ -63,7 +63,7 @@ def test_a_new_chunk_length_goes_to_new_connections_and_connected_robots_keep_th
     assert len(srv.service.lanes) == 2
     robot.close()
     _wait(lambda: len(srv.service.lanes) == 1, "v1 was kept after its last connection closed")
-    _wait(lambda: [d.name for d in (tmp_path / "cache" / "arm").iterdir()] == ["v000002"], "v1's copy was kept")
+    _wait(lambda: [d.name for d in (srv.cache / "arm").iterdir()] == ["v000002"], "v1's copy was kept")
 
 
 def test_a_client_refuses_a_chunk_of_another_shape(served):

@@ -195,3 +195,32 @@ def test_killed_upload_never_appears(tmp_path, s3_env):
     with pytest.raises(RegistryError):
         reg.resolve("reach", 1)
     assert reg.register("reach", _model(tmp_path, "next"), _lineage(5)) == 2  # the number stays burnt
+
+
+def test_a_junk_key_is_skipped_with_a_warning_not_fatal_to_every_user(registry, tmp_path, caplog):
+    """`versions/vXYZ/COMMITTED.json` (hand-written, or another tool's) broke list, promote and resolve for all."""
+    registry.register("reach", _model(tmp_path, "a"), _lineage(80))
+    registry.store.put_bytes("reach/versions/vXYZ/COMMITTED.json", b"{}")
+    registry.store.put_bytes("reach/versions/v1/claim.json", b"{}")
+    with caplog.at_level("WARNING"):
+        assert registry.versions("reach") == [1] and registry.models() == ["reach"]
+        assert registry.resolve("reach", "v1") == 1
+        v = registry.register("reach", _model(tmp_path, "b"), _lineage(90))
+    assert v == 2 and registry.versions("reach") == [1, 2]
+    assert "skipping reach/versions/vXYZ/COMMITTED.json" in caplog.text
+
+
+def test_a_link_in_a_model_folder_is_refused_not_followed(registry, tmp_path):
+    """A link to a 0600 secret was uploaded and served to every reader as a 0644 file."""
+    secret = tmp_path / "secret"
+    secret.write_text("hunter2")
+    secret.chmod(0o600)
+    src = _model(tmp_path, "a")
+    (src / "tokenizer.json").symlink_to(secret)
+    with pytest.raises(RegistryError, match=r"tokenizer.json is a link \(to .*secret\)"):
+        registry.register("reach", src, _lineage(80))
+    (src / "tokenizer.json").unlink()
+    (src / "extra").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(RegistryError, match="extra is a link"):
+        registry.register("reach", src, _lineage(80))
+    assert registry.versions("reach") == [] and not registry._claimed("reach")

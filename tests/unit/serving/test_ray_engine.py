@@ -32,7 +32,8 @@ def test_ray_serve_engine_answers_like_in_process(tmp_path):
     token = read_token(tmp_path / "token", create=True)
     env = {**os.environ, "ROBOLOOP_SERVE_TOKEN_FILE": str(tmp_path / "token"), "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "roboloop.cli", "serve", str(model), "--engine", "ray", "--port",
-                             "0"], stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+                             "0", "--max-connections", "3", "--idle-timeout", "3"], stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
     try:
         port, seen, deadline = None, [], time.time() + 240
         while port is None and time.time() < deadline:
@@ -55,6 +56,7 @@ def test_ray_serve_engine_answers_like_in_process(tmp_path):
             assert c.act(state).actions.shape == (3, 8, 3)
         with pytest.raises(InvalidStatus):
             PolicyClient(f"serve://127.0.0.1:{port}", token="wrong" * 8)
+        _idle_connections_are_capped_and_closed(port, token, state)
     finally:
         # SIGTERM (what Kubernetes, systemd and a cancelled run send) stops Ray Serve and Ray itself: nothing of the
         # server's session is left (Ray's C++ signal handler once ended the server in the middle of its shutdown and
@@ -72,3 +74,23 @@ def test_ray_serve_engine_answers_like_in_process(tmp_path):
             proc.stderr.close()
     assert code == 143 and not left, (code, left)
 
+
+
+def _idle_connections_are_capped_and_closed(port: int, token: str, state: np.ndarray) -> None:
+    """The process engine's limits, on Ray Serve too: 3 idle authenticated connections fill the replica's cap (a
+    fourth is refused at the handshake), and after the idle timeout (3 s) they are closed and an honest client is
+    served again (256 of them used to lock every client out)."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    url = f"ws://127.0.0.1:{port}"
+    idle = [connect(url, additional_headers={"Authorization": f"Bearer {token}"}) for _ in range(3)]
+    time.sleep(0.5)  # each is accepted by the replica (counted) once its handshake is through
+    with pytest.raises(InvalidStatus):
+        PolicyClient(f"serve://127.0.0.1:{port}", token=token)
+    time.sleep(4.0)
+    for ws in idle:
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=5)
+    with PolicyClient(f"serve://127.0.0.1:{port}", token=token) as c:
+        assert c.act(state).actions.shape == (3, 8, 3)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from roboloop.serving.service import ModelSlot, choose_threads
+from roboloop.serving.service import ModelSlot
+from roboloop.serving.tuning import choose_threads
 
 
 class Timed:
@@ -65,7 +66,7 @@ class Batched(Timed):
 
 
 def test_batching_only_where_a_batched_pass_is_faster_per_observation():
-    from roboloop.serving.service import choose_batching
+    from roboloop.serving.tuning import choose_batching
 
     # a fixed cost to share (4.5x faster batched) / none, and a batch slower than its rows one by one (0.67x);
     # wide margins on both sides of 1.1x, as a loaded machine preempts the spinning thread
