@@ -35,7 +35,7 @@ class EvalRecipe(BaseModel):
     # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
     KEYED: ClassVar[frozenset[str]] = frozenset({
         "device", "early_stop", "episodes", "execute_steps", "num_envs", "precision", "seed", "task", "videos",
-        "perturb", "latency", "prefetch"})
+        "perturb", "latency", "prefetch", "envelope"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({"gate_robustness", "gate_latency"})
 
 
@@ -73,6 +73,13 @@ class EvalRecipe(BaseModel):
         0, ge=0, description="with latency: also play each latency setting as a robot loop with prefetch (roboloop "
         "robot --prefetch): the next chunk asked for when this many actions of the executing one are left, from "
         "that step's observation, the arm going on meanwhile (rows '<setting>, prefetch N'); 0: without prefetch only")
+
+    envelope: Literal["none", "robot"] = Field(
+        "none", description="robot: every action passes the envelope roboloop robot applies (the task's action bounds "
+        "as joint limits; on joints in degrees its default step, acceleration and first-target bounds per step): a "
+        "target that breaks it is refused (the arm holds, its env re-plans) or, where the env cannot "
+        "hold, clamped; the report counts both (envelope), so what a robot would refuse is measured before it moves. "
+        "The nominal episodes only")
 
     gate_robustness: float | None = Field(
         None, ge=0, le=1, description="promotion also needs, under every perturbation both the challenger and the "

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -76,6 +76,8 @@ class EvalReport:
     # --perturb: factor -> level -> {success_rate, ci_low, ci_high, episodes, drop, lost, gained} (same episodes)
     perturbations: dict | None = None
     perturbation_worst: str | None = None  # factor=level with the largest drop
+    # --envelope robot: what the robot's envelope did to the policy's actions (refused chunks held, clamped targets)
+    envelope: dict | None = None
     perturbation_videos: list[str] = field(default_factory=list)  # rollouts under the worst one
     perturbation_plot: str | None = None
     contact_sheet: str | None = None  # contact.png: a row of frames per rollout video, captioned
@@ -137,7 +139,8 @@ def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int 
              max_env_steps: int = 10_000_000, labeler: Policy | None = None,
              stop: Callable[[list[bool]], str | None] | None = None, look_every: int = LOOK_EVERY,
              progress: Callable[[int, int, int], None] | None = None,
-             delay_steps: int = 0, label: str = "policy", prefetch: int = 0) -> tuple[EvalReport, list[dict]]:
+             delay_steps: int = 0, label: str = "policy", prefetch: int = 0,
+             envelope: Any = None) -> tuple[EvalReport, list[dict]]:
     """Returns the report and (if `record_rollouts`) the counted episodes' trajectories.
 
     With a `labeler` (the scripted expert), recorded trajectories carry the labeler's action at each
@@ -155,11 +158,14 @@ def evaluate(env: BatchedEnv, policy: Policy, episodes: int, execute_steps: int 
     `prefetch` (`roboloop robot --prefetch`), the next chunk is asked for when that many actions of the executing one
     are left, from that step's observation, while they go on.
 
+    With `envelope` (`--envelope robot`), actions pass the robot's envelope as `roboloop robot` applies it
+    (`_Run.enveloped`); the report's `envelope` counts what a robot would refuse or clamp.
     With `output_dir`: `videos` rollouts (one of them a failure whenever any episode failed), captioned with `label`
     (the model and version), and a contact sheet (contact.png): `roboloop.evaluation.videos`."""
     _refuse(episodes, stop is not None and record_rollouts, prefetch, execute_steps)
     run = _Run(env, policy, episodes, execute_steps, videos, output_dir is not None, record_rollouts)
-    run.labeler, run.progress, run.delay, run.prefetch = labeler, progress, max(0, delay_steps), prefetch
+    run.labeler, run.progress, run.delay, run.prefetch, run.envelope = labeler, progress, max(0, delay_steps), \
+        prefetch, envelope
     obs = env.reset(seed=seed)
     next_look, why = look_every, None
     while len(run.results) < episodes:
@@ -228,6 +234,9 @@ class _Run:
         self.fresh = torch.zeros(n, dtype=torch.bool)  # envs whose episode starts at the next observation
         self.progress: Callable[[int, int, int], None] | None = None
         self.successes = 0
+        self.envelope: Any = None
+        self.sent: list[torch.Tensor] = []  # the last two actions each env executed (the envelope's step, acceleration)
+        self.refused = self.clamped = 0
 
     def plan(self, obs: Obs) -> None:
         need = (self.idx >= self.end - self.prefetch) & (self.wait == 0)
@@ -277,7 +286,31 @@ class _Run:
             if hold.any():
                 held = getattr(self.env, "hold_action", None)
                 action[hold] = held(obs)[hold].float().cpu() if held is not None else 0.0
-        return torch.maximum(torch.minimum(action, self.env.action_high), self.env.action_low)
+        action = torch.maximum(torch.minimum(action, self.env.action_high), self.env.action_low)
+        return self.enveloped(action, obs) if self.envelope is not None else action
+
+    def enveloped(self, action: torch.Tensor, obs: Obs) -> torch.Tensor:
+        """Each env's action through the robot's envelope: a refused one holds (and its env re-plans), a clamped one
+        is sent clamped. The envelope's step and acceleration run from each env's last two actions."""
+        held = getattr(self.env, "hold_action", None)
+        present = held(obs).double() if held is not None else torch.full(action.shape, float("nan"))
+        out = action.clone()
+        for i in range(self.n):
+            fresh = bool(self.idx[i] == 0 or self.length[i] == 0)
+            prev = self.sent[-1][i].numpy() if self.sent and self.length[i] > 0 else None
+            prev2 = self.sent[-2][i].numpy() if len(self.sent) > 1 and self.length[i] > 1 else None
+            target, why = self.envelope.admit(action[i].double().numpy(), present[i].numpy(), prev, prev2, fresh)
+            if why is None:
+                continue
+            if self.envelope.on_violation == "hold":
+                self.refused += 1
+                out[i] = present[i].float() if held is not None else 0.0
+                self.idx[i] = self.end[i] = self.execute_steps  # the chunk is dropped: re-plan at the next step
+            else:
+                self.clamped += 1
+                out[i] = torch.as_tensor(target, dtype=out.dtype)
+        self.sent = [*self.sent[-1:], out.double()]
+        return out
 
     def with_past(self, obs: Obs) -> Obs:
         """For a policy that reads `history` frames: `obs` with its previous frames (an env whose episode just
@@ -380,7 +413,9 @@ class _Run:
             if self.call_ms else {},
             initial_states=(states := "".join(self.initial.get(e.index, "?" * 8)
                                               for e in sorted(results, key=lambda e: e.index))),
-            initial_states_sha256=hashlib.sha256(states.encode()).hexdigest())
+            initial_states_sha256=hashlib.sha256(states.encode()).hexdigest(),
+            envelope={"refused": self.refused, "clamped": self.clamped, "steps": self.env_steps,
+                      "envelope": self.envelope.describe()} if self.envelope is not None else None)
 
 
 def initial_digest(obs: Obs, i: int) -> str:

@@ -61,7 +61,8 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
         stop, looks = _stop_rule(cfg)
         report, trajs = evaluate(env, policy, cfg.episodes, cfg.execute_steps or DEFAULT_EXECUTE_STEPS, cfg.videos,
                                  cfg.output_dir, record_rollouts=bool(cfg.save_rollouts), seed=cfg.seed, stop=stop,
-                                 progress=progress_printer("[progress] evaluating"), label=cfg.shown_as())
+                                 progress=progress_printer("[progress] evaluating"), label=cfg.shown_as(),
+                                 envelope=_envelope(cfg, env))
         report.precision = ran
         report.looks = looks  # the gate's final test spends the same alpha / looks as each look did
         if hasattr(policy, "served"):  # served: which model versions produced the chunks, how fast they came
@@ -145,6 +146,24 @@ SO101_NAMES = [f"{m}.pos" for m in ("shoulder_pan", "shoulder_lift", "elbow_flex
 # what LeRobot 0.6.1's `lerobot-record` writes as robot_type for an SO-101 follower (its robot's `name`; recordings
 # made with LeRobot before the SO-100/101 classes merged say "so101_follower")
 SO101_ROBOT_TYPE = "so_follower"
+
+
+def _envelope(cfg: Any, env: Any) -> Any:
+    """`envelope robot`: the envelope `roboloop robot` would apply to a simulated robot of this task."""
+    if cfg.envelope != "robot":
+        return None
+    from roboloop.serving.envelope import for_task
+
+    return for_task(env, action_names(env.task, env.action_dim))
+
+
+def action_names(task: str, action_dim: int) -> list[str]:
+    """A task's action names as a robot would call them (LeRobot's schema where the task has one)."""
+    if task in (*ROBOLOOP_TASKS, *SIM2SIM_TASKS):
+        action = task_schema(task)[2]
+        if action is not None and len(action) == action_dim:
+            return list(action)
+    return [f"action_{i}" for i in range(action_dim)]
 
 
 def task_schema(task: str) -> tuple[str, list[str] | None, list[str] | None, list[str] | None]:

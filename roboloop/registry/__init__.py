@@ -33,6 +33,7 @@ from roboloop import fsutil
 from roboloop.binomial import non_inferior, paired_difference, paired_error_gate, paired_gate
 from roboloop.errors import RoboloopError
 from roboloop.receipts import Decision
+from roboloop.registry.files import model_files
 from roboloop.registry.store import PreconditionFailed, open_store
 
 REQUIRED_LINEAGE = ("git_commit", "dataset_md5", "config", "metrics")
@@ -146,7 +147,7 @@ class Registry:
         if not name or "/" in name or name.startswith("."):
             raise RegistryError(f"bad model name {name!r}")
         src = Path(model_dir)
-        files = _model_files(src)
+        files = model_files(src, RegistryError)
         if not files:
             raise RegistryError(f"{src}: no model files")
         from roboloop.policies.trust import UntrustedFolderError, check_processor_steps
@@ -370,24 +371,6 @@ class Registry:
                                           f"({out['successes']}/{out['episodes']}); refusing to use them")
             out["outcomes"] = o
         return out
-
-
-def _model_files(src: Path) -> list[Path]:
-    """The files a version uploads: everything under `src` but checkpoints and hidden files. A link is refused, not
-    followed: a link in a model folder once uploaded a 0600 secret from elsewhere and served it to every reader."""
-    if src.is_symlink():
-        raise RegistryError(f"refusing to register {src}: it is a link (to {os.readlink(src)}); pass the folder itself")
-    files = []
-    for p in sorted(src.rglob("*")):
-        parts = p.relative_to(src).parts
-        if "checkpoints" in parts or any(part.startswith(".") for part in parts):
-            continue
-        if p.is_symlink():
-            raise RegistryError(f"refusing to register {src}: {p.relative_to(src)} is a link (to {os.readlink(p)}); "
-                                "a version holds the folder's own files: copy what it needs into it")
-        if p.is_file():
-            files.append(p)
-    return files
 
 
 def _first_gate(ev: dict[str, Any], alpha: float) -> tuple[bool, str]:

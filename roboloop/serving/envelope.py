@@ -28,12 +28,16 @@ from typing import Any
 
 import numpy as np
 
-# conservative defaults for an arm whose joints move in degrees (LeRobot's SO-100/101, Koch, ... with use_degrees):
-# 5 degrees a tick is 150 deg/s at 30 fps (an STS3215 turns at most ~270 deg/s unloaded); a step may change by 4
-# degrees a tick (rest to full speed in two ticks); a chunk's first target within 10 degrees of where the arm is
-MAX_STEP_DEG = 5.0
-MAX_ACCEL_DEG = 4.0
-MAX_FIRST_DEG = 10.0
+# defaults for an arm whose joints move in degrees (LeRobot's SO-100/101, Koch, ... with use_degrees), at the edge
+# of what the arm does on its own: 10 degrees a tick is 300 deg/s at 30 fps, about an STS3215's top speed (~270 deg/s
+# unloaded at 7.4 V); a step may change by 10 degrees a tick (rest to full speed in one tick, but no reversal at
+# speed); a chunk's first target within 15 degrees of where the joint is. The SO-101 task's scripted expert, whose
+# demonstrations the presets' policies learn, moves at most 8 degrees a tick with its targets at most ~10 degrees
+# ahead of the arm (tests/unit/serving/test_envelope.py checks it plays inside the envelope); a +-90 degree jump is
+# far outside. Tighter for a first run on a new arm: --max-step-deg 3
+MAX_STEP_DEG = 10.0
+MAX_ACCEL_DEG = 10.0
+MAX_FIRST_DEG = 15.0
 ON_VIOLATION = ("hold", "clamp")
 
 
@@ -224,3 +228,23 @@ def envelope_for(robot: Any, names: list[str], limits_file: str | None = None, m
     b = _bounds(names, units, {"max_step": max_step, "max_accel": max_accel, "max_first": max_first}, scale)
     return Envelope(tuple(names), np.asarray(low, np.float64), np.asarray(high, np.float64), b["max_step"],
                     b["max_accel"], b["max_first"], on_violation, source)
+
+
+def task_units(name: str) -> str:
+    """A simulated task's action units as the envelope reads them: LeRobot's schema (`*.pos`, the SO-101's) in
+    degrees but its gripper (percent, left to its limits alone); other tasks' actions in units of their own."""
+    return "deg" if name.endswith(".pos") and name != "gripper.pos" else "raw"
+
+
+def for_task(env: Any, names: list[str], max_step: float | None = MAX_STEP_DEG, max_accel: float | None = MAX_ACCEL_DEG,
+             max_first: float | None = MAX_FIRST_DEG, on_violation: str = "auto") -> Envelope:
+    """The envelope `roboloop robot` would apply to a simulated robot of `env`'s task (its action bounds as the
+    limits, the bounds on joints in degrees), for an evaluation that measures what a robot would refuse;
+    on_violation auto: hold where the env can hold the arm (`hold_action`), else clamp."""
+    low, high = env.action_low.tolist(), env.action_high.tolist()
+    units = [task_units(n) for n in names]
+    if on_violation == "auto":
+        on_violation = "hold" if hasattr(env, "hold_action") else "clamp"
+    b = _bounds(names, units, {"max_step": max_step, "max_accel": max_accel, "max_first": max_first}, {})
+    return Envelope(tuple(names), np.asarray(low, np.float64), np.asarray(high, np.float64), b["max_step"],
+                    b["max_accel"], b["max_first"], on_violation, f"{env.task}'s action bounds")

@@ -58,9 +58,10 @@ class SimRobot:
     def joint_limits(self) -> dict[str, tuple[float, float, str]]:
         """The task's action bounds as the envelope's limits: joints named `*.pos` (the SO-101's, LeRobot's schema)
         in degrees, except its gripper (percent); other tasks' actions in their own units."""
+        from roboloop.serving.envelope import task_units
+
         low, high = self.env.action_low.tolist(), self.env.action_high.tolist()
-        return {n: (lo, hi, "deg" if n.endswith(".pos") and n != "gripper.pos" else "raw")
-                for n, lo, hi in zip(self.action_names, low, high, strict=True)}
+        return {n: (lo, hi, task_units(n)) for n, lo, hi in zip(self.action_names, low, high, strict=True)}
 
     def get_observation(self) -> dict[str, Any]:
         s = self.obs.state[0].cpu().numpy()

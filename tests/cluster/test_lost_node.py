@@ -5,7 +5,9 @@
   and the run ends with the weights of a run that was never interrupted, bit for bit;
 - node-1's cable pulled without one: node 0 fails within the collective timeout plus a bounded margin, saying a node
   was lost; retried on fresh disks (a re-created job), it resumes from the checkpoints in S3 and ends with the same
-  weights.
+  weights;
+- a pickle planted in the run store from a third host, with a meta.json whose checksums match: both nodes' ranks
+  refuse it as untrusted, by name, and its command runs on neither.
 """
 
 from __future__ import annotations
@@ -78,6 +80,43 @@ def _resumed(work: Path, run: str) -> list[int]:
     return [json.loads(line)["resumed_from"] for line in lines if line.startswith("{") and '"resumed_from"' in line]
 
 
+PLANT = """
+import hashlib, json, os, sys, time, torch
+from pathlib import Path
+from roboloop.s3 import client
+from roboloop.training.runstore import Mirror
+
+class Payload:
+    def __reduce__(self):
+        return os.system, (f"touch {sys.argv[2]}-$(hostname)",)
+
+keys = [o["Key"] for o in client().list_objects_v2(Bucket="team", Prefix="runs/models/ref-")["Contents"]]
+digest = keys[0].split("/")[2].removeprefix("ref-")
+ckpt = Path(sys.argv[1]) / "step-00000010"
+ckpt.mkdir(parents=True)
+torch.save({"step": 10, "model": {"w": torch.ones(3)}, "x": Payload()}, ckpt / "state.pt")
+sha = hashlib.sha256((ckpt / "state.pt").read_bytes()).hexdigest()
+(ckpt / "meta.json").write_text(json.dumps({"step": 10, "time": time.time(), "files": {"state.pt": sha}}))
+Mirror(f"s3://team/runs/models/planted-{digest}").push_checkpoint(ckpt, keep_last=5)
+print("planted", digest)
+"""
+
+
+def _a_planted_checkpoint_runs_nothing(hosts, work: Path) -> None:
+    """The run store is the other prefix every node reads: a checkpoint planted there (by the store's host here),
+    its checksums true, used to be unpickled by both ranks (its command ran) and then called corrupt."""
+    plant = hosts.run("store", [PY, "-c", PLANT, str(work / "planted-src"), str(work / "ran")],
+                      env={**os.environ, **S3_ENV}, timeout=120)
+    assert plant.returncode == 0, plant.stderr[-2000:]
+    procs = _start(hosts, work, "planted", "planted")
+    codes = [p.wait(600) for p in procs]
+    logs = _logs(work, "planted")
+    assert codes[0] != 0 and codes[1] != 0, logs
+    assert "UntrustedFileError" in logs and "step-00000010/state.pt asks to build" in logs, logs
+    assert "posix.system" in logs or "os.system" in logs, logs
+    assert not list(work.glob("ran-*")), list(work.glob("ran-*"))  # its command ran on no host
+
+
 def _is_rank(cmdline: bytes) -> bool:
     """A training rank (`python -m roboloop.entry train`), not torchrun, whose command line names the same module."""
     return b"roboloop.entry\x00train" in cmdline and b"torchrun" not in cmdline and b"distributed.run" not in cmdline
@@ -92,6 +131,7 @@ def test_losing_a_machine_mid_training(hosts, work):
     services.dataset_in_s3(hosts, work)
     _finish(_start(hosts, work, "ref", "ref"), work, "ref")  # never interrupted
     reference = _weights(work, "ref", "ref")
+    _a_planted_checkpoint_runs_nothing(hosts, work)
 
     # node-1's ranks die; torchrun restarts every node's ranks (one restart allowed) and they resume
     procs = _start(hosts, work, "killed", "killed", restarts=1)

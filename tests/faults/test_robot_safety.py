@@ -25,7 +25,7 @@ pytest.importorskip("scservo_sdk")
 HORIZON, TOKEN = 8, "t" * 32
 SPEC = {"version": "v-hostile", "state_dim": 6, "action_dim": 6, "horizon": HORIZON, "camera_keys": [],
         "state_key": "observation.state", "image_size": None, "history": 1, "env_state_dim": 0}
-STEP_RAW = 5.0 * 4095 / 360  # the default step bound (5 degrees) in raw servo units
+STEP_RAW = 10.0 * 4095 / 360  # the default step bound (10 degrees) in raw servo units
 
 
 def _chunk(mode: str, state: np.ndarray, n: int) -> np.ndarray:
