@@ -87,7 +87,7 @@ def test_serving_goes_on_when_a_replica_host_is_lost(hosts, work):
     assert json.loads(placed.stdout.splitlines()[-1]) == sorted([hosts.addresses["node-0"],
                                                                  hosts.addresses["node-1"]]), placed.stderr[-1500:]
     for host in ("node-0", "node-1"):  # each replica took the model from S3 onto its own host's disk
-        assert list((work / host).rglob("serve-cache/reach/*/model.safetensors")), host
+        assert list((work / host).rglob("serve-cache/server-*/reach/*/model.safetensors")), host
     cut, stop = work / "cut", work / "stop"
     robots = [hosts.popen("robot", [PY, "-c", ROBOT, "ws://node-0:8123", token, str(cut), str(stop)], env=env,
                           stdout=subprocess.PIPE, text=True) for _ in range(CLIENTS)]
