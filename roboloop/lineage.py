@@ -135,7 +135,7 @@ class Lineage(BaseModel):
            **kw: Any) -> Lineage:
         """A lineage from the stages' receipts (the flat fields derived from them)."""
         ev = eval_record(evaluation) if evaluation is not None else None
-        checks = {k: (configs.get("eval") or {}).get(k) for k in ("gate_robustness", "gate_latency")}
+        checks = {k: (configs.get("eval") or {}).get(k) for k in ("gate_robustness", "gate_latency", "gate_envelope")}
         if ev is not None and any(v not in (None, False) for v in checks.values()):
             ev["gate"] = checks  # what the promotion gate checks besides the nominal episodes
         if baseline is not None:
@@ -164,6 +164,8 @@ def eval_record(evaluation: EvalSummary) -> dict[str, Any]:
     if evaluation.perturbations:
         ev["perturbations"] = {f: {lv: {k: c[k] for k in ("success_rate", "outcomes", "looks") if k in c}
                                    for lv, c in levels.items()} for f, levels in evaluation.perturbations.items()}
+    if evaluation.envelope:  # what a robot's envelope would have refused (the gate may compare it)
+        ev["envelope"] = {k: evaluation.envelope.get(k) for k in ("refused", "clamped", "steps")}
     if evaluation.latency:
         ev["latency"] = [{k: r[k] for k in ("setting", "ms", "delay_steps", "success_rate", "outcomes", "looks")
                           if k in r} for r in evaluation.latency]

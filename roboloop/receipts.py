@@ -112,6 +112,8 @@ class EvalSummary(Receipt):
     initial_states: str | None = Field(None, description="each episode's initial state (its state and instruction) "
                                        "as 8 hex digits, in episode order: the gate pairs runs that agree on these")
     initial_states_sha256: str | None = Field(None, description="sha256 of initial_states: one name for the set")
+    envelope: dict | None = Field(None, description="--envelope robot: actions the robot's envelope refused or "
+                                  "clamped, and the env steps played")
 
     def identity(self) -> str:
         return self.report_sha256

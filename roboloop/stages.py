@@ -345,7 +345,7 @@ def evaluate(policy: str | ModelRef, recipe: EvalRecipe, cache: ReceiptCache | N
                           looks=report.get("looks"),
                           perturbations=report.get("perturbations"), latency=report.get("latency"),
                           initial_states=report.get("initial_states"),
-                          initial_states_sha256=report.get("initial_states_sha256"))
+                          initial_states_sha256=report.get("initial_states_sha256"), envelope=report.get("envelope"))
     fsutil.atomic_write_text(run_dir / "summary.json", summary.model_dump_json(indent=1))
     if cache and save_rollouts is None:
         cache.put(key, summary)

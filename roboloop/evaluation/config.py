@@ -36,7 +36,7 @@ class EvalRecipe(BaseModel):
     KEYED: ClassVar[frozenset[str]] = frozenset({
         "device", "early_stop", "episodes", "execute_steps", "num_envs", "precision", "seed", "task", "videos",
         "perturb", "latency", "prefetch", "envelope"})
-    NOT_KEYED: ClassVar[frozenset[str]] = frozenset({"gate_robustness", "gate_latency"})
+    NOT_KEYED: ClassVar[frozenset[str]] = frozenset({"gate_robustness", "gate_latency", "gate_envelope"})
 
 
     task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task id (Isaac-*/Roboloop-*), a "
@@ -89,13 +89,24 @@ class EvalRecipe(BaseModel):
         False, description="promotion also needs the challenger's success at its own measured p99 latency not worse "
         "than the champion's at its own (paired; latency must include measured)")
 
+    gate_envelope: bool = Field(
+        False, description="promotion also needs the challenger refused by the robot's envelope no more often (per "
+        "step) than the champion on the same episodes (envelope must be robot)")
+
     @model_validator(mode="after")
-    def _suites_parse(self):
+    def _gates_check_something(self):
         if self.gate_robustness is not None and not self.perturb:
             raise ValueError("gate_robustness would do nothing: no perturbation is evaluated (set perturb)")
+        if self.gate_envelope and self.envelope != "robot":
+            raise ValueError("gate_envelope would do nothing: no evaluation through the robot's envelope (set envelope "
+                             "to robot)")
         if self.gate_latency and "measured" not in (self.latency or ""):
             raise ValueError("gate_latency would do nothing: it compares success at the measured p99 latency "
                              "(set latency to measured)")
+        return self
+
+    @model_validator(mode="after")
+    def _suites_parse(self):
         if self.perturb:
             from roboloop.evaluation.perturb import parse
 

@@ -357,7 +357,7 @@ class Registry:
                                 "evaluation; evaluate it before promoting")
         out: dict[str, Any] = {"successes": int(ev["successes"]), "episodes": int(ev["episodes"]),
                                **{k: ev.get(k) for k in ("task", "seed", "execute_steps", "perturbations", "latency",
-                                                         "gate", "initial_states", "looks")}}
+                                                         "gate", "initial_states", "looks", "envelope")}}
         base = lin.get("baseline_eval")
         if isinstance(base, dict) and isinstance(base.get("successes"), int) and isinstance(base.get("episodes"), int):
             out["baseline"] = base

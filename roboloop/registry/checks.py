@@ -6,7 +6,10 @@
   cell must pass, so a challenger better on nominal episodes but worse under one factor is refused; a cell whose
   run stopped early against the champion's tests at alpha / its looks, as each look did);
 - latency: the challenger's success with its own measured p99 latency charged is not worse than the champion's with
-  its own (paired, with the nominal margin: a slower model must not lose success to its slowness).
+  its own (paired, with the nominal margin: a slower model must not lose success to its slowness);
+- envelope: the robot's envelope refused the challenger's actions no more often per step than the champion's
+  (`EvalRecipe.gate_envelope`, evaluations with `envelope robot`): a model a robot would hold more often is not
+  promoted, however well it scores where nothing holds it.
 
 A check the champion's record cannot answer (it was evaluated before the check existed, or under other factors) is
 named in the reason as not checked, never passed silently.
@@ -37,7 +40,26 @@ def robustness_and_latency(new: dict[str, Any], old: dict[str, Any], same_episod
         notes.append(why)
         if not ok:
             return False, "; ".join([*notes, "decided by latency: not promoted"])
+    if gate.get("gate_envelope"):
+        ok, why = _envelope(new.get("envelope"), old.get("envelope"))
+        notes.append(why)
+        if not ok:
+            return False, "; ".join([*notes, "decided by the envelope: not promoted"])
     return True, "; ".join(notes)
+
+
+def _envelope(new: dict | None, old: dict | None) -> tuple[bool, str]:
+    def rate(e: dict) -> float:
+        return float(e.get("refused") or 0) / max(1, int(e.get("steps") or 0))
+
+    if not new:
+        return False, "envelope: the challenger was not evaluated through the robot's envelope"
+    if not old:
+        return True, "envelope not checked: the champion was not evaluated through the robot's envelope"
+    a, b = rate(new), rate(old)
+    verdict = "no more often" if a <= b else "more often"
+    return a <= b, (f"envelope: the challenger refused {new.get('refused')} of {new.get('steps')} steps, the champion "
+                    f"{old.get('refused')} of {old.get('steps')} ({verdict} per step)")
 
 
 def _robustness(new: dict, old: dict, margin: float, alpha: float) -> tuple[bool, str]:

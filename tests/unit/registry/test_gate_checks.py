@@ -151,3 +151,32 @@ def test_the_run_at_the_p99_latency_that_looked_is_tested_at_alpha_over_its_look
     d = reg.promote("reach", reg.register("reach", _model(tmp_path, "3"), looked), margin=0.1)
     assert not d.promoted and "(20 vs 20 ms, alpha 0.05/3: its run looked 2 times before its end)" in d.reason, \
         d.reason
+
+
+def test_a_challenger_the_robots_envelope_refuses_more_often_is_not_promoted(tmp_path):
+    """gate_envelope: better on the nominal episodes, but the robot's envelope refused its actions more often per
+    step than the champion's (what a robot would hold): not promoted, the envelope named as the decider."""
+    import pytest
+
+    from roboloop.evaluation.config import EvalRecipe
+
+    def with_envelope(outcomes: str, refused: int, steps: int = 9600, **gate) -> dict:
+        lin = _with(outcomes, {}, **gate)
+        lin["eval"]["envelope"] = {"refused": refused, "clamped": 0, "steps": steps}
+        return lin
+
+    reg = Registry(tmp_path / "registry")
+    assert reg.promote("reach", reg.register("reach", _model(tmp_path, "1"), with_envelope(CHAMP, 0))).promoted
+    jumpy = with_envelope(BETTER, 834, gate_envelope=True)
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "2"), jumpy))
+    assert not d.promoted and d.reason.endswith("decided by the envelope: not promoted"), d.reason
+    assert "the challenger refused 834 of 9600 steps, the champion 0 of 9600 (more often per step)" in d.reason
+    calm = with_envelope(BETTER, 0, steps=9000, gate_envelope=True)
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "3"), calm))
+    assert d.promoted and "(no more often per step)" in d.reason, d.reason
+    unmeasured = _with(BETTER, {}, gate_envelope=True)  # asked for the check, evaluated without the envelope
+    d = reg.promote("reach", reg.register("reach", _model(tmp_path, "4"), unmeasured))
+    assert not d.promoted and "was not evaluated through the robot's envelope" in d.reason
+    with pytest.raises(ValueError, match="gate_envelope would do nothing"):
+        EvalRecipe(gate_envelope=True)
+    assert EvalRecipe(envelope="robot", gate_envelope=True).gate_envelope

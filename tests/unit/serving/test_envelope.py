@@ -79,3 +79,21 @@ def test_admit_bounds_step_acceleration_and_first_target():
     assert why == "a non-finite target"
     assert e.check_chunk(np.array([[0.0, 0], [20.0, 0]])) == "action 1: a.pos step 20 over its bound 10"
     assert e.check_chunk(np.array([[0.0, 0], [8.0, 0], [8.0, 0]])) == "action 2: a.pos acceleration -8 over its bound 4"
+
+
+def test_roboloop_evaluate_reports_what_the_envelope_did(tmp_path):
+    """The command a team runs before a robot moves: `--envelope robot` in report.json and in the summary the gate
+    reads (summary.json's envelope; `gate_envelope` compares it with the champion's)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "eval"
+    p = subprocess.run([sys.executable, "-m", "roboloop.cli", "evaluate", "--policy", "expert", "--task", TASK,
+                        "--episodes", "4", "--num-envs", "2", "--envelope", "robot", "--videos", "0", "--output-dir",
+                        str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["envelope"]["refused"] == 0 and report["envelope"]["steps"] > 100
+    assert "step <= 10" in report["envelope"]["envelope"]
+    assert json.loads((out / "summary.json").read_text())["envelope"]["steps"] == report["envelope"]["steps"]
