@@ -222,3 +222,65 @@ def test_a_limits_file_gives_an_arm_roboloop_does_not_know_its_envelope(tmp_path
     assert env.check_chunk(np.full((3, 6), 21.0)) == "action 0: shoulder_pan.pos 21 outside its limits [-10, 20]"
     assert "step 10 over its bound 5" in env.check_chunk(np.array([[0.0] * 6, [10.0] * 6]))
     assert Path(limits).exists()
+
+
+def test_an_action_the_robot_itself_refuses_holds_the_arm_and_the_loop_goes_on(arm):
+    """LeRobot's own send_action failing (its encoder, a bus error) used to end the loop with an uncaught exception,
+    after which `roboloop robot` disconnected the arm (torque off). Now that tick holds and the next one asks anew."""
+    robot, bus, cal = arm
+    real, calls = robot.send_action, {"n": 0}
+
+    def flaky(action):
+        calls["n"] += 1
+        if calls["n"] in (5, 6):  # two ticks' actions fail; the hold after the first is the second call: it fails too
+            raise ConnectionError("Failed to sync write 'Goal_Position' (a bus error)")
+        return real(action)
+
+    robot.send_action = flaky
+    with pytest.raises(Exception, match="refused its own present positions"):
+        _drive(robot, "smooth", ticks=20)  # a robot that cannot even hold: the loop ends (RobotFault), never limp
+    calls_at = {"n": 0}  # one failure this time: held, and the loop goes on
+
+    def once(action):
+        calls_at["n"] += 1
+        if calls_at["n"] == 5:
+            raise ConnectionError("Failed to sync write 'Goal_Position' (a bus error)")
+        return real(action)
+
+    robot.send_action = once
+    loop, stats = _drive(robot, "smooth", ticks=20)
+    assert stats.ticks == 20 and stats.held == 1 and stats.refused == 1, stats.summary()
+    assert any("ConnectionError" in k or "Failed to sync write" in k for k in stats.reasons), stats.reasons
+    _assert_safe(bus, cal)
+
+
+def test_the_operators_stop_brings_the_arm_to_rest_before_letting_go(arm, tmp_path, capsys):
+    """SIGTERM (a service manager, Prefect's cancel) is the operator's stop: exit 130, the arm held at its present
+    position first, then disconnected as the robot's own config says (LeRobot's SO-101: torque off)."""
+    import os
+    import signal
+
+    from roboloop.cli.main import main
+
+    robot, bus, cal = arm
+    robot.disconnect()
+    server = HostileServer("smooth")
+    (tmp_path / "token").write_text(TOKEN)
+    (tmp_path / "token").chmod(0o600)
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    try:
+        code = main(["robot", "--server", f"127.0.0.1:{server.port}", "--robot.port", bus.port, "--robot.id", "arm",
+                     "--robot.calibration-dir", str(tmp_path), "--token-file", str(tmp_path / "token"), "--fps", "50",
+                     "--max-steps", "1000"])
+    finally:
+        server.close()
+    assert code == 130, capsys.readouterr().err
+    goals = _goals(bus)
+    assert all(g[-1] == g[-2] for g in goals.values()), goals  # at rest: the last goals repeat the present ones
+    last = {}
+    for motor_id, on in bus.torque_writes:
+        last[motor_id] = on
+    assert all(last[i] == 0 for i in range(1, 7))  # then let go as LeRobot's config asks, at rest
+    _assert_safe(bus, cal, torque=False)
+    assert signal.getsignal(signal.SIGTERM) == before  # the command put the caller's handler back
