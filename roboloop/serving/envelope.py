@@ -136,11 +136,12 @@ def _first_excess(d: np.ndarray, bound: np.ndarray, names: tuple[str, ...], what
     return f"action {k + lag}: {names[j]} {what} {d[k, j]:.6g} over its bound {bound[j]:g}"
 
 
-def _bounds(names: list[str], units: list[str], deg: dict[str, float | None], scale: dict[str, float]) -> dict:
-    """Each bound per joint: a degree bound as given for degree joints, converted for percent joints by `scale`
-    (percent per degree of that joint), unbounded where the units are unknown and no bound was given."""
-    out = {}
-    for what, value in deg.items():
+def _envelope(names: list[str], low: list[float], high: list[float], units: list[str], scale: dict[str, float],
+              degrees: tuple[float | None, ...], on_violation: str, source: str) -> Envelope:
+    """An Envelope from limits and its (step, acceleration, first) bounds in degrees: each as given on degree joints,
+    converted for percent joints by `scale` (percent per degree of that joint), unbounded elsewhere or when None."""
+    per_joint = []
+    for value in degrees:
         v = np.full(len(names), math.inf)
         for i, (n, u) in enumerate(zip(names, units, strict=True)):
             if value is None:
@@ -149,8 +150,10 @@ def _bounds(names: list[str], units: list[str], deg: dict[str, float | None], sc
                 v[i] = value
             elif u == "percent" and n in scale:
                 v[i] = value * scale[n]
-        out[what] = v
-    return out
+        per_joint.append(v)
+    step, accel, first = per_joint
+    return Envelope(tuple(names), np.asarray(low, np.float64), np.asarray(high, np.float64), step, accel, first,
+                    on_violation, source)
 
 
 def from_bus(robot: Any, names: list[str]) -> tuple[list[float], list[float], list[str], dict[str, float]]:
@@ -225,9 +228,7 @@ def envelope_for(robot: Any, names: list[str], limits_file: str | None = None, m
     else:
         raise ValueError(f"no joint limits are known for {type(robot).__name__}: pass --limits FILE "
                          '({"JOINT.pos": {"min": ..., "max": ..., "units": "deg"}, ...})')
-    b = _bounds(names, units, {"max_step": max_step, "max_accel": max_accel, "max_first": max_first}, scale)
-    return Envelope(tuple(names), np.asarray(low, np.float64), np.asarray(high, np.float64), b["max_step"],
-                    b["max_accel"], b["max_first"], on_violation, source)
+    return _envelope(names, low, high, units, scale, (max_step, max_accel, max_first), on_violation, source)
 
 
 def task_units(name: str) -> str:
@@ -245,6 +246,5 @@ def for_task(env: Any, names: list[str], max_step: float | None = MAX_STEP_DEG, 
     units = [task_units(n) for n in names]
     if on_violation == "auto":
         on_violation = "hold" if hasattr(env, "hold_action") else "clamp"
-    b = _bounds(names, units, {"max_step": max_step, "max_accel": max_accel, "max_first": max_first}, {})
-    return Envelope(tuple(names), np.asarray(low, np.float64), np.asarray(high, np.float64), b["max_step"],
-                    b["max_accel"], b["max_first"], on_violation, f"{env.task}'s action bounds")
+    return _envelope(names, low, high, units, {}, (max_step, max_accel, max_first), on_violation,
+                     f"{env.task}'s action bounds")

@@ -116,6 +116,7 @@ def io_names(robot: RobotLike) -> tuple[list[str], list[str], list[str]]:
     cams = [k for k, v in obs.items() if isinstance(v, tuple) and len(v) == 3]
     return state, cams, list(robot.action_features)
 
+
 class RobotLoop:
     def __init__(self, robot: RobotLike, client: Any, cfg: RobotLoopConfig, envelope: Envelope | None = None):
         self.robot, self.client, self.cfg = robot, client, cfg
@@ -286,13 +287,16 @@ class RobotLoop:
 
     def _send(self, target: np.ndarray, obs: dict[str, Any]) -> dict[str, Any]:
         try:
-            sent = self.robot.send_action({k: float(v) for k, v in zip(self.action_names, target, strict=True)})
+            sent = self._send_values(target)
         except Exception as e:  # the robot refused it (LeRobot's encoder, a bus error): hold, with torque on
             return self._refuse(obs, e)
         self.sent = [*self.sent[-1:], np.asarray(target, np.float64)]
         self.fresh = False
         self.stats.ticks += 1
         return sent
+
+    def _send_values(self, values: np.ndarray) -> dict[str, Any]:
+        return self.robot.send_action({k: float(v) for k, v in zip(self.action_names, values, strict=True)})
 
     def _hold(self, obs: dict[str, Any]) -> dict[str, Any]:
         """The robot's present positions as its action (the arm stays where it is, torque on) while the client
@@ -307,7 +311,7 @@ class RobotLoop:
             present = self.sent[-1] if self.sent else present
         self.sent, self.fresh = [present, present], True  # at rest: the next chunk starts from here
         try:
-            return self.robot.send_action({k: float(v) for k, v in zip(self.action_names, present, strict=True)})
+            return self._send_values(present)
         except Exception as e:
             raise RobotFault(f"the robot refused its own present positions as a hold ({type(e).__name__}: {e})") \
                 from e
@@ -321,7 +325,7 @@ class RobotLoop:
             present = self._present(obs)
             if not np.isfinite(present).all():
                 return
-            self.robot.send_action({k: float(v) for k, v in zip(self.action_names, present, strict=True)})
+            self._send_values(present)
             if before is not None and np.abs(present - before).max() < tolerance:
                 return
             before = present

@@ -98,7 +98,8 @@ def _fsync_dir(path: Path) -> None:
 def plain(obj: Any) -> Any:
     """`obj` as what `torch.load(weights_only=True)` reads back: numpy arrays as tensors, numpy scalars as Python
     numbers, containers of those; anything else is refused here, at save time, rather than written unreadable."""
-    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str, bytes)):
+    if obj is None or isinstance(obj, (torch.Tensor, bool, int, float, str, bytes, torch.dtype, torch.device,
+                                       torch.Size)):
         return obj
     if isinstance(obj, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(obj))
@@ -106,10 +107,10 @@ def plain(obj: Any) -> Any:
         return obj.item()
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(plain(v) for v in obj) if type(obj) in (list, tuple) else [plain(v) for v in obj]
-    if isinstance(obj, (torch.dtype, torch.device, torch.Size)):
-        return obj
+    if type(obj) is tuple:
+        return tuple(plain(v) for v in obj)
+    if isinstance(obj, (list, tuple)):  # a list, or a named tuple's values
+        return [plain(v) for v in obj]
     raise TypeError(f"a checkpoint holds tensors and plain types; got a {type(obj).__name__}")
 
 
