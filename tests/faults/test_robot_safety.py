@@ -110,6 +110,10 @@ def arm(tmp_path):
 
 
 def _drive(robot, mode: str, ticks: int = 40, **cfg) -> tuple:
+    # a tick that a busy machine delays (two test workers on two cores) may make a chunk late, and a late chunk is
+    # rightly refused: only the tests of late replies ("slow", "hour_old") keep the chunk's own length as the bound
+    if mode not in ("slow", "hour_old"):
+        cfg.setdefault("max_lag_s", 2.0)
     server = HostileServer(mode)
     try:
         client = PolicyClient(f"serve://127.0.0.1:{server.port}", token=TOKEN, timeout=2.0, reconnect=3,
