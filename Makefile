@@ -14,6 +14,8 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 90
 export DO_NOT_TRACK ?= 1
 export HF_HUB_OFFLINE ?= 1
 export PYTHONHASHSEED ?= 0
+# OpenMP threads sleep while they wait: two test workers, and their children, share two cores (bench/contention.py)
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: help install demo test test-fast lint docs bench clean server serve pools deploy worker-cpu worker-gpu s3 cluster-demo gpu-check
 

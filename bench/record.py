@@ -28,6 +28,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# benches train and evaluate in their own process as roboloop's children do: OpenMP threads that wait passively
+# (roboloop.procs.passive_waits; every bench imports this module before torch)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 RESULTS = ROOT / "bench" / "results"
 
 

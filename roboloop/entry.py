@@ -58,6 +58,17 @@ def _check_model(path: Path) -> dict:
     return {"version": slot.version, "interface": list(map(str, slot.interface()))}
 
 
+def _preload() -> None:
+    """What every simulator stage imports first (~1 s of torch, roboloop's evaluation and LeRobot's configs); Isaac
+    Lab's and Warp's modules load with the first stage's scene and stay."""
+    import torch  # noqa: F401
+
+    import roboloop.evaluation.evaluator  # noqa: F401
+    import roboloop.evaluation.gym_env  # noqa: F401
+    import roboloop.evaluation.policies  # noqa: F401
+    import roboloop.evaluation.run  # noqa: F401
+
+
 STAGES = {"train": _train, "evaluate": _evaluate, "collect": _collect, "rl": _rl, "check-model": _check_model}
 
 
@@ -104,6 +115,11 @@ def exit_now(code: int) -> None:
 
 
 if __name__ == "__main__":
-    code = main()
+    if sys.argv[1:] == ["--warm"]:  # a warm worker: stages read from stdin, one at a time (roboloop.warm)
+        from roboloop.warm import worker_main
+
+        code = worker_main(STAGES, _preload)
+    else:
+        code = main()
     exit_now(code)
     sys.exit(code)

@@ -4,8 +4,9 @@
 line to `on_line` as it arrives (Prefect tasks re-log them; child output reaches Prefect
 only that way), and kills the *whole group* — SIGTERM, then SIGKILL — when the parent
 raises, times out, or receives SIGTERM (what Prefect sends a cancelled flow run). A plain
-`Popen.kill()` would leave torchrun's ranks running. `run_entry` is how every child stage starts
-(simulator runs, recording, RL): `python -m roboloop.entry STAGE CONFIG.json` under `run_streaming`.
+`Popen.kill()` would leave torchrun's ranks running. `roboloop.warm.run_entry` is how every child stage starts
+(simulator runs, recording, RL): `python -m roboloop.entry STAGE CONFIG.json` under `run_streaming`, or a warm
+worker under the same rules.
 """
 
 from __future__ import annotations
@@ -21,9 +22,18 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 
 from roboloop.errors import RoboloopError
+
+
+def passive_waits(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
+    """OpenMP threads that sleep while they wait (OMP_WAIT_POLICY=PASSIVE) unless the environment chose a policy.
+    Read once, when torch's OpenMP runtime starts: set it in a child's environment, or in this process before torch
+    is imported. Spinning threads that share a core with another busy process wait for a thread that has none: the
+    demo's training beside one busy process ran at 30 samples/s instead of ~930 (bench/contention.py)."""
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -167,26 +177,6 @@ def log_level(line: str) -> int:
 
 class ChildFailed(RoboloopError):
     """A simulator, recording or RL child process failed; the message carries its error line."""
-
-
-def run_entry(stage: str, cfg, work, on_line: Callable[[str], None], timeout_s: float | None, what: str) -> dict:
-    """`python -m roboloop.entry STAGE CONFIG.json` in a child process group (Isaac Lab keeps one simulation per
-    process; a cancelled caller kills the simulator too). Returns the stage's JSON result; raises on failure."""
-    import json
-    import sys
-    from pathlib import Path
-
-    from roboloop import fsutil
-
-    work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
-    cfg_file = fsutil.atomic_write_text(work / f"{stage}_config.json", cfg.model_dump_json(indent=2))
-    cmd = [sys.executable, "-m", "roboloop.entry", stage, str(cfg_file)]
-    code, tail = run_streaming(cmd, on_line, timeout_s, {**os.environ, "PYTHONUNBUFFERED": "1"}, what=what)
-    if code != 0:
-        cause = next((ln for ln in reversed(tail) if ": " in ln and ln.split(":")[0].endswith("Error")), tail[-1:])
-        raise ChildFailed(f"{what} failed (exit {code}): {cause if isinstance(cause, str) else ' | '.join(cause)}")
-    return json.loads(tail[-1])
 
 
 @contextlib.contextmanager

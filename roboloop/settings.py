@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     policy_families: str = Field("", description="policy families beyond the built-in and installed ones that "
                                  "recipes and model folders may name: comma-separated 'package.module:Class' (a "
                                  "model folder never chooses code to import; roboloop.policies.trust)")
+    warm_workers: int = Field(1, ge=0, description="idle warm workers a process keeps for its simulator stages "
+                              "(evaluate, collect; roboloop.warm); 0: every stage starts a new interpreter")
     demo_preset: str = Field("demo", description="the loop preset `make demo` runs (demo or ci)")
 
 

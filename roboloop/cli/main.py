@@ -67,7 +67,13 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> None:
     """The `roboloop` command: `main`, then, after a success, an exit without the interpreter's teardown when no
     child or thread is left (`roboloop.entry.exit_now`: finalizing torch's modules took ~1 s of each command
-    here). A failure or an interruption exits normally."""
+    here). A failure or an interruption exits normally. Torch's threads here and in every child wait passively
+    (`roboloop.procs.passive_waits`), set before anything imports torch."""
+    import os
+
+    from roboloop.procs import passive_waits
+
+    passive_waits(os.environ)
     code = main()
     if code == 0:
         from roboloop.entry import exit_now

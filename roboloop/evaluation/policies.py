@@ -66,6 +66,20 @@ class NoisyPolicy:
         return torch.maximum(torch.minimum(out, self.high.to(a.device)), self.low.to(a.device))
 
 
+def _folder_config(spec: str) -> dict | None:
+    """The config.json of the model folder or registry entry `spec`; None where there is none to read."""
+    folder = Path(spec)
+    if spec.startswith("registry:"):
+        from roboloop.registry import resolve_model_ref
+
+        folder = Path(resolve_model_ref(spec))
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):  # load_policy says what the folder is
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
 def reads_env_state(spec: str) -> bool:
     """Whether the policy `spec` names reads observation.environment_state (a LeRobot ENV input), asked before the
     environment is made: roboloop's tasks then observe their scene's state for it."""
@@ -78,16 +92,24 @@ def reads_env_state(spec: str) -> bool:
             return bool(c.info().get("env_state_dim"))
     from roboloop.datasets.layout import ENV_STATE
 
-    folder = Path(spec)
-    if spec.startswith("registry:"):
-        from roboloop.registry import resolve_model_ref
+    features = (_folder_config(spec) or {}).get("input_features") or {}
+    return isinstance(features, dict) and ENV_STATE in features
 
-        folder = Path(resolve_model_ref(spec))
-    try:
-        features = json.loads((folder / "config.json").read_text()).get("input_features") or {}
-    except (OSError, ValueError, AttributeError):  # not a LeRobot folder: load_policy says what it is
+
+def reads_cameras(spec: str) -> bool:
+    """Whether the model folder or registry entry `spec` reads a camera (roboloop's `data.camera_keys`, a LeRobot
+    VISUAL input), asked before the environment is made: one that reads none is evaluated without rendering (the same
+    episodes: rendering moves nothing). True where the folder does not say (a served policy says it itself)."""
+    if spec in ("expert", "random"):
         return False
-    return ENV_STATE in features
+    cfg = _folder_config(spec) if not spec.startswith("serve://") else None
+    if cfg is None:
+        return True
+    if isinstance(cfg.get("input_features"), dict):  # a LeRobot folder
+        return any(isinstance(f, dict) and f.get("type") == "VISUAL" for f in cfg["input_features"].values())
+    data = cfg.get("data")
+    return not (isinstance(data, dict) and data.get("camera_keys") == [] and not cfg.get("model", {}).get(
+        "vision_encoder"))
 
 
 def served_policy(spec: str, precision: str = "fp32") -> Any:

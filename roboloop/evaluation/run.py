@@ -36,16 +36,11 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
     from roboloop.evaluation.evaluator import evaluate, progress_printer
     from roboloop.evaluation.gym_env import make_env
     from roboloop.evaluation.perturb import renders
-    from roboloop.evaluation.policies import fits, make_policy, reads_env_state, served_policy
+    from roboloop.evaluation.policies import fits, make_policy, reads_cameras, reads_env_state, served_policy
     from roboloop.policies.precision import require_acting_precision
 
     ran = require_acting_precision(cfg.precision, cfg.device)  # refused before any env is made
 
-    # the scripted baselines read no image: unless a video or rollout is asked for, render nothing (the episodes,
-    # seeded by layout, are the same ones; an SO-101 random baseline runs ~2x faster without its two cameras), unless
-    # a suite moves a camera (the env without cameras could not: the scripted policy is played with them)
-    blind = cfg.policy in ("random", "expert") and not cfg.videos and not cfg.save_rollouts and \
-        not renders(cfg.perturb)
     # a policy that reads observation.environment_state: roboloop's tasks observe their scene's state for it (what
     # `collect --environment-state` records); another task either has it among its observations or the policy says
     policy: Any = None
@@ -55,6 +50,12 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
             policy = served_policy(cfg.policy, cfg.precision)
         reads = bool(policy.env_state_dim) if policy is not None else reads_env_state(cfg.policy)
         overrides = {"privileged_obs": True} if cfg.task in (*ROBOLOOP_TASKS, *SIM2SIM_TASKS) and reads else None
+        # a policy that reads no image (the scripted baselines, a state-only model): unless a video or rollout is asked
+        # for, render nothing (the episodes, seeded by layout, are the same ones; an SO-101 random baseline runs ~2x
+        # faster without its two cameras, the demo's model ~1.5x), unless a suite moves a camera (the env without
+        # cameras could not)
+        blind = not cfg.videos and not cfg.save_rollouts and not renders(cfg.perturb) and \
+            not (policy.camera_keys if policy is not None else reads_cameras(cfg.policy))
         env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=not blind, overrides=overrides)
         policy = fits(policy, env, cfg.policy) if policy is not None else \
             make_policy(cfg.policy, env, cfg.device, cfg.seed, cfg.precision)
@@ -182,7 +183,8 @@ def task_schema(task: str) -> tuple[str, list[str] | None, list[str] | None, lis
 
 
 # children start through one public module (roboloop.procs); the names stay importable from here
-from roboloop.procs import ChildFailed, run_entry  # noqa: E402,F401
+from roboloop.procs import ChildFailed  # noqa: E402,F401
+from roboloop.warm import run_entry  # noqa: E402,F401
 
 
 def evaluate_in_subprocess(cfg: EvalConfig, on_line=print, timeout_s: float | None = None) -> dict:

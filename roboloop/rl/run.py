@@ -417,7 +417,7 @@ def progress_line(event: dict) -> str:
 def rl_in_subprocess(cfg: RLConfig, on_line=print, timeout_s: float | None = None) -> dict:
     """Run RL in a child process group (its Ray workers die with it when the caller is cancelled); returns the
     JSON result."""
-    from roboloop.procs import run_entry
+    from roboloop.warm import run_entry
 
     out = Path(cfg.output_dir).absolute()
     work = out.parent / f".{out.name}.rl"

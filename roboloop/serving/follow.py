@@ -32,7 +32,7 @@ def check_in_child(folder: Path, version: str, service: PolicyService) -> None:
     it takes) happens there and not in the serving process; raises with the child's one-line cause."""
     import tempfile
 
-    from roboloop.procs import run_entry
+    from roboloop.warm import run_entry
 
     cfg = ModelCheck(folder=str(folder), version=version, device=service.device, seed=service.seed,
                      precision=service.precision)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from roboloop import fsutil
 from roboloop.errors import RoboloopError
-from roboloop.procs import run_streaming
+from roboloop.procs import passive_waits, run_streaming
 from roboloop.training import outdir, runstore
 from roboloop.training.config import LaunchConfig, TrainConfig
 from roboloop.training.distributed import torchrun_command
@@ -92,6 +92,7 @@ def _child_env(launch: LaunchConfig, env: dict[str, str] | None) -> dict[str, st
         # a dead rank's address left there by the round before (gloo: "Connection refused" on a stale port; found
         # by tests/cluster/test_lost_node.py). A store of each round's own keeps the rounds apart.
         child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    passive_waits(child_env)  # beside another busy process, spinning ranks fell to 2% of their speed alone
     if launch.nproc_per_node > 1 and "OMP_NUM_THREADS" not in child_env:
         child_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // launch.nproc_per_node))
     return child_env

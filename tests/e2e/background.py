@@ -46,7 +46,10 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
                  "padded_fixed_nonpad_fraction"}, []),
     "eval": (["--envs", "1"], {"results", "task"}, [pytest.mark.isaac]),
     "overhead": (["--tasks", "3", "--flows", "1"], {"task_overhead_ms", "flow_overhead_s"}, []),
-    "startup": ([], {"help_s", "validate_s"}, []),
+    "startup": (["--episodes", "2", "--runs", "1"], {"help_s", "validate_s", "eval_cold_s", "eval_warm_s",
+                                                   "eval_same_episodes"}, [pytest.mark.isaac]),
+    "contention": (["--steps", "4", "--warmup", "2", "--episodes", "2", "--work", "{tmp}"],
+                   {"kept_spin", "kept_roboloop", "target_met"}, []),
     "gate": (["--runs", "20"], {"rows", "baseline", "worst_worse_promoted_early_stop"}, []),
     "suite": (["--workers", "0", "--log", "{tmp}/suite.log", "tests/unit/test_hashing.py"],
               {"passed", "failed", "wall_minutes", "ci_budget_ratio"}, []),
@@ -97,6 +100,7 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
 # tests end is short
 ORDER = ["so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "robustness", "inference",
          "compile", "sim_to_sim", "so101_data", "precision", "gpu_check", "convert", "packing", "overhead", "startup",
+         "contention",
          "gate", "suite", "optim", "act_step", "scale"]
 RAY = ["rl", "serve"]  # one after the other, in the lane that opens when the suite's own tests are done
 NICE = 5
