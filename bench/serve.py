@@ -106,7 +106,7 @@ def act_model(work: Path) -> Path:
 def observation(policy, n: int = 1):
     import torch
 
-    from roboloop.evaluation.protocol import Obs
+    from roboloop.policies.obs import Obs
 
     rng = np.random.default_rng(0)
     state = rng.normal(size=(n, policy.state_dim)).astype(np.float32)

@@ -6,8 +6,25 @@ is checked here, and the errors say what to install or what hardware is missing.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import platform
 from functools import cache
+
+# the packages whose versions lineage and evaluation reports record
+PACKAGES = ("roboloop", "torch", "lerobot", "isaaclab", "newton", "warp-lang", "gymnasium", "gym-pusht", "prefect",
+            "dvc", "numpy")
+
+
+def package_versions() -> dict[str, str]:
+    """The installed versions of PACKAGES (and Python's): what a model's lineage and an evaluation report record."""
+    out = {"python": platform.python_version()}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
 
 
 class MissingCapability(RuntimeError):

@@ -72,54 +72,67 @@ def _preload() -> None:
 STAGES = {"train": _train, "evaluate": _evaluate, "collect": _collect, "rl": _rl, "check-model": _check_model}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] not in STAGES:
-        print(f"usage: python -m roboloop.entry {{{'|'.join(STAGES)}}} CONFIG.json", file=sys.stderr)
-        return 2
-    from roboloop.cli.common import explain, jsonline
+def _run(stage: str, config: str) -> tuple[int, dict | None]:
+    """(0, the stage's result), or (its exit code, None) after one line naming the cause (the parent re-logs it)."""
+    from roboloop.cli.common import explain
 
     try:
-        result = STAGES[args[0]](Path(args[1]))
-    except Exception as e:  # one line naming the cause; the parent re-logs it
+        return 0, STAGES[stage](Path(config))
+    except Exception as e:
         import traceback
 
         traceback.print_exc()
         message, code = explain(e)
         print(f"{type(e).__name__}: {message.splitlines()[0] if message else ''}", file=sys.stderr, flush=True)
-        return code
-    print(jsonline(result), flush=True)
-    return 0
+        return code, None
 
 
-def exit_now(code: int) -> None:
-    """Leave without the interpreter's teardown when nothing is left to it: no child process and no thread but
-    this one (a daemon thread excepted) still running; all outputs are written and closed by then. Finalizing
-    Isaac Lab's, Warp's and torch's modules took ~3 s of each ~15 s simulator child here. Otherwise (a local Ray,
-    an unfinished writer thread) this returns and the caller exits normally, so the exit handlers stop them."""
-    import contextlib
-    import logging
-    import os
-    import threading
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] not in STAGES:
+        print(f"usage: python -m roboloop.entry {{{'|'.join(STAGES)}}} CONFIG.json", file=sys.stderr)
+        return 2
+    from roboloop.cli.common import jsonline
+
+    code, result = _run(args[0], args[1])
+    if code == 0:
+        print(jsonline(result), flush=True)
+    return code
+
+
+def warm_worker() -> int:
+    """`python -m roboloop.entry --warm` (roboloop.warm): the imports every stage needs, then one request per stdin
+    line, its result printed after `warm.MARK` and the request's job id. Exits on a failure (with the stage's code,
+    as a cold child does), at EOF (its parent gone), after `warm.IDLE_EXIT_S` idle, or once it ran `WARM_MAX_JOBS`
+    stages or holds more than `WARM_MAX_RSS` resident."""
+    import select
 
     import psutil
 
-    if psutil.Process().children() or any(t is not threading.main_thread() and t.is_alive() and not t.daemon
-                                           for t in threading.enumerate()):
-        return
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
-    os._exit(code)
+    from roboloop import warm
+    from roboloop.cli.common import jsonline
+
+    _preload()
+    jobs = 0
+    while True:
+        ready, _, _ = select.select([sys.stdin], [], [], warm.IDLE_EXIT_S)
+        line = sys.stdin.readline() if ready else ""
+        if not line:
+            return 0
+        req = json.loads(line)
+        code, result = _run(req["stage"], req["config"])
+        if code:
+            return code
+        sys.stderr.flush()
+        print(f"{warm.MARK} {req['job']} {jsonline(result)}", flush=True)
+        jobs += 1
+        if jobs >= warm.WARM_MAX_JOBS or psutil.Process().memory_info().rss > warm.WARM_MAX_RSS:
+            return 0
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--warm"]:  # a warm worker: stages read from stdin, one at a time (roboloop.warm)
-        from roboloop.warm import worker_main
+    from roboloop.procs import exit_now
 
-        code = worker_main(STAGES, _preload)
-    else:
-        code = main()
+    code = warm_worker() if sys.argv[1:] == ["--warm"] else main()
     exit_now(code)
     sys.exit(code)

@@ -8,9 +8,7 @@ same configs, same seed) and compares the new metrics with the recorded ones.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
-import platform
 import subprocess
 import time
 from pathlib import Path
@@ -18,11 +16,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from roboloop.availability import package_versions
 from roboloop.receipts import DatasetRef, EvalSummary, ModelRef, OfflineSummary
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("roboloop", "torch", "lerobot", "isaaclab", "newton", "warp-lang", "gymnasium", "gym-pusht", "prefect",
-            "dvc", "numpy")
 
 
 def git_commit(repo: Path = REPO) -> str:
@@ -83,16 +80,6 @@ def code_version() -> str:
     _assets(h)
     h.update(json.dumps(package_versions(), sort_keys=True).encode())
     return h.hexdigest()[:16]
-
-
-def package_versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for pkg in PACKAGES:
-        try:
-            out[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return out
 
 
 def config_hash(obj: Any) -> str:

@@ -2,8 +2,8 @@
 Isaac Lab, Newton and Warp and, after its first stage, loaded their kernels, so the next stage starts in a fraction
 of a second instead of ~5 s (bench/startup.py records both).
 
-A worker is `python -m roboloop.entry --warm`, started like any stage child (its own session; `run_streaming`'s
-rules) and kept between stages only while it has proved healthy:
+A worker is `python -m roboloop.entry --warm` (`roboloop.entry.warm_worker`), started like any stage child (its
+own session; `run_streaming`'s rules) and kept between stages only while it has proved healthy:
 - one stage at a time per worker; the parent streams its output lines as it does a cold child's;
 - a stage that fails ends its worker (it exits with the stage's code, as a cold child does): the next stage gets a
   fresh one, so a crash, a hostile model or a half-built simulation never carries over;
@@ -241,42 +241,3 @@ def _follow(w: Worker, job: str, on_line, tail, deadline, what: str, timeout_s) 
             on_line(line)
         if deadline and time.monotonic() > deadline:
             raise TimeoutError(f"{what} exceeded {timeout_s} s; killed its process group")
-
-
-# ---------------------------------------------------------------- the worker's side
-def _rss() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def worker_main(stages: dict[str, Callable], preload: Callable[[], None]) -> int:
-    """Read one request per line on stdin, run it, print its result after MARK; exit on a failure (with the stage's
-    code, as a cold child), at EOF, after IDLE_EXIT_S idle, or when memory or the job count passed its bound.
-    `preload` runs first: the imports every stage needs."""
-    import select
-
-    from roboloop.cli.common import explain, jsonline
-
-    preload()
-    jobs = 0
-    while True:
-        ready, _, _ = select.select([sys.stdin], [], [], IDLE_EXIT_S)
-        line = sys.stdin.readline() if ready else ""
-        if not line:
-            return 0
-        req = json.loads(line)
-        try:
-            result = stages[req["stage"]](__import__("pathlib").Path(req["config"]))
-        except Exception as e:  # the stage's one-line cause, as a cold child prints it; this worker ends with it
-            import traceback
-
-            traceback.print_exc()
-            message, code = explain(e)
-            print(f"{type(e).__name__}: {message.splitlines()[0] if message else ''}", file=sys.stderr, flush=True)
-            return code
-        sys.stderr.flush()
-        print(f"{MARK} {req['job']} {jsonline(result)}", flush=True)
-        jobs += 1
-        if jobs >= WARM_MAX_JOBS or _rss() > WARM_MAX_RSS:
-            return 0

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """The `roboloop` command: `main`, then, after a success, an exit without the interpreter's teardown when no
-    child or thread is left (`roboloop.entry.exit_now`: finalizing torch's modules took ~1 s of each command
+    child or thread is left (`roboloop.procs.exit_now`: finalizing torch's modules took ~1 s of each command
     here). A failure or an interruption exits normally. Torch's threads here and in every child wait passively
     (`roboloop.procs.passive_waits`), set before anything imports torch."""
     import os
@@ -76,7 +76,7 @@ def run() -> None:
     passive_waits(os.environ)
     code = main()
     if code == 0:
-        from roboloop.entry import exit_now
+        from roboloop.procs import exit_now
 
         exit_now(0)
     sys.exit(code)

@@ -23,10 +23,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from roboloop.availability import package_versions
 from roboloop.binomial import wilson
 from roboloop.evaluation import videos as clips
 from roboloop.evaluation.protocol import BatchedEnv, Obs
-from roboloop.lineage import package_versions
 
 
 class Policy(Protocol):

@@ -27,7 +27,7 @@ import torch
 
 from roboloop import fsutil
 from roboloop.datasets.layout import ENV_STATE
-from roboloop.evaluation.protocol import Obs
+from roboloop.policies.obs import Obs
 
 
 def chunk_errors(pred: np.ndarray, target: np.ndarray, valid: np.ndarray, std: np.ndarray) -> dict[str, np.ndarray]:

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from roboloop.evaluation.protocol import Obs
+    from roboloop.policies.obs import Obs
     from roboloop.training.packing import PackedBatch
 
 POLICY_FILE = "policy.json"  # roboloop's metadata in every model folder, whatever the family

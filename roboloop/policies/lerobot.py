@@ -31,9 +31,9 @@ from torch import nn
 
 from roboloop.datasets.layout import ENV_STATE
 from roboloop.errors import RoboloopError
-from roboloop.evaluation.protocol import Obs
 from roboloop.policies import DataNeeds, Features, ModelInfo, model_info
 from roboloop.policies.lerobot_types import REFUSED, SUPPORTED
+from roboloop.policies.obs import Obs
 from roboloop.training.packing import PackedBatch
 
 NO_DOWNLOAD = {"pretrained_backbone_weights": None}  # LeRobot's defaults that would reach for the network

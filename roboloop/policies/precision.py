@@ -106,7 +106,7 @@ def probe_obs(policy: Any) -> Any:
     """One observation any policy can act on: the dataset's mean state (zeros without stats), grey frames."""
     import numpy as np
 
-    from roboloop.evaluation.protocol import Obs
+    from roboloop.policies.obs import Obs
 
     mean = (policy.stats.get(policy.state_key) or {}).get("mean") if isinstance(policy.stats, dict) else None
     state = torch.zeros(1, policy.state_dim)

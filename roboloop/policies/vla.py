@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from roboloop.errors import CorruptFileError, ModelMismatchError
-from roboloop.evaluation.protocol import Obs
 from roboloop.policies import DataNeeds, Features, ModelInfo
+from roboloop.policies.obs import Obs
 from roboloop.training.augment import shift_images, shifts
 from roboloop.training.config import ModelConfig
 from roboloop.training.model import VLAPolicy, train_flops
@@ -222,7 +222,7 @@ class ModelPolicy:
     def act(self, obs: Obs) -> torch.Tensor:
         x0 = None
         if obs.keys is not None and self.model.cfg.initial_noise == "sample":  # per (episode, step): batch-free
-            from roboloop.evaluation.protocol import row_generator
+            from roboloop.policies.obs import row_generator
 
             shape = (self.model.cfg.horizon, self.model.cfg.action_dim)
             x0 = torch.stack([torch.randn(shape, generator=row_generator(self.seed, k)) for k in obs.keys])

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from roboloop.evaluation.protocol import Obs
+from roboloop.policies.obs import Obs
 from roboloop.rl.config import reward_mode
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from roboloop.evaluation.protocol import Obs
+from roboloop.policies.obs import Obs
 from roboloop.serving import wire
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from roboloop.evaluation.protocol import Obs
+from roboloop.policies.obs import Obs
 from roboloop.serving.export_files import EXPORT_FILE, ONNX_FILE
 
 TOLERANCE = 1e-4  # max |onnx - torch| over the check observations, in normalised action units

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from roboloop.datasets.layout import ENV_STATE
-from roboloop.evaluation.protocol import Obs
 from roboloop.policies.lerobot import LeRobotPolicy
+from roboloop.policies.obs import Obs
 
 EXPORTABLE = ("act",)
 NOT_EXPORTABLE = {"diffusion": "its denoising loop draws noise at every step and keeps a queue of past "

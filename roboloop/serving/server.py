@@ -23,7 +23,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
-from roboloop.evaluation.protocol import Obs
+from roboloop.policies.obs import Obs
 from roboloop.serving import wire
 from roboloop.serving.follow import Follower, own_cache, resolve
 from roboloop.serving.service import ModelSlot, PolicyService, respond, signature

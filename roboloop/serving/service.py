@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from roboloop.evaluation.protocol import Obs
 from roboloop.hashing import file_sha256
+from roboloop.policies.obs import Obs
 from roboloop.policies.precision import AutocastPolicy, acting, noise_kept, probe_obs, require_acting_precision
 from roboloop.serving import wire
 from roboloop.serving.wire import WireError

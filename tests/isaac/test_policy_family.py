@@ -129,7 +129,7 @@ def test_a_family_defined_in_a_test_goes_through_the_loop_and_the_registry(tmp_p
     assert model_info(folder).family == FAMILY and (folder / "linear.json").is_file()
     policy = load_policy(folder)
     assert isinstance(policy, LinearPolicy)
-    from roboloop.evaluation.protocol import Obs
+    from roboloop.policies.obs import Obs
 
     chunk = policy.act(Obs(torch.zeros(3, policy.state_dim), {}, ["", "", ""]))
     assert chunk.shape == (3, 8, policy.action_dim) and torch.isfinite(chunk).all()

@@ -99,8 +99,8 @@ def test_diffusion_trains_lerobot_reads_it_and_roboloop_scores_it_with_its_past(
     from lerobot.policies.factory import make_pre_post_processors
 
     from roboloop.evaluation.offline import evaluate_offline
-    from roboloop.evaluation.protocol import Obs
     from roboloop.policies import load_policy
+    from roboloop.policies.obs import Obs
 
     out = tmp_path / "diffusion"
     train(_cfg(recorded, out, val_fraction=0.34))

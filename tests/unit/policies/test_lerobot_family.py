@@ -84,8 +84,8 @@ def test_act_trains_and_lerobot_reads_the_folder_and_acts_on_its_own_frame(recor
     from lerobot.policies.act.modeling_act import ACTPolicy
     from lerobot.policies.factory import make_pre_post_processors
 
-    from roboloop.evaluation.protocol import Obs
     from roboloop.policies import load_policy, model_info
+    from roboloop.policies.obs import Obs
 
     out = tmp_path / "act"
     train(_cfg(recorded, out, val_fraction=0.34))

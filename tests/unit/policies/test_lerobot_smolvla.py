@@ -100,8 +100,8 @@ def test_smolvla_trains_lerobot_reads_it_and_it_acts_where_its_backbone_folder_i
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 
-    from roboloop.evaluation.protocol import Obs
     from roboloop.policies import load_policy, model_info
+    from roboloop.policies.obs import Obs
 
     out = tmp_path / "smolvla"
     train(_cfg(recorded, out, vlm))

@@ -88,8 +88,8 @@ def test_vqbet_trains_both_phases_lerobot_reads_it_and_roboloop_acts_with_its_pa
     from lerobot.policies.vqbet.modeling_vqbet import VQBeTPolicy
 
     from roboloop.evaluation.offline import evaluate_offline
-    from roboloop.evaluation.protocol import Obs
     from roboloop.policies import load_policy
+    from roboloop.policies.obs import Obs
 
     out = tmp_path / "vqbet"
     train(_cfg(recorded, out, val_fraction=0.34))

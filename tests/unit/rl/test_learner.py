@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from roboloop.evaluation.protocol import Obs
+from roboloop.policies.obs import Obs
 from roboloop.rl.config import RLRecipe
 from roboloop.rl.workers import Learner, RolloutWorker, Segment
 from tests.models import untrained_model

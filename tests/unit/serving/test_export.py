@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from roboloop.evaluation.protocol import Obs
 from roboloop.policies import load_policy
+from roboloop.policies.obs import Obs
 from roboloop.serving.client import PolicyClient
 from roboloop.serving.export import TOLERANCE, OnnxPolicy, export_onnx
 from roboloop.serving.server import ServeConfig, Server

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from roboloop.evaluation.protocol import Obs
+from roboloop.policies.obs import Obs
 from tests.conformance.cases import LEROBOT_QUIET, lerobot_writer
 
 pytestmark = LEROBOT_QUIET

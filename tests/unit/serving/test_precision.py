@@ -16,8 +16,8 @@ import torch
 
 from roboloop import availability
 from roboloop.availability import MissingCapability
-from roboloop.evaluation.protocol import Obs
 from roboloop.policies import load_policy
+from roboloop.policies.obs import Obs
 from roboloop.serving.client import PolicyClient
 from roboloop.serving.server import ServeConfig, Server
 from roboloop.serving.service import load_slot

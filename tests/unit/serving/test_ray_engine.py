@@ -14,8 +14,8 @@ import pytest
 import torch
 from websockets.exceptions import InvalidStatus
 
-from roboloop.evaluation.protocol import Obs
 from roboloop.policies import load_policy
+from roboloop.policies.obs import Obs
 from roboloop.serving import wire
 from roboloop.serving.check import LISTENING
 from roboloop.serving.client import PolicyClient

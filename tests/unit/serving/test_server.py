@@ -13,8 +13,8 @@ import torch
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.sync.client import connect
 
-from roboloop.evaluation.protocol import Obs
 from roboloop.policies import load_policy
+from roboloop.policies.obs import Obs
 from roboloop.serving import wire
 from roboloop.serving.client import PolicyClient, ServerError
 from roboloop.serving.server import ServeConfig, Server

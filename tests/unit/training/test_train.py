@@ -181,7 +181,7 @@ def test_auxiliary_target_trains_from_recorded_environment_state_and_is_named_wh
     import torch
 
     from roboloop.datasets.writer import EpisodeWriterV21
-    from roboloop.evaluation.protocol import Obs
+    from roboloop.policies.obs import Obs
     from roboloop.policies.vla import ModelPolicy
 
     rng = np.random.default_rng(1)
