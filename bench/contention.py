@@ -1,7 +1,7 @@
 """Training beside other work: the demo's VLA training alone and beside one busy process, as roboloop launches it and
 as it launched it before (threads spinning while they wait).
 
-    python bench/contention.py [--steps 150] [--warmup 20] [--episodes 64] [--work DIR]
+    python bench/contention.py [--steps 50] [--warmup 10] [--episodes 64] [--work DIR]
 
 Each arm trains `roboloop.loop.demo()`'s recipe (one rank, eager, no camera, on a generated dataset) through
 `roboloop.training.launch.run_torchrun`, the loop's own launcher; `--load` arms run beside one CPU-bound process
@@ -53,8 +53,8 @@ def arm(data: Path, out: Path, steps: int, warmup: int, spin: bool, load: bool) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--work", default=None)
     args = ap.parse_args()

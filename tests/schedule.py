@@ -46,6 +46,7 @@ UNIT_SECONDS = {
     "bench:loader": 85,
     "bench:robustness": 60,  # session 42: 4 demos, 3 steps, 2 episodes nominal + 1 factor + 50 ms, policy and expert
     "tests/isaac/test_eval_cache.py": 84,
+    "tests/isaac/test_warm_workers.py": 55,  # session 53: three cold starts, two parent processes
     "tests/flows/test_loop_cli.py": 84,
     "tests/isaac/test_rl.py": 84,
     "tests/isaac/test_policy_family.py": 78,
