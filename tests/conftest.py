@@ -151,6 +151,20 @@ def bench_runs(request, tmp_path_factory):
     runs.close()
 
 
+@pytest.fixture(autouse=True)
+def fair_scheduling(request):
+    """Every test leaves this process time-shared (SCHED_OTHER). Found in a suite run: both test workers had turned
+    SCHED_FIFO (priority 99) by its 20th minute (not roboloop's code; which test's library does it, this fixture
+    names in the log), so a child that never sleeps (bench/contention.py's busy process) took a core from every
+    other child pinned there, for good, and `nice` did nothing. A test that changes it is named and it is reset."""
+    yield
+    if hasattr(os, "sched_getscheduler") and os.sched_getscheduler(0) != os.SCHED_OTHER:
+        policy = os.sched_getscheduler(0)
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        print(f"\n[scheduling] {request.node.nodeid} left this process at scheduling policy {policy} "
+              "(1: SCHED_FIFO); reset to SCHED_OTHER", file=sys.__stderr__, flush=True)
+
+
 _SESSION_START = time.monotonic()
 
 
