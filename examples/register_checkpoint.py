@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from roboloop.loop.registry_add import register_folder
 from roboloop.registry import Registry, default_uri
-from roboloop.registry_add import register_folder
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -8,10 +8,11 @@
     register(model, lineage, ...)     -> Decision     a registry version, promoted only through the gate
 
 The loop (`roboloop.loop.run_loop`: `roboloop loop`, the `closed-loop` flow's task adapters, benches),
-`roboloop reproduce` and `roboloop registry add` (`registry_add`) call these. With a `ReceiptCache`, a stage whose
-inputs (their content identities), config and code are unchanged returns its earlier receipt, once its output
-has been checked (or restored from DVC); output folders are named by that key, so a different input never lands
-on an earlier output. `roboloop convert`, `ingest`, `train`, `evaluate` are these stages too (roboloop/cli/stages.py).
+`roboloop reproduce` and `roboloop registry add` (roboloop/loop/reproduce.py, registry_add.py) call these. With a
+`ReceiptCache`, a stage whose inputs (their content identities), config and code are unchanged returns its earlier
+receipt, once its output has been checked (or restored from DVC); output folders are named by that key, so a
+different input never lands on an earlier output. `roboloop convert`, `ingest`, `train`, `evaluate` are these stages
+too (roboloop/cli/stages.py).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
         dst = args.dst or f"{args.name}-{args.ref or 'champion'}"
         print(reg.download(args.name, args.ref or "champion", dst, overwrite=args.overwrite))
     elif args.action == "add":
-        from roboloop.registry_add import register_folder
+        from roboloop.loop.registry_add import register_folder
 
         if not args.name or not args.ref:
             raise ValueError("registry add NAME MODEL_DIR: a model name and a model folder")
@@ -72,7 +72,7 @@ def cmd_registry(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from roboloop.reproduce import reproduce
+    from roboloop.loop.reproduce import reproduce
 
     report = reproduce(args.model, registry=args.registry, on_line=(lambda _line: None) if args.quiet else print)
     print(jsonline(report))

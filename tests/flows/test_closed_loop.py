@@ -98,7 +98,7 @@ def test_closed_loop_end_to_end_cached_restored_and_reproduced(loop_env, reach_d
     assert json.loads((root / "artifacts" / "models").joinpath(first.model.split("/")[-1], "config.json")
                       .read_text())["train"]["steps"] == 30
 
-    from roboloop.reproduce import reproduce
+    from roboloop.loop.reproduce import reproduce
 
     rep = reproduce("reach-vla@1", registry=str(root / "registry"), on_line=lambda _line: None)
     # same data md5s, bit-identical weights, same loss and success rate
