@@ -1,5 +1,5 @@
 """Guard the house: no import circle among roboloop's modules (imports inside functions count: they close circles
-too), nothing outside roboloop/policies/ branches on a policy family's name (a family states what it can do and the
+too), imports that run down its floors (FLOORS) but for the named few (UPWARD), nothing outside roboloop/policies/ branches on a policy family's name (a family states what it can do and the
 caller asks), and no function in roboloop/ longer than 60 lines."""
 
 from __future__ import annotations
@@ -97,3 +97,34 @@ def test_no_function_in_roboloop_is_longer_than_60_lines():
             for p in LIB.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))
             if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.end_lineno - n.lineno + 1 > 60]
     assert long == []
+
+
+# roboloop's rooms (its packages and top-level modules) from the top floor down, as they stand: a room imports rooms
+# on lower floors. An import from a room up to a higher floor is one of UPWARD, each with its reason, or this fails.
+FLOORS = [["entry"], ["cli"], ["loop"], ["serving"], ["stages"], ["cache"], ["rl", "lineage"], ["evaluation"],
+          ["registry"], ["policies"], ["training"], ["datasets"], ["warm", "plots", "s3", "dvc"], ["procs", "fsutil"],
+          ["binomial", "hashing", "availability", "errors", "settings", "keys", "receipts"]]
+UPWARD = {
+    ("evaluation", "stages"): "the checkpoint sweep (evaluation/sweep.py) runs the loop's stages: it belongs in loop/",
+    ("evaluation", "serving"): "an evaluation through a policy server (serving.client) or the robot's envelope",
+    ("training", "policies"): "a training recipe names a policy family, which the policies' registry resolves",
+}
+
+
+def _rooms_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    room = {name: name.split(".")[1] if "." in name else "" for name in modules}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        for dep in _imports(name, path, modules) & modules.keys():
+            if room[name] and room[dep] and room[dep] != room[name]:
+                graph.setdefault(room[name], set()).add(room[dep])
+    return graph
+
+
+def test_imports_run_down_the_floors_but_for_the_named_few():
+    floor = {r: i for i, rooms in enumerate(FLOORS) for r in rooms}
+    graph = _rooms_graph()
+    assert set(graph) | {d for ds in graph.values() for d in ds} <= set(floor), "a new room: give it a floor"
+    upward = {(a, b) for a, deps in graph.items() for b in deps if floor[b] < floor[a]}
+    assert upward == set(UPWARD), f"up: {sorted(upward - set(UPWARD))}; no longer up: {sorted(set(UPWARD) - upward)}"
