@@ -1,6 +1,7 @@
 """Guard the house: no import circle among roboloop's modules (imports inside functions count: they close circles
-too), imports that run down its floors (FLOORS) but for the named few (UPWARD), nothing outside roboloop/policies/ branches on a policy family's name (a family states what it can do and the
-caller asks), and no function in roboloop/ longer than 60 lines."""
+too), imports that run down its floors (FLOORS) but for the named few (UPWARD), nothing outside roboloop/policies/
+branches on a policy family's name (a family states what it can do and the caller asks), and no function in
+roboloop/ longer than 60 lines."""
 
 from __future__ import annotations
 
