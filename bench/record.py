@@ -27,10 +27,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from roboloop.procs import passive_waits
+
 ROOT = Path(__file__).resolve().parents[1]
 # benches train and evaluate in their own process as roboloop's children do: OpenMP threads that wait passively
-# (roboloop.procs.passive_waits; every bench imports this module before torch)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# (every bench imports this module before torch)
+passive_waits(os.environ)
 RESULTS = ROOT / "bench" / "results"
 
 

@@ -118,6 +118,26 @@ def _pump(proc: subprocess.Popen) -> tuple[queue.Queue[str | None], threading.Th
     return lines, thread
 
 
+def relay(lines: queue.Queue[str | None], on_line: Callable[[str], None], tail: collections.deque[str],
+          deadline: float | None, overdue: str, until: str | None = None) -> str | None:
+    """Hand a child's lines to `on_line` (and `tail`) until its output ends (None) or a line starting with `until`
+    comes (that line, not relayed); TimeoutError(`overdue`) once `deadline` (monotonic) has passed."""
+    while True:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            line = ""
+        if line is None:
+            return None
+        if until is not None and line.startswith(until):
+            return line
+        if line:
+            tail.append(line)
+            on_line(line)
+        if deadline and time.monotonic() > deadline:
+            raise TimeoutError(overdue)
+
+
 def run_streaming(cmd: list[str], on_line: Callable[[str], None] = print, timeout_s: float | None = None,
                   env: dict[str, str] | None = None, what: str = "child process",
                   keep_last: int = 50) -> tuple[int, list[str]]:
@@ -131,18 +151,7 @@ def run_streaming(cmd: list[str], on_line: Callable[[str], None] = print, timeou
     atexit.register(kill_group, proc, 2.0)
     tail: collections.deque[str] = collections.deque(maxlen=keep_last)
     try:
-        while True:
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                line = ""
-            if line is None:
-                break
-            if line:
-                tail.append(line)
-                on_line(line)
-            if deadline and time.monotonic() > deadline:
-                raise TimeoutError(f"{what} exceeded {timeout_s} s; killed its process group")
+        relay(lines, on_line, tail, deadline, f"{what} exceeded {timeout_s} s; killed its process group")
         code = proc.wait()
     finally:
         if proc.poll() is None or _group_alive(proc):

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MARK = "@@roboloop-warm"  # MARK <job id> <result JSON>: the stage's result line (the job id is the parent's secret)
 WARM_STAGES = ("evaluate", "collect")  # torchrun ranks, RL (Ray) and the served model's check start cold
@@ -56,9 +56,9 @@ def _key(env: dict[str, str]) -> str:
 class Worker:
     proc: subprocess.Popen
     key: str
-    lines: queue.Queue = field(default_factory=queue.Queue)
+    lines: queue.Queue  # its output lines (procs._pump), None at the end
+    pump: threading.Thread
     jobs: int = 0
-    pump: threading.Thread | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -66,19 +66,11 @@ class Worker:
     def reap(self) -> None:
         """After it exited: its output read to the end and its pipes closed."""
         self.proc.wait()
-        if self.pump is not None:
-            self.pump.join(timeout=5)
+        self.pump.join(timeout=5)
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
-
-
-def _pump(w: Worker) -> None:
-    assert w.proc.stdout is not None
-    for line in w.proc.stdout:
-        w.lines.put(line.rstrip("\n"))
-    w.lines.put(None)
 
 
 class WarmPool:
@@ -94,10 +86,9 @@ class WarmPool:
         proc = subprocess.Popen([sys.executable, "-m", "roboloop.entry", "--warm"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                                 start_new_session=True, env=env)
-        w = Worker(proc, key)
-        w.pump = threading.Thread(target=_pump, args=(w,), daemon=True, name="roboloop-warm-log")
-        w.pump.start()
-        return w
+        from roboloop.procs import _pump
+
+        return Worker(proc, key, *_pump(proc))
 
     def acquire(self, env: dict[str, str]) -> tuple[Worker, bool]:
         """An idle worker for this environment (warm: True) or a new one (False)."""
@@ -117,22 +108,6 @@ class WarmPool:
             retired, self._idle = live[:max(0, len(live) - keep())], live[max(0, len(live) - keep()):]
         for x in dead + retired:
             retire(x)
-
-    def prestart(self, env: dict[str, str] | None = None) -> None:
-        """Start a worker now (its imports overlap the caller's other work), unless one is idle for this
-        environment already."""
-        if keep() == 0:
-            return
-        env = env or stage_env()
-        key = _key(env)
-        with self._lock:
-            if any(w.key == key and w.alive() for w in self._idle):
-                return
-        self.release(self._start(env, key))
-
-    def idle(self) -> list[Worker]:
-        with self._lock:
-            return [w for w in self._idle if w.alive()]
 
     def close(self) -> None:
         with self._lock:
@@ -161,7 +136,9 @@ POOL = WarmPool()
 def stage_env() -> dict[str, str]:
     from roboloop.procs import passive_waits
 
-    return dict(passive_waits({**os.environ, "PYTHONUNBUFFERED": "1"}))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    passive_waits(env)
+    return env
 
 
 def run_entry(stage: str, cfg, work, on_line: Callable[[str], None], timeout_s: float | None, what: str) -> dict:
@@ -170,11 +147,11 @@ def run_entry(stage: str, cfg, work, on_line: Callable[[str], None], timeout_s: 
     from pathlib import Path
 
     from roboloop import fsutil
+    from roboloop.procs import ChildFailed, run_streaming
 
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
     cfg_file = fsutil.atomic_write_text(work / f"{stage}_config.json", cfg.model_dump_json(indent=2))
-    from roboloop.procs import ChildFailed, run_streaming
 
     result = None
     if stage in WARM_STAGES and keep() > 0:
@@ -194,7 +171,7 @@ def run_warm(stage: str, cfg_file: str, on_line: Callable[[str], None], timeout_
     stage that succeeded; on failure, timeout, SIGTERM or the caller's exception its process group is killed."""
     import collections
 
-    from roboloop.procs import _main_thread, _on_sigterm_kill, kill_group
+    from roboloop.procs import _main_thread, _on_sigterm_kill, kill_group, relay
 
     w, warm = POOL.acquire(stage_env())
     job = secrets.token_hex(8)
@@ -207,7 +184,9 @@ def run_warm(stage: str, cfg_file: str, on_line: Callable[[str], None], timeout_
         assert w.proc.stdin is not None
         w.proc.stdin.write(json.dumps({"job": job, "stage": stage, "config": cfg_file}) + "\n")
         w.proc.stdin.flush()
-        result, done = _follow(w, job, on_line, tail, deadline, what, timeout_s)
+        mark = relay(w.lines, on_line, tail, deadline, f"{what} exceeded {timeout_s} s; killed its process group",
+                     until=f"{MARK} {job} ")
+        result, done = (json.loads(mark.split(" ", 2)[2]), True) if mark is not None else (None, False)
     except (BrokenPipeError, OSError):
         done = False  # the worker died before it read the request: its exit code says why
     finally:
@@ -223,21 +202,3 @@ def run_warm(stage: str, cfg_file: str, on_line: Callable[[str], None], timeout_
 
             signal.signal(signal.SIGTERM, previous)
     return (0 if done else w.proc.returncode), list(tail), result
-
-
-def _follow(w: Worker, job: str, on_line, tail, deadline, what: str, timeout_s) -> tuple[dict | None, bool]:
-    """Relay the worker's lines until its result line for `job` (True) or its exit (False)."""
-    while True:
-        try:
-            line = w.lines.get(timeout=0.5)
-        except queue.Empty:
-            line = ""
-        if line is None:
-            return None, False
-        if line.startswith(f"{MARK} {job} "):
-            return json.loads(line.split(" ", 2)[2]), True
-        if line:
-            tail.append(line)
-            on_line(line)
-        if deadline and time.monotonic() > deadline:
-            raise TimeoutError(f"{what} exceeded {timeout_s} s; killed its process group")
