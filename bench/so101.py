@@ -27,7 +27,7 @@ TASK = "Roboloop-SO101-PickCube-v0"
 
 SPEED = """
 import json, sys, time, torch
-from roboloop.evaluation.isaac import IsaacLabEnv
+from roboloop.sim.isaac import IsaacLabEnv
 n, cam, steps, device = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4]
 with IsaacLabEnv(sys.argv[5], num_envs=n, camera=cam, device=device) as env:
     env.reset()

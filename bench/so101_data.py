@@ -31,7 +31,7 @@ MIN_FIT = 8  # reference episodes at the grasp to fit the wrist roll's rule on (
 from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
 
 # the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
-MEASURES = ["bench/so101_data.py", "roboloop/evaluation/isaac_tasks", "roboloop/datasets"]
+MEASURES = ["bench/so101_data.py", "roboloop/sim/isaac_tasks", "roboloop/datasets"]
 
 
 def load(root: Path) -> dict[str, np.ndarray]:

@@ -48,8 +48,8 @@ def main() -> None:
     from roboloop import stages
     from roboloop.datasets.config import ConvertConfig
     from roboloop.evaluation.config import EvalRecipe
-    from roboloop.evaluation.sweep import Scored, offline_scores, rank_agreement
     from roboloop.loop import PRESETS
+    from roboloop.loop.sweep import Scored, offline_scores, rank_agreement
 
     quiet = lambda line: None  # noqa: E731
     cfg = PRESETS[args.preset]()

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from flows import run_name
 from roboloop.evaluation.config import EvalRecipe
-from roboloop.evaluation.sweep import Scored, best, rank_agreement
+from roboloop.loop.sweep import Scored, best, rank_agreement
 from roboloop.receipts import Decision
 from tasks.evaluate import evaluate_task
 from tasks.sweep import candidates_task, offline_scores_task, register_best_task, sweep_artifact

@@ -64,9 +64,9 @@ def _preload() -> None:
     import torch  # noqa: F401
 
     import roboloop.evaluation.evaluator  # noqa: F401
-    import roboloop.evaluation.gym_env  # noqa: F401
     import roboloop.evaluation.policies  # noqa: F401
     import roboloop.evaluation.run  # noqa: F401
+    import roboloop.sim.gym_env  # noqa: F401
 
 
 STAGES = {"train": _train, "evaluate": _evaluate, "collect": _collect, "rl": _rl, "check-model": _check_model}

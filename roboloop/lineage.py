@@ -53,7 +53,7 @@ def _digest(p: Path) -> bytes:
 def _assets(h: Any) -> None:
     """The simulator assets in use: the shipped `assets/` by content; another $ISAACSIM_ASSET_ROOT (a mirror of
     NVIDIA's server can be large) by each file's path, size and mtime."""
-    from roboloop.evaluation.assets import REPO_ASSETS, asset_root
+    from roboloop.sim.assets import REPO_ASSETS, asset_root
 
     root = asset_root()
     if not root.is_dir():

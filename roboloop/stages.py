@@ -357,7 +357,7 @@ def evaluate_offline(model: ModelRef, data: DatasetRef, recipe: OfflineRecipe, e
                      cache: ReceiptCache | None = None, runs_root: str | Path | None = None) -> OfflineSummary:
     """The model's action-chunk error on `data`'s episodes it held out (or the given `episodes`), in a run
     folder of its own; for data with no simulator twin. Keyed on weights, config, dataset md5, recipe, episodes."""
-    from roboloop.evaluation.offline import evaluate_offline as score
+    from roboloop.offline import evaluate_offline as score
 
     acts = acting_digest(model.path)
     key = cache_key("evaluate-offline", model.weights_sha256, acts, data.md5, keyed(recipe), episodes)

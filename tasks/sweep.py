@@ -8,8 +8,8 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from roboloop import stages
-from roboloop.evaluation.sweep import Scored, best, offline_scores, plot_sweep
 from roboloop.lineage import Lineage
+from roboloop.loop.sweep import Scored, best, offline_scores, plot_sweep
 from roboloop.receipts import Decision, EvalSummary, ModelRef
 from tasks.common import NO_CACHE, png_markdown, receipts
 from tasks.register import register_task

@@ -29,7 +29,8 @@ UNIT_SECONDS = {
     "tests/isaac/test_robust_gate.py": 175,  # session 51: two demo-recipe models trained (120 steps each; 172 s alone)
     "tests/isaac/test_sim_to_sim.py": 75,
     "tests/isaac/test_so101_dressing.py": 70,  # session 49: two simulators, the expert under two factors
-    "tests/isaac/test_camera_factors.py": 35,  # session 50: two tasks' probes (one simulator each)
+    "tests/isaac/test_camera_factors.py": 35,
+    "tests/unit/sim/test_add_a_task.py": 45,  # session 54: the guide's task recorded, a tiny model trained (42 s alone)  # session 50: two tasks' probes (one simulator each)
     "bench:so101": 55,
     "tests/isaac/test_reach_variants.py": 174,
     "tests/isaac/test_serve_reach.py": 60,  # session 46: the SO-101's served check is in its loop

@@ -179,7 +179,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_pick(args: argparse.Namespace) -> int:
     from roboloop import stages
     from roboloop.evaluation.config import EvalRecipe
-    from roboloop.evaluation.sweep import Scored, best
+    from roboloop.loop.sweep import Scored, best
 
     recipe: EvalRecipe = model_from_args(EvalRecipe, args)  # type: ignore[assignment]
     scored = []
@@ -196,7 +196,7 @@ def cmd_pick(args: argparse.Namespace) -> int:
 
 
 def _evaluate_offline(args: argparse.Namespace) -> int:
-    from roboloop.evaluation.offline import compare, evaluate_offline
+    from roboloop.offline import compare, evaluate_offline
 
     if not args.dataset or not args.policy or args.policy in ("expert", "random"):
         raise SystemExit("evaluate --offline needs --dataset V3_DIR and --policy MODEL (a model folder or "

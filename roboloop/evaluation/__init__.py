@@ -1,7 +1,2 @@
-"""Evaluation: batched environments (Isaac Lab, gymnasium), policies, the Evaluator, rollouts."""
-
-import os as _os
-
-# MuJoCo picks its OpenGL platform when it is first imported, and Newton (Isaac Lab's physics) imports it: offscreen
-# EGL unless the caller chose another, so MuJoCo-SO101-PickCube-v0's cameras render in any process that evaluates
-_os.environ.setdefault("MUJOCO_GL", "egl")
+"""Evaluation: the Evaluator, the policies it runs, perturbation suites, rollouts and videos, over any task of
+roboloop.sim (the environments and tasks live there)."""

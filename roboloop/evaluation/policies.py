@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from roboloop.errors import ModelMismatchError
-from roboloop.evaluation.protocol import BatchedEnv, Obs, row_generator
+from roboloop.sim.protocol import BatchedEnv, Obs, row_generator
 
 
 class RandomPolicy:

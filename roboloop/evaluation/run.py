@@ -5,13 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from roboloop.evaluation.config import (
-    DEFAULT_EXECUTE_STEPS,
-    ROBOLOOP_TASKS,
-    SIM2SIM_TASKS,
-    CollectConfig,
-    EvalConfig,
-)
+from roboloop.evaluation.config import DEFAULT_EXECUTE_STEPS, CollectConfig, EvalConfig, task_spec
 
 if TYPE_CHECKING:
     from roboloop.evaluation.evaluator import EvalReport
@@ -32,12 +26,12 @@ def _stop_rule(cfg: EvalConfig):
 
 
 def run_evaluation(cfg: EvalConfig) -> EvalReport:
-    from roboloop.evaluation.assets import hashes
     from roboloop.evaluation.evaluator import evaluate, progress_printer
-    from roboloop.evaluation.gym_env import make_env
-    from roboloop.evaluation.perturb import renders
     from roboloop.evaluation.policies import fits, make_policy, reads_cameras, reads_env_state, served_policy
     from roboloop.policies.precision import require_acting_precision
+    from roboloop.sim import make_env
+    from roboloop.sim.factors import renders
+    from roboloop.sim.registry import load
 
     ran = require_acting_precision(cfg.precision, cfg.device)  # refused before any env is made
 
@@ -49,7 +43,8 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
         if cfg.policy.startswith("serve://"):  # one connection: asked what the model reads, then acting
             policy = served_policy(cfg.policy, cfg.precision)
         reads = bool(policy.env_state_dim) if policy is not None else reads_env_state(cfg.policy)
-        overrides = {"privileged_obs": True} if cfg.task in (*ROBOLOOP_TASKS, *SIM2SIM_TASKS) and reads else None
+        spec = task_spec(cfg.task)
+        overrides = {"privileged_obs": True} if spec.env_state_names is not None and reads else None
         # a policy that reads no image (the scripted baselines, a state-only model): unless a video or rollout is asked
         # for, render nothing (the episodes, seeded by layout, are the same ones; an SO-101 random baseline runs ~2x
         # faster without its two cameras, the demo's model ~1.5x), unless a suite moves a camera (the env without
@@ -72,12 +67,8 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
             from roboloop.evaluation.suites import run_suites
 
             run_suites(env, policy, cfg, report, cfg.execute_steps or DEFAULT_EXECUTE_STEPS)
-        if cfg.task.startswith("Roboloop-"):
-            report.asset_hashes = hashes()
-            if "-SO101-" in cfg.task:
-                from roboloop.evaluation.so101_asset import fingerprint
-
-                report.asset_hashes.update(fingerprint())
+        if spec.fingerprints:  # the assets the task ships, as its episodes saw them
+            report.asset_hashes = {k: v for ref in spec.fingerprints for k, v in load(ref)().items()}
         if cfg.save_rollouts:
             from roboloop.evaluation.rollouts import write_v3
 
@@ -93,23 +84,11 @@ def run_evaluation(cfg: EvalConfig) -> EvalReport:
 
 def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
     from roboloop.evaluation.evaluator import evaluate, progress_printer
-    from roboloop.evaluation.gym_env import make_env
     from roboloop.evaluation.policies import ExpertPolicy, NoisyPolicy, make_policy
     from roboloop.evaluation.rollouts import write_v21
+    from roboloop.sim import make_env
 
-    # demonstrations are recorded on the train split of layouts; evaluation plays the test split
-    overrides: dict[str, object] | None = None
-    if cfg.task in ROBOLOOP_TASKS:
-        overrides = {"layout_split": "train"}
-        if cfg.task.startswith("Roboloop-Reach-"):
-            overrides["instructions_per_layout"] = cfg.instructions_per_layout
-        if cfg.environment_state:
-            overrides["privileged_obs"] = True
-        if cfg.retry_failed:
-            overrides["retry_failed"] = cfg.retry_failed
-        if cfg.policy != "expert" and cfg.task.startswith("Roboloop-SO101-"):
-            overrides["expert_labels_others"] = True  # DAgger: its labeller cannot integrate another actor's lag
-    env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=cfg.camera, overrides=overrides)
+    env = make_env(cfg.task, cfg.num_envs, cfg.device, cfg.seed, camera=cfg.camera, overrides=_recording(cfg))
     try:
         if cfg.perturb:  # recorded as the robot meets it under the factor; the labels stay the expert's
             from roboloop.evaluation.perturb import Perturbed, parse
@@ -136,17 +115,15 @@ def collect(cfg: CollectConfig) -> tuple[Path, EvalReport]:
         env.close()
 
 
-# what a reach task's `privileged` observation holds (see ReachColorEnvCfg.privileged_obs)
-ENV_STATE_NAMES = ["red_x", "red_y", "green_x", "green_y", "blue_x", "blue_y", "tip_x", "tip_y"]
-# what the SO-101 task's `privileged` observation holds (recorded when CollectConfig.environment_state is on): the
-# cube's centre (m, the arm's base frame), its yaw (rad) and the point between the jaw pads (m)
-SO101_ENV_STATE_NAMES = ["cube_x", "cube_y", "cube_z", "cube_yaw", "grasp_x", "grasp_y", "grasp_z"]
-# LeRobot's so101_follower motors (state and action `<motor>.pos`), as `lerobot-record` names them
-SO101_NAMES = [f"{m}.pos" for m in ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll",
-                                    "gripper")]
-# what LeRobot 0.6.1's `lerobot-record` writes as robot_type for an SO-101 follower (its robot's `name`; recordings
-# made with LeRobot before the SO-100/101 classes merged say "so101_follower")
-SO101_ROBOT_TYPE = "so_follower"
+def _recording(cfg: CollectConfig) -> dict[str, object]:
+    """What a recording asks of the task's env, of what it takes: the train split of layouts (evaluation plays the
+    test split), several instructions per layout, the scene state observed, failed layouts replayed, and for DAgger
+    an expert that labels another actor's states (its labeller cannot integrate that actor's lag)."""
+    wanted: dict[str, object] = {"layout_split": "train", "instructions_per_layout": cfg.instructions_per_layout,
+                                 "privileged_obs": cfg.environment_state, "retry_failed": cfg.retry_failed,
+                                 "expert_labels_others": cfg.policy != "expert"}
+    accepts = task_spec(cfg.task).accepts
+    return {k: v for k, v in wanted.items() if k in accepts and (v or k == "instructions_per_layout")}
 
 
 def _envelope(cfg: Any, env: Any) -> Any:
@@ -160,26 +137,15 @@ def _envelope(cfg: Any, env: Any) -> Any:
 
 def action_names(task: str, action_dim: int) -> list[str]:
     """A task's action names as a robot would call them (LeRobot's schema where the task has one)."""
-    if task in (*ROBOLOOP_TASKS, *SIM2SIM_TASKS):
-        action = task_schema(task)[2]
-        if action is not None and len(action) == action_dim:
-            return list(action)
-    return [f"action_{i}" for i in range(action_dim)]
+    return task_spec(task).names("action", action_dim)
 
 
 def task_schema(task: str) -> tuple[str, list[str] | None, list[str] | None, list[str] | None]:
     """(robot_type, state names, action names, environment-state names) of what `collect` records on `task`
     (names None: numbered)."""
-    if task in ("Roboloop-SO101-PickCube-v0", *SIM2SIM_TASKS):
-        return SO101_ROBOT_TYPE, SO101_NAMES, SO101_NAMES, SO101_ENV_STATE_NAMES
-    if task not in ROBOLOOP_TASKS:
-        return "roboloop", None, None, None
-    state = ["q_shoulder", "q_elbow", "qd_shoulder", "qd_elbow"]
-    if not task.endswith("-Vision-v0"):
-        state += ["tip_x", "tip_y", "red_x", "red_y", "green_x", "green_y", "blue_x", "blue_y",
-                  "red_dx", "red_dy", "green_dx", "green_dy", "blue_dx", "blue_dy"]
-    action = ["d_shoulder", "d_elbow"] if "-Joint-" in task else ["d_tip_x", "d_tip_y"]
-    return "roboloop_reach_arm", state, action, ENV_STATE_NAMES
+    spec = task_spec(task)
+    listed = (spec.state_names, spec.action_names, spec.env_state_names)
+    return (spec.robot_type, *(list(n) if n is not None else None for n in listed))  # type: ignore[return-value]
 
 
 # children start through one public module (roboloop.procs); the names stay importable from here

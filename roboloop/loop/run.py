@@ -21,7 +21,7 @@ from typing import Protocol
 from roboloop.datasets import layout
 from roboloop.datasets.config import ConvertConfig
 from roboloop.datasets.meta import load_info
-from roboloop.evaluation.config import ROBOLOOP_TASKS, CollectConfig, EvalRecipe, OfflineRecipe
+from roboloop.evaluation.config import CollectConfig, EvalRecipe, OfflineRecipe, task_spec
 from roboloop.lineage import Lineage
 from roboloop.loop.config import LoopConfig
 from roboloop.loop.summary import Candidate, LoopSummary, RoundResult, Selection, training_line
@@ -189,7 +189,7 @@ def select(cfg: LoopConfig, model: ModelRef, steps: Steps, round_: int) -> tuple
     (`select.seed`: not the episodes the loop then reports), and the best of them (ties: the later step)."""
     if cfg.select is None:
         return model, None
-    from roboloop.evaluation.sweep import Scored, best
+    from roboloop.loop.sweep import Scored, best
 
     found = steps.candidates(model, cfg.track)
     final = max(step for step, _ in found)
@@ -230,7 +230,7 @@ def dagger_recipe(cfg: LoopConfig, raw: DatasetRef | None = None) -> CollectConf
         env_state = "observation.environment_state" in features
     return CollectConfig(task=cfg.eval.task, episodes=cfg.dagger.episodes, num_envs=cfg.dagger.num_envs,
                          device=cfg.eval.device, seed=base.seed, camera=camera,
-                         environment_state=env_state and cfg.eval.task in ROBOLOOP_TASKS,
+                         environment_state=env_state and task_spec(cfg.eval.task).env_state_names is not None,
                          execute_steps=cfg.eval.execute_steps or ExecutionSettings().execute_steps)
 
 

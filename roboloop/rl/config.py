@@ -8,13 +8,17 @@ from pydantic import BaseModel, Field, model_validator
 
 
 def reward_mode(task: str, reward: str) -> str:
-    """The reward an RL run trains on ("task" or "progress"): `progress` exists on the Roboloop-Reach tasks only."""
-    has_progress = task.startswith("Roboloop-Reach")
+    """The reward an RL run trains on ("task" or "progress"): `progress` where the task has a progress reward (its
+    spec says; the reach tasks do)."""
+    from roboloop.sim.registry import task as task_spec
+
+    has_progress = task_spec(task).progress_reward
     if reward == "progress" and not has_progress:
         from roboloop.errors import RoboloopError
+        from roboloop.sim.registry import tasks
 
-        raise RoboloopError(f"reward=progress: {task} has no progress reward (Roboloop-Reach-* tasks do); "
-                            "use reward=task")
+        having = ", ".join(t for t, s in tasks().items() if s.progress_reward)
+        raise RoboloopError(f"reward=progress: {task} has no progress reward ({having} do); use reward=task")
     return "progress" if reward == "auto" and has_progress else ("task" if reward == "auto" else reward)
 
 

@@ -97,11 +97,12 @@ def _policy(model: str | dict[str, bytes], device: str, rl: dict):
 class EnvWorker:
     def __init__(self, index: int, task: str, num_envs: int, seed: int, execute_steps: int, gamma: float,
                  camera: bool, reward: str = "task"):
-        from roboloop.evaluation.gym_env import make_env
+        from roboloop.sim import make_env
+        from roboloop.sim.registry import task as task_spec
 
         self.index, self.e, self.gamma = index, execute_steps, gamma
         # training layouts: RL never sees the episodes an evaluation (the test split) will count
-        overrides = {"layout_split": "train"} if task.startswith("Roboloop-") else None
+        overrides = {"layout_split": "train"} if task_spec(task).layouts else None
         if reward_mode(task, reward) == "progress":
             overrides = {**(overrides or {}), "reward_mode": "progress"}
         self.env = make_env(task, num_envs, "cpu", seed, camera=camera, overrides=overrides)

@@ -12,15 +12,12 @@ import torch
 
 
 def _names(task: str, state_dim: int, action_dim: int) -> tuple[list[str], list[str]]:
-    from roboloop.evaluation.config import ROBOLOOP_TASKS
+    """The task's own state and action names where they fit (LeRobot's so101_follower motors on the SO-101), else
+    numbered."""
+    from roboloop.sim.registry import task as task_spec
 
-    if task in ROBOLOOP_TASKS:
-        from roboloop.evaluation.run import task_schema
-
-        _, state, action, _ = task_schema(task)
-        if state is not None and action is not None and len(state) == state_dim and len(action) == action_dim:
-            return list(state), list(action)
-    return [f"state_{i}" for i in range(state_dim)], [f"action_{i}" for i in range(action_dim)]
+    spec = task_spec(task)
+    return spec.names("state", state_dim), spec.names("action", action_dim)
 
 
 class SimRobot:
@@ -40,7 +37,7 @@ class SimRobot:
 
     @classmethod
     def make(cls, task: str, seed: int = 0, device: str = "cpu") -> SimRobot:
-        from roboloop.evaluation.gym_env import make_env
+        from roboloop.sim import make_env
 
         return cls(make_env(task, 1, device, seed), seed)
 

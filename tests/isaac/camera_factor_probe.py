@@ -12,7 +12,7 @@ import sys
 
 from so101_dressing_probe import colours
 
-from roboloop.evaluation.isaac import IsaacLabEnv
+from roboloop.sim.isaac import IsaacLabEnv
 
 SETTINGS = (("nominal", None, 0), ("camera_pose", "camera_pose", 4), ("camera_fov", "camera_fov", 1.25),
             ("nominal_again", None, 0))

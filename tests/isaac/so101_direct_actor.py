@@ -13,9 +13,9 @@ import sys
 def main(steps: int) -> None:
     import torch
 
-    from roboloop.evaluation.isaac import IsaacLabEnv
-    from roboloop.evaluation.isaac_tasks.so101 import to_lerobot
-    from roboloop.evaluation.isaac_tasks.so101_expert import grasp_frame
+    from roboloop.sim.isaac import IsaacLabEnv
+    from roboloop.sim.isaac_tasks.so101 import to_lerobot
+    from roboloop.sim.isaac_tasks.so101_expert import grasp_frame
 
     env = IsaacLabEnv("Roboloop-SO101-PickCube-v0", num_envs=4, camera=False,
                       overrides={"expert_labels_others": True})

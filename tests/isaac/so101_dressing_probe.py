@@ -10,7 +10,7 @@ import json
 
 import torch
 
-from roboloop.evaluation.isaac import IsaacLabEnv
+from roboloop.sim.isaac import IsaacLabEnv
 
 
 def colours(images: torch.Tensor) -> dict[str, int]:

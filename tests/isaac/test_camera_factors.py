@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from roboloop.evaluation.isaac_tasks.cameras import mount_offset, quat_mul
 from roboloop.evaluation.perturb import draw
+from roboloop.sim.isaac_tasks.cameras import mount_offset, quat_mul
 from tests.isaac.test_reach_task import roboloop
 
 pytestmark = pytest.mark.isaac

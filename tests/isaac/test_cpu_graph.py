@@ -1,4 +1,4 @@
-"""The physics step replayed as a Warp graph on the CPU (roboloop/evaluation/cpu_graph.py) changes nothing but the
+"""The physics step replayed as a Warp graph on the CPU (roboloop/sim/cpu_graph.py) changes nothing but the
 speed: the same episodes as Isaac Lab's own eager CPU step, bit for bit, on the reach task, on the SO-101 pick
 (contacts: the jaws closing on the cube and lifting it) and for a model acting on a camera's pictures."""
 
@@ -52,7 +52,7 @@ def test_replayed_steps_give_the_eager_steps_episodes_bit_for_bit(tmp_path, name
 
 
 def test_a_setting_other_than_0_or_1_is_refused(monkeypatch):
-    from roboloop.evaluation import cpu_graph
+    from roboloop.sim import cpu_graph
 
     monkeypatch.setenv("ROBOLOOP_CPU_GRAPH", "yes")
     with pytest.raises(ValueError, match="ROBOLOOP_CPU_GRAPH='yes'"):

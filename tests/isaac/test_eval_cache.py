@@ -41,7 +41,7 @@ def test_an_edited_model_config_is_a_new_evaluation(tmp_path):
     from tests.models import untrained_model
 
     task = "Roboloop-Reach-Color-v0"
-    dims = subprocess.run([sys.executable, "-c", "from roboloop.evaluation.isaac_tasks import make_cfg; "
+    dims = subprocess.run([sys.executable, "-c", "from roboloop.sim.isaac_tasks import make_cfg; "
                            f"c = make_cfg({task!r}); s = c.action_space; "
                            "print(int(c.observation_space), s if isinstance(s, int) else s.shape[-1])"],
                           capture_output=True, text=True, timeout=300, check=True).stdout.split()

@@ -112,8 +112,8 @@ def test_episodes_counted_do_not_depend_on_num_envs_and_never_replay_a_demo_layo
 
 PROGRESS_SCRIPT = r"""
 import json, sys, torch
-from roboloop.evaluation.isaac import IsaacLabEnv
-from roboloop.evaluation.isaac_tasks.controllers import fingertip
+from roboloop.sim.isaac import IsaacLabEnv
+from roboloop.sim.isaac_tasks.controllers import fingertip
 env = IsaacLabEnv("Roboloop-Reach-Color-v0", num_envs=4, camera=False, overrides={"reward_mode": "progress"})
 env.reset(seed=3)
 e = env.env.unwrapped

@@ -30,7 +30,7 @@ def _evaluate(policy: str, task: str, episodes: int, out, env: dict) -> dict:
 
 
 def _dims(task: str) -> tuple[int, int]:
-    dims = subprocess.run([sys.executable, "-c", "from roboloop.evaluation.isaac_tasks import make_cfg; "
+    dims = subprocess.run([sys.executable, "-c", "from roboloop.sim.isaac_tasks import make_cfg; "
                            f"c = make_cfg({task!r}); s = c.action_space; "
                            "print(int(c.observation_space), s if isinstance(s, int) else s.shape[-1])"],
                           capture_output=True, text=True, timeout=300, check=True).stdout.split()

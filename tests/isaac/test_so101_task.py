@@ -19,7 +19,7 @@ TASK = "Roboloop-SO101-PickCube-v0"
 
 
 def test_derived_arm_is_made_once_and_checked(tmp_path, monkeypatch):
-    from roboloop.evaluation import so101_asset
+    from roboloop.sim import so101_asset
 
     monkeypatch.setenv("ROBOLOOP_ASSET_CACHE", str(tmp_path))
     first = so101_asset.so101_usd()

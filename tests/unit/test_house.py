@@ -70,7 +70,7 @@ def test_the_circle_finder_finds_a_circle_closed_inside_a_function():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _circles(graph) == [["a", "b", "c"]]
     modules = _modules()
-    assert "roboloop.stages" in _imports("roboloop.evaluation.sweep", modules["roboloop.evaluation.sweep"], modules)
+    assert "roboloop.stages" in _imports("roboloop.loop.sweep", modules["roboloop.loop.sweep"], modules)
 
 
 def _names_family(node: ast.AST) -> bool:
@@ -102,11 +102,11 @@ def test_no_function_in_roboloop_is_longer_than_60_lines():
 
 # roboloop's rooms (its packages and top-level modules) from the top floor down, as they stand: a room imports rooms
 # on lower floors. An import from a room up to a higher floor is one of UPWARD, each with its reason, or this fails.
-FLOORS = [["entry"], ["cli"], ["loop"], ["serving"], ["stages"], ["cache"], ["rl", "lineage"], ["evaluation"],
-          ["registry"], ["policies"], ["training"], ["datasets"], ["warm", "plots", "s3", "dvc"], ["procs", "fsutil"],
+FLOORS = [["entry"], ["cli"], ["loop"], ["serving"], ["stages"], ["cache"], ["rl", "lineage"],
+          ["evaluation", "offline"], ["sim"], ["registry"], ["policies"], ["training"], ["datasets"],
+          ["warm", "plots", "s3", "dvc"], ["procs", "fsutil"],
           ["binomial", "hashing", "availability", "errors", "settings", "keys", "receipts"]]
 UPWARD = {
-    ("evaluation", "stages"): "the checkpoint sweep (evaluation/sweep.py) runs the loop's stages: it belongs in loop/",
     ("evaluation", "serving"): "an evaluation through a policy server (serving.client) or the robot's envelope",
     ("training", "policies"): "a training recipe names a policy family, which the policies' registry resolves",
 }
@@ -129,3 +129,49 @@ def test_imports_run_down_the_floors_but_for_the_named_few():
     assert set(graph) | {d for ds in graph.values() for d in ds} <= set(floor), "a new room: give it a floor"
     upward = {(a, b) for a, deps in graph.items() for b in deps if floor[b] < floor[a]}
     assert upward == set(UPWARD), f"up: {sorted(upward - set(UPWARD))}; no longer up: {sorted(set(UPWARD) - upward)}"
+
+
+def _task_words() -> set[str]:
+    from roboloop.sim.registry import _FAMILIES, tasks
+
+    return {*tasks(), *(f.prefix for f in _FAMILIES if f.prefix)}
+
+
+def _names_a_task(const: object, words: set[str]) -> bool:
+    """A string that is a task id or a piece of one ("-SO101-", "Roboloop-", "lerobot:", "-Vision-v0")."""
+    return isinstance(const, str) and len(const) >= 4 and (any(c in const for c in "-:/") or const[0].isupper()) \
+        and any(const in w for w in words)
+
+
+def _task_tests(tree: ast.AST, words: set[str]) -> list[ast.AST]:
+    found: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("startswith", "endswith", "index", "find", "count"):
+            sides = list(node.args)
+        else:
+            continue
+        if any(_names_a_task(c.value, words) for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant)):
+            found.append(node)
+    return found
+
+
+def test_nothing_outside_a_tasks_module_compares_a_task_id():
+    """A task is what its spec says (roboloop.sim.registry); no room asks which task it holds by its id. Only the
+    registry and the task declarations (roboloop/sim/tasks/) may."""
+    words = _task_words()
+    allowed = (LIB / "sim" / "tasks", LIB / "sim" / "registry.py")
+    offenders = [f"{p.relative_to(ROOT)}:{n.lineno}: {ast.unparse(n)}" for p in LIB.rglob("*.py")
+                 if not any(p == a or p.is_relative_to(a) for a in allowed)
+                 for n in _task_tests(ast.parse(p.read_text()), words)]
+    assert offenders == [], "ask the task's spec (roboloop.sim.registry.task(id)) instead:\n" + "\n".join(offenders)
+
+
+def test_the_task_guard_sees_a_task_test():
+    words = _task_words()
+    planted = ast.parse('if "-SO101-" in task or cfg.task == "Roboloop-Reach-Red-v0" or t.startswith("lerobot:"):\n'
+                        '    pass\nif family == "lerobot" or name == "Push the block": pass')
+    assert [ast.unparse(n) for n in _task_tests(planted, words)] == [
+        "'-SO101-' in task", "cfg.task == 'Roboloop-Reach-Red-v0'", "t.startswith('lerobot:')"]

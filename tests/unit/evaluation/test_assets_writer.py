@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roboloop.evaluation import assets
+from roboloop.sim import assets
 
 
 def test_shipped_assets_match_authoring_code(tmp_path):
     pytest.importorskip("pxr")
     fresh = assets.write_all(tmp_path)
     shipped = assets.hashes(assets.REPO_ASSETS)
-    assert fresh == shipped, "assets/ is stale: run python -m roboloop.evaluation.assets"
+    assert fresh == shipped, "assets/ is stale: run python -m roboloop.sim.assets"
 
 
 def test_arm_usd_has_what_newton_needs(tmp_path):

@@ -8,10 +8,14 @@ from pydantic import ValidationError
 from roboloop.evaluation.config import CollectConfig
 
 
-def test_environment_state_only_on_roboloops_own_tasks():
+def test_recording_asks_what_the_task_declares():
     assert CollectConfig(task="Roboloop-SO101-PickCube-v0", environment_state=True).environment_state
-    with pytest.raises(ValidationError, match="environment_state: lerobot:pusht is not a roboloop task"):
-        CollectConfig(task="lerobot:pusht", environment_state=True)
+    assert CollectConfig(task="MuJoCo-SO101-PickCube-v0", environment_state=True).environment_state
+    with pytest.raises(ValidationError, match="task: lerobot:pusht has no scripted expert"):
+        CollectConfig(task="lerobot:pusht")
+    with pytest.raises(ValidationError, match="instructions_per_layout: Roboloop-Reach-Red-v0 has 1 instruction"):
+        CollectConfig(task="Roboloop-Reach-Red-v0", instructions_per_layout=3)
+    assert CollectConfig(task="Roboloop-Reach-Color-v0", instructions_per_layout=3).instructions_per_layout == 3
 
 
 def test_retry_failed_only_where_a_layout_can_be_replayed_differently():
@@ -25,10 +29,12 @@ def test_retry_failed_only_where_a_layout_can_be_replayed_differently():
 
 def test_an_so101_recording_keeps_the_real_arms_features_unless_asked():
     assert CollectConfig(task="Roboloop-SO101-PickCube-v0").environment_state is False
-    from roboloop.evaluation.run import SO101_ENV_STATE_NAMES, task_schema
+    from roboloop.evaluation.run import task_schema
+    from roboloop.sim.tasks.so101_pick import ENV_STATE as SO101_ENV_STATE_NAMES
 
     # the names the recorder gives the task's privileged observation (cube x, y, z, yaw; grasp point x, y, z)
-    assert task_schema("Roboloop-SO101-PickCube-v0")[3] == SO101_ENV_STATE_NAMES and len(SO101_ENV_STATE_NAMES) == 7
+    assert task_schema("Roboloop-SO101-PickCube-v0")[3] == list(SO101_ENV_STATE_NAMES)
+    assert len(SO101_ENV_STATE_NAMES) == 7
 
 
 def test_a_dagger_round_records_what_the_demonstrations_recorded():

@@ -10,7 +10,7 @@ import torch
 from roboloop.binomial import non_inferior, wilson
 from roboloop.evaluation.evaluator import evaluate
 from roboloop.evaluation.policies import RandomPolicy
-from roboloop.evaluation.protocol import ScriptedEnv
+from roboloop.sim.protocol import ScriptedEnv
 
 
 class CountingPolicy:

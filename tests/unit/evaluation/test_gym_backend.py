@@ -11,7 +11,7 @@ from roboloop.evaluation.policies import RandomPolicy
 
 def test_pusht_random_policy_counts_episodes(tmp_path):
     pytest.importorskip("gym_pusht")
-    from roboloop.evaluation.gym_env import GymVectorEnv
+    from roboloop.sim.gym_env import GymVectorEnv
 
     with GymVectorEnv("gym_pusht/PushT-v0", num_envs=3, seed=1, max_episode_steps=40) as env:
         obs = env.reset()

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from roboloop.errors import UnknownTaskError
-from roboloop.evaluation.gym_env import make_env
+from roboloop.sim import make_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning"),
               pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.filterwarnings("ignore::FutureWarning")]

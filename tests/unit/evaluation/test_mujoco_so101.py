@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from roboloop.evaluation import mujoco_so101 as M
+from roboloop.sim import mujoco_so101 as M
 
 
 def test_lerobot_units_round_trip_and_the_jaw_range_maps_to_0_100():

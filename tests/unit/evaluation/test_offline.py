@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from roboloop.evaluation.offline import chunk_errors, compare, evaluate_offline
+from roboloop.offline import chunk_errors, compare, evaluate_offline
 from roboloop.training.config import TrainConfig
 from roboloop.training.train import train
 

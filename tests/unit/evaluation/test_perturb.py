@@ -11,7 +11,7 @@ import torch
 
 from roboloop.evaluation import perturb
 from roboloop.evaluation.evaluator import evaluate
-from roboloop.evaluation.protocol import Obs, StepResult
+from roboloop.sim.protocol import Obs, StepResult
 
 
 class CountingEnv:
@@ -216,7 +216,7 @@ def test_instructions_are_reworded_per_episode_keeping_the_goal(level):
 def test_scene_factors_move_the_object_and_the_arm_past_the_training_range_the_same_way_every_time():
     import math
 
-    from roboloop.evaluation.isaac_tasks import scenes
+    from roboloop.sim.isaac_tasks import scenes
 
     balls = torch.tensor([[0.3, 0.1], [0.2, -0.25], [0.35, 0.3]])
     q = torch.tensor([0.2, 0.9])
@@ -269,7 +269,7 @@ def test_a_share_of_the_episodes_meets_the_factor_drawn_per_episode_and_a_record
 
 
 def test_the_so101_dressing_puts_distractors_where_a_cube_could_be_and_turns_the_cubes_colour_nothing_else():
-    from roboloop.evaluation.isaac_tasks import scenes
+    from roboloop.sim.isaac_tasks import scenes
 
     for level in perturb.FACTORS["distractors"].levels:
         for episode in range(40):

@@ -8,8 +8,8 @@ import math
 def test_expert_controllers_by_hand():
     import torch
 
-    from roboloop.evaluation.assets import LINK1, LINK2
-    from roboloop.evaluation.isaac_tasks.controllers import dls_step, ee_expert, jacobian, joint_expert
+    from roboloop.sim.assets import LINK1, LINK2
+    from roboloop.sim.isaac_tasks.controllers import dls_step, ee_expert, jacobian, joint_expert
 
     tip = torch.tensor([[0.30, 0.0], [0.30, 0.0]])
     goal = torch.tensor([[0.33, 0.04], [0.30, -0.5]])

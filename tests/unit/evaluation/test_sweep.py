@@ -10,7 +10,7 @@ import torch
 
 from roboloop.datasets.convert import ConvertConfig, convert
 from roboloop.datasets.generate import GenSpec, generate_v21
-from roboloop.evaluation.sweep import Scored, best, offline_scores, plot_sweep, rank_agreement, spearman
+from roboloop.loop.sweep import Scored, best, offline_scores, plot_sweep, rank_agreement, spearman
 from roboloop.training import checkpoint
 from roboloop.training.config import TrainConfig
 from roboloop.training.kept import export_checkpoint, kept_checkpoints
@@ -98,7 +98,7 @@ def test_kept_checkpoints_export_as_loadable_models_without_touching_the_run(run
 def test_offline_scores_of_a_checkpoint_are_its_loss_and_its_held_out_error(run, tmp_path):
     import json
 
-    from roboloop.evaluation.offline import evaluate_offline
+    from roboloop.offline import evaluate_offline
     from roboloop.stages import model_ref
 
     step, ckpt = kept_checkpoints(run)[0]

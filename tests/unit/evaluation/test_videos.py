@@ -11,7 +11,7 @@ from PIL import Image
 
 from roboloop.evaluation import videos
 from roboloop.evaluation.evaluator import evaluate
-from roboloop.evaluation.protocol import StepResult
+from roboloop.sim.protocol import StepResult
 from tests.unit.evaluation.test_perturb import CountingEnv
 
 

@@ -98,7 +98,7 @@ def test_diffusion_trains_lerobot_reads_it_and_roboloop_scores_it_with_its_past(
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
     from lerobot.policies.factory import make_pre_post_processors
 
-    from roboloop.evaluation.offline import evaluate_offline
+    from roboloop.offline import evaluate_offline
     from roboloop.policies import load_policy
     from roboloop.policies.obs import Obs
 

@@ -80,7 +80,7 @@ def test_act_reads_the_scene_state_in_lerobot_offline_and_served(recorded, tmp_p
     from lerobot.policies.act.modeling_act import ACTPolicy
     from lerobot.policies.factory import make_pre_post_processors
 
-    from roboloop.evaluation.offline import evaluate_offline
+    from roboloop.offline import evaluate_offline
     from roboloop.policies import load_policy
     from roboloop.policies.lerobot import LeRobotPolicyError
     from roboloop.policies.obs import Obs

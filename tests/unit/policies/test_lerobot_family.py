@@ -111,7 +111,7 @@ def test_act_trains_and_lerobot_reads_the_folder_and_acts_on_its_own_frame(recor
         theirs = post(policy.eval().predict_action_chunk(same))
     assert torch.allclose(ours.post(ours.chunk(same)), theirs, atol=1e-4), (chunk - theirs).abs().max()
 
-    from roboloop.evaluation.offline import evaluate_offline
+    from roboloop.offline import evaluate_offline
 
     report = evaluate_offline(recorded, out, "validation", output_dir=tmp_path / "offline")
     assert report.episodes == info.split["validation_episodes"] and np.isfinite(report.mse_norm)

@@ -87,7 +87,7 @@ def test_vqbet_trains_both_phases_lerobot_reads_it_and_roboloop_acts_with_its_pa
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.policies.vqbet.modeling_vqbet import VQBeTPolicy
 
-    from roboloop.evaluation.offline import evaluate_offline
+    from roboloop.offline import evaluate_offline
     from roboloop.policies import load_policy
     from roboloop.policies.obs import Obs
 

@@ -32,7 +32,7 @@ class Jumpy:
 
 @pytest.fixture(scope="module")
 def env():
-    from roboloop.evaluation.gym_env import make_env
+    from roboloop.sim import make_env
 
     e = make_env(TASK, 2, "cpu", 0, camera=False)
     yield e

@@ -14,7 +14,7 @@ from tests.models import untrained_model
 
 def test_served_policy_plays_the_same_episodes_as_in_process(tmp_path, monkeypatch):
     pytest.importorskip("gym_pusht")
-    from roboloop.evaluation.gym_env import GymVectorEnv
+    from roboloop.sim.gym_env import GymVectorEnv
 
     monkeypatch.setenv("ROBOLOOP_SERVE_TOKEN_FILE", str(tmp_path / "token"))
     token = read_token(create=True)

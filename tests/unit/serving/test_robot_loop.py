@@ -26,7 +26,7 @@ def served(tmp_path_factory):
 
 
 def _robot():
-    from roboloop.evaluation.gym_env import GymVectorEnv
+    from roboloop.sim.gym_env import GymVectorEnv
 
     return SimRobot(GymVectorEnv("gym_pusht/PushT-v0", num_envs=1, seed=5, max_episode_steps=24), seed=5)
 

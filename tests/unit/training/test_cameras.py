@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from roboloop.evaluation.offline import evaluate_offline
+from roboloop.offline import evaluate_offline
 from roboloop.policies.vla import ModelPolicy
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import SampleStream, V3Dataset

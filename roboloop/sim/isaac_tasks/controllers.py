@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from roboloop.evaluation.assets import LINK1, LINK2
+from roboloop.sim.assets import LINK1, LINK2
 
 JOINT_LIMIT = 2.9  # rad (the USD limits are +-170 deg)
 

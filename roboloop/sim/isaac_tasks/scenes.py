@@ -95,7 +95,7 @@ def so101_layout(split: str, seed: int, episode: int, scene_factor: tuple[str, f
     out (Isaac Lab's task and the MuJoCo one of lerobot-env-so101)."""
     from isaaclab_so101.constants import HOME_JOINT_POS, SIM_JOINT_NAMES
 
-    from roboloop.evaluation.perturb import draw
+    from roboloop.sim.factors import draw
 
     g = layout_generator(split, seed, episode, "so101")
     u = torch.rand(4, generator=g)
@@ -126,7 +126,7 @@ def so101_dressing(scene_factor: tuple[str, float, int] | None, episode: int, cu
     level, episode)."""
     if scene_factor is None or scene_factor[0] not in DRESSING_FACTORS:
         return torch.zeros(0, 3), 0.0
-    from roboloop.evaluation.perturb import draw
+    from roboloop.sim.factors import draw
 
     factor, level, seed = scene_factor
     rng = draw(seed, factor, level, episode, -2)

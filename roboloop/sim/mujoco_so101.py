@@ -35,15 +35,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from roboloop.evaluation.isaac_tasks import scenes
-from roboloop.evaluation.isaac_tasks.so101_expert import ExpertSettings, Sensors, SO101Expert
-from roboloop.evaluation.protocol import Obs, StepResult
+from roboloop.sim.isaac_tasks import scenes
+from roboloop.sim.isaac_tasks.so101_expert import ExpertSettings, Sensors, SO101Expert
+from roboloop.sim.protocol import Obs, StepResult
 
 # MuJoCo picks its OpenGL platform when it is first imported: offscreen EGL (Mesa's software renderer where there is
 # no GPU) unless the caller chose another
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-TASK = "MuJoCo-SO101-PickCube-v0"
+from roboloop.sim.tasks.so101_pick import MUJOCO  # noqa: E402  (the task this simulates)
+
+TASK = MUJOCO.id
 BASE_OFFSET = (-0.01576, 0.02079, 0.03248)  # m: the MJCF base's place in the Isaac task's frame
 GRASP_POINT = (0.02348, 0.00094, -0.0970)  # m, in the MJCF's gripper body (Isaac's: 0.0235, -0.0002, -0.097)
 JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")
@@ -72,7 +74,7 @@ RENDER_FACTORS = ("camera_pose", "camera_fov", "lighting")
 @contextlib.contextmanager
 def rendered(model, data, factor: tuple[str, float, int] | None, episode: int):
     """The model's cameras and light changed for one episode's frames of `data` by a renderer factor
-    (`perturb.FACTORS`: camera_pose moves each camera `level` cm and turns it `level` degrees, in directions drawn
+    (`factors.FACTORS`: camera_pose moves each camera `level` cm and turns it `level` degrees, in directions drawn
     per episode; camera_fov scales its focal length; lighting scales the light), restored after. The cameras' world
     poses are recomputed from the model (`mj_camlight`) both times."""
     import mujoco
@@ -80,7 +82,7 @@ def rendered(model, data, factor: tuple[str, float, int] | None, episode: int):
     if factor is None or factor[0] not in RENDER_FACTORS:
         yield
         return
-    from roboloop.evaluation.perturb import draw
+    from roboloop.sim.factors import draw
 
     name, level, seed = factor
     saved = (model.cam_pos.copy(), model.cam_quat.copy(), model.cam_fovy.copy(),
@@ -170,6 +172,11 @@ def build_model(scene: str = "matched"):
             if tex.builtin == mujoco.mjtBuiltin.mjBUILTIN_GRADIENT:  # the skybox: white, as Isaac's background
                 tex.rgb1, tex.rgb2 = [1.0] * 3, [1.0] * 3
     return spec.compile()
+
+
+def make(spec, num_envs: int, device: str, seed: int, camera: bool, overrides: dict):
+    """The task's env (the registry's factory); MuJoCo steps on the CPU whatever `device` the policy uses."""
+    return MujocoSO101Env(num_envs, seed=seed, camera=camera, privileged_obs=bool(overrides.get("privileged_obs")))
 
 
 class MujocoSO101Env:

@@ -1,7 +1,7 @@
 """The SO-101 picks a cube, in Isaac Lab (kit-less, Newton physics, CPU or GPU), in LeRobot's units.
 
 `Roboloop-SO101-PickCube-v0`: the SO-ARM101 (5 joints + gripper; the USD `isaaclab-so101` ships, derived for
-Newton by `roboloop.evaluation.so101_asset`) on a table, a 4 cm cube at a random position and yaw in the
+Newton by `roboloop.sim.so101_asset`) on a table, a 4 cm cube at a random position and yaw in the
 arm's reach, "pick up the cube". Success: the cube's centre at least `lift_height` (5 cm) above where it
 rests, held between the jaws, for `success_hold` policy steps.
 
@@ -43,11 +43,11 @@ from isaaclab_newton.renderers.newton_warp_renderer_cfg import NewtonWarpRendere
 from isaaclab_so101.cameras import look_at_offset
 from isaaclab_so101.constants import HOME_JOINT_POS, JOINT_LIMITS_DEG, SIM_JOINT_NAMES
 
-from roboloop.evaluation.isaac_tasks import scenes
-from roboloop.evaluation.isaac_tasks.cameras import CAMERA_FACTORS, CameraMounts
-from roboloop.evaluation.isaac_tasks.scenes import from_lerobot, to_lerobot
-from roboloop.evaluation.isaac_tasks.so101_expert import ExpertSettings, Sensors, SO101Expert
-from roboloop.evaluation.so101_asset import so101_usd
+from roboloop.sim.isaac_tasks import scenes
+from roboloop.sim.isaac_tasks.cameras import CAMERA_FACTORS, CameraMounts
+from roboloop.sim.isaac_tasks.scenes import from_lerobot, to_lerobot
+from roboloop.sim.isaac_tasks.so101_expert import ExpertSettings, Sensors, SO101Expert
+from roboloop.sim.so101_asset import so101_usd
 
 # LeRobot's so101_follower feature names, in the USD's joint order (Rotation .. Jaw)
 MOTORS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper")

@@ -20,40 +20,52 @@ from typing import Any
 
 import torch
 
-from roboloop.evaluation.assets import use_shipped_assets
-from roboloop.evaluation.config import ROBOLOOP_TASKS  # noqa: E402,F401
-from roboloop.evaluation.protocol import Obs, StepResult
+from roboloop.sim.assets import use_shipped_assets
+from roboloop.sim.protocol import Obs, StepResult
+from roboloop.sim.registry import TaskSpec
+from roboloop.sim.registry import task as task_spec
 
 
-def _import_isaaclab(task: str):
-    """gymnasium, Isaac Lab's `launch_simulation` and (for Isaac Lab's own tasks) `resolve_task_config`; roboloop's
-    tasks skip `isaaclab_tasks`, whose import walks every task package (~1.2 s of each simulator's start here)."""
+def make(spec: TaskSpec, num_envs: int, device: str, seed: int, camera: bool, overrides: dict[str, Any]):
+    """A task's env on Isaac Lab (the registry's factory: `env="roboloop.sim.isaac:make"`)."""
+    physics = overrides.pop("physics", "newton_mjwarp")
+    return IsaacLabEnv(spec.id, num_envs=num_envs, device=device, seed=seed, physics=physics, camera=camera,
+                       overrides=overrides)
+
+
+def _import_isaaclab(spec: TaskSpec):
+    """gymnasium, Isaac Lab's `launch_simulation` and (for Isaac Lab's own tasks) `resolve_task_config`; a task that
+    declares its own config class skips `isaaclab_tasks`, whose import walks every task package (~1.2 s of each
+    simulator's start here)."""
     use_shipped_assets()
     resolve_task_config: Any = None
     try:
         import gymnasium as gym
         from isaaclab.app import launch_simulation
 
-        if task not in ROBOLOOP_TASKS:
+        if "cfg" not in spec.options:
             import isaaclab_tasks  # noqa: F401  (registers Isaac Lab's tasks)
             from isaaclab_tasks import utils as task_utils
 
             resolve_task_config = task_utils.resolve_task_config
+        else:
+            from roboloop.sim.isaac_tasks import register_with_gym
 
-        import roboloop.evaluation.isaac_tasks  # noqa: F401
+            register_with_gym(spec)
     except ImportError as e:
         raise ImportError("the Isaac Lab backend needs isaaclab 3.0: pip install 'roboloop[sim]'") from e
     return gym, launch_simulation, resolve_task_config
 
 
 class IsaacLabEnv:
-    def __init__(self, task: str = "Roboloop-Reach-Color-v0", num_envs: int = 16, device: str = "cpu",
+    def __init__(self, task: str, num_envs: int = 16, device: str = "cpu",
                  seed: int = 0, physics: str = "newton_mjwarp", camera: bool = True, success_on_timeout: bool = False,
                  overrides: dict[str, Any] | None = None):
-        gym, launch_simulation, resolve_task_config = _import_isaaclab(task)
+        self.spec = task_spec(task)
+        gym, launch_simulation, resolve_task_config = _import_isaaclab(self.spec)
         self.task, self.num_envs, self.device = task, num_envs, device
-        if task in ROBOLOOP_TASKS:
-            from roboloop.evaluation.isaac_tasks import make_cfg
+        if "cfg" in self.spec.options:
+            from roboloop.sim.isaac_tasks import make_cfg
 
             cfg = make_cfg(task)
             if not camera:
@@ -71,7 +83,7 @@ class IsaacLabEnv:
         self._stack.enter_context(launch_simulation(cfg, {"device": device, "visualizer": []}))
         try:
             if "cuda" not in device:
-                from roboloop.evaluation import cpu_graph
+                from roboloop.sim import cpu_graph
 
                 cpu_graph.enable()  # the step replayed from C++, as Isaac Lab does on CUDA (see the module)
             self.env = gym.make(task, cfg=cfg)
@@ -92,7 +104,7 @@ class IsaacLabEnv:
     @property
     def backend(self) -> str:
         """Isaac Lab, its physics and device; `+graph` once a CPU step was replayed as a Warp graph."""
-        from roboloop.evaluation import cpu_graph
+        from roboloop.sim import cpu_graph
 
         return self._backend + ("+graph" if "cuda" not in self.device and cpu_graph.replays() else "")
 
@@ -125,7 +137,7 @@ class IsaacLabEnv:
     def scene_factors(self) -> tuple[str, ...]:
         """The scene factors this task's own reset applies (isaac_tasks/scenes.py: the layout, and on the SO-101 the
         distractors and the cube's colour, and where it has cameras their mounts and focal lengths: see perturb.py)."""
-        from roboloop.evaluation.isaac_tasks.scenes import SCENE_FACTORS
+        from roboloop.sim.isaac_tasks.scenes import SCENE_FACTORS
 
         return tuple(getattr(self.u, "scene_factors", SCENE_FACTORS)) if hasattr(self.u, "scene_factor") else ()
 
@@ -165,7 +177,7 @@ class IsaacLabEnv:
     def hold_action(self, obs: Obs) -> torch.Tensor:
         """The action that keeps the arm where it is (what a robot does while its next chunk is computed): the
         current joint positions for the SO-101's absolute targets, zero for the reach tasks' and other tasks' deltas."""
-        if "-SO101-" in self.task:
+        if self.spec.hold == "joints":
             return obs.state[:, :self.action_dim].float().cpu()
         return torch.zeros(obs.state.shape[0], self.action_dim)
 

@@ -67,7 +67,7 @@ class CameraMounts:
     def lay(self, ids: list[int], episodes: list[int], scene_factor: tuple[str, float, int] | None) -> None:
         """The envs `ids`, starting episodes `episodes`, see through cameras as `scene_factor` says (nominal where it
         is not a camera factor)."""
-        from roboloop.evaluation.perturb import draw
+        from roboloop.sim.factors import draw
 
         factor, level, seed = scene_factor if scene_factor is not None else (None, 0.0, 0)
         focal = float(level) if factor == "camera_fov" else 1.0

@@ -1,11 +1,11 @@
 """Language-conditioned reaching in Isaac Lab (kit-less, Newton physics, CPU or GPU).
 
-A planar two-link arm (shipped USD, see `roboloop.evaluation.assets`) and three coloured
+A planar two-link arm (shipped USD, see `roboloop.sim.assets`) and three coloured
 balls (red, green, blue) on a table; the instruction names one colour ("reach the green
 ball"). A top-down RGB camera sees the table. Success: the fingertip stays within
 `success_radius` of the named ball for `success_hold` consecutive policy steps.
 
-Three variants (registered in `roboloop.evaluation.isaac_tasks`):
+Three variants (registered in `roboloop.sim.isaac_tasks`):
 - `Roboloop-Reach-Color-v0`: state (18) = joint positions (2), joint velocities (2), fingertip
   xy (2), red, green, blue ball xy (6), relative to the env origin, and each ball relative to the
   fingertip (6) (`relative_balls`; the egocentric vector is what makes a policy generalise to
@@ -45,10 +45,11 @@ from isaaclab.utils.assets import ISAACLAB_NUCLEUS_DIR
 from isaaclab_newton.physics import MJWarpSolverCfg, NewtonCfg
 from isaaclab_newton.renderers.newton_warp_renderer_cfg import NewtonWarpRendererCfg
 
-from roboloop.evaluation.assets import ARM_REL
-from roboloop.evaluation.isaac_tasks import scenes
-from roboloop.evaluation.isaac_tasks.cameras import CAMERA_FACTORS, CameraMounts
-from roboloop.evaluation.isaac_tasks.controllers import (
+from roboloop.sim.assets import ARM_REL
+from roboloop.sim.factors import draw as perturb_rng
+from roboloop.sim.isaac_tasks import scenes
+from roboloop.sim.isaac_tasks.cameras import CAMERA_FACTORS, CameraMounts
+from roboloop.sim.isaac_tasks.controllers import (
     JOINT_LIMIT,
     dls_step,
     ee_expert,
@@ -56,7 +57,6 @@ from roboloop.evaluation.isaac_tasks.controllers import (
     jacobian,
     joint_expert,
 )
-from roboloop.evaluation.perturb import draw as perturb_rng
 
 COLORS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.8, 0.1), "blue": (0.1, 0.2, 0.9)}
 COLOR_NAMES = tuple(COLORS)

@@ -1,5 +1,5 @@
 """The SO-101 pick's scripted expert, in plain torch: what it reads of a simulator is `Sensors`, so Isaac Lab's task
-(`so101.SO101PickCubeEnv.expert_action`) and the MuJoCo twin (`roboloop.evaluation.mujoco_so101`) drive their arms
+(`so101.SO101PickCubeEnv.expert_action`) and the MuJoCo twin (`roboloop.sim.mujoco_so101`) drive their arms
 with the same controller, and a gap between the two simulators' successes is the simulators', not the experts'.
 
 It moves the point between the jaw pads by damped least squares on the simulator's Jacobian, with a PI term on the
@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import torch
 
-from roboloop.evaluation.isaac_tasks.scenes import SO101_CUBE as CUBE
-from roboloop.evaluation.isaac_tasks.scenes import to_lerobot
+from roboloop.sim.isaac_tasks.scenes import SO101_CUBE as CUBE
+from roboloop.sim.isaac_tasks.scenes import to_lerobot
 
 
 @dataclass(frozen=True)

@@ -19,21 +19,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from roboloop.evaluation.protocol import Obs, StepResult
-
-KNOWN: dict[str, dict[str, Any]] = {
-    "gym_pusht/PushT-v0": {"module": "gym_pusht", "kwargs": {"obs_type": "pixels_agent_pos"},
-                           "instruction": "Push the T-shaped block onto the T-shaped target."},
-}
+from roboloop.sim.protocol import Obs, StepResult
 
 
-def lerobot_spec(task: str) -> dict[str, Any]:
+def lerobot_spec(task: str, env_type_query: str) -> dict[str, Any]:
     """The spec of `lerobot:<env type>` from LeRobot's env config of that type."""
     from lerobot.envs.configs import EnvConfig
 
     from roboloop.errors import UnknownTaskError
 
-    env_type, _, query = task.split(":", 1)[1].partition("?")
+    env_type, _, query = env_type_query.partition("?")
     try:
         choice = EnvConfig.get_choice_class(env_type)
     except Exception as e:  # draccus: an unregistered choice
@@ -59,7 +54,10 @@ class GymVectorEnv:
 
         import gymnasium as gym
 
-        spec = lerobot_spec(task) if task.startswith("lerobot:") else KNOWN.get(task, {})
+        from roboloop.sim.registry import task as task_spec
+
+        options = dict(task_spec(task).options)
+        spec = lerobot_spec(task, options["lerobot_env"]) if "lerobot_env" in options else options
         self.features_map: dict[str, str] = spec.get("features_map", {})
         if "module" in spec:
             try:
@@ -130,31 +128,16 @@ class GymVectorEnv:
         self.close()
 
 
-def make_env(task: str, num_envs: int, device: str = "cpu", seed: int = 0, camera: bool = True,
-             overrides: dict | None = None):
-    """Isaac Lab for `Isaac-*` and `Roboloop-*` tasks, gymnasium for everything else.
-
-    An unknown task is an `UnknownTaskError` listing the known ones (not gymnasium's NameNotFound)."""
+def make(spec, num_envs: int, device: str, seed: int, camera: bool, overrides: dict):
+    """A gymnasium task's vector env (the registry's factory). An id gymnasium does not know is an
+    `UnknownTaskError` listing the known ones (not gymnasium's NameNotFound)."""
     from roboloop.errors import UnknownTaskError
-    from roboloop.evaluation.config import ROBOLOOP_TASKS, unknown_task_message
+    from roboloop.sim.registry import unknown_task_message
 
-    if task.startswith("Roboloop-") and task not in ROBOLOOP_TASKS:
-        raise UnknownTaskError(unknown_task_message(task))
-    from roboloop.evaluation.config import SIM2SIM_TASKS
-
-    if task in SIM2SIM_TASKS:
-        from roboloop.evaluation.mujoco_so101 import MujocoSO101Env
-
-        return MujocoSO101Env(num_envs, seed=seed, camera=camera, privileged_obs=bool((overrides or {}).get(
-            "privileged_obs")))
     try:
-        if task.startswith(("Isaac-", "Roboloop-")):
-            from roboloop.evaluation.isaac import IsaacLabEnv
-
-            return IsaacLabEnv(task, num_envs=num_envs, device=device, seed=seed, camera=camera, overrides=overrides)
-        return GymVectorEnv(task, num_envs=num_envs, seed=seed)
+        return GymVectorEnv(spec.id, num_envs=num_envs, seed=seed)
     except Exception as e:
         if type(e).__module__.startswith("gymnasium") and "NotFound" in type(e).__name__ \
-                or isinstance(e, ValueError) and "not found" in str(e).lower() and task in str(e):
-            raise UnknownTaskError(unknown_task_message(task)) from e
+                or isinstance(e, ValueError) and "not found" in str(e).lower() and spec.id in str(e):
+            raise UnknownTaskError(unknown_task_message(spec.id)) from e
         raise
