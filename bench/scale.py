@@ -115,25 +115,53 @@ def gather_s(size: float, p: int, bw: float, alpha: float) -> float:
     return 0.0 if p <= 1 else (p - 1) * alpha + (p - 1) / p * size / bw
 
 
-def project(facts: dict, step_s: float, p: int, net: dict) -> dict:
+def project(facts: dict, step_s: float, p: int, net: dict, accumulate: int = 1, grad_bytes: float | None = None
+            ) -> dict:
+    """One optimizer step on `p` GPUs: `accumulate` micro-batches of `step_s` compute each, gradients synchronised
+    once, overlapped with the last micro-batch's backward pass (`train.accumulate`: DDP's no_sync, FSDP2's
+    set_requires_gradient_sync); `grad_bytes` (default the facts'): what a gradient synchronisation moves
+    (`train.grad_reduce` bf16 halves it). FSDP2 gathers the fp32 parameters in every micro-batch."""
     intra = p <= PER_NODE
     bw = net["nvlink_Bps"] if intra else net["ib_Bps"]
     alpha = net["nvlink_alpha_s"] if intra else net["ib_alpha_s"]
-    s = facts["grad_bytes"]
+    s = facts["grad_bytes"] if grad_bytes is None else grad_bytes
     fwd, bwd = step_s / 3, 2 * step_s / 3
+    compute = accumulate * step_s
     ddp_comm = allreduce_s(s, p, bw, alpha)
     ddp_exposed = max(0.0, ddp_comm - bwd) + allreduce_s(min(s, 25e6), p, bw, alpha)
-    ag = gather_s(s, p, bw, alpha)
-    fsdp_exposed = max(0.0, ag - fwd) + max(0.0, 2 * ag - bwd)
+    ag, rs = gather_s(4 * facts["params"], p, bw, alpha), gather_s(s, p, bw, alpha)
+    fsdp_exposed = accumulate * max(0.0, ag - fwd) + (accumulate - 1) * max(0.0, ag - bwd) + max(0.0, ag + rs - bwd)
     nodes = max(1, p // PER_NODE)
-    ddp_step = step_s + ddp_exposed
+    ddp_step = compute + ddp_exposed
     return {"gpus": p, "nodes": nodes,
             "ddp": {"step_ms": round(ddp_step * 1e3, 1), "allreduce_ms": round(ddp_comm * 1e3, 1),
-                    "efficiency": round(step_s / ddp_step, 3)},
-            "fsdp2": {"step_ms": round((step_s + fsdp_exposed) * 1e3, 1), "gather_ms": round(ag * 1e3, 1),
-                      "efficiency": round(step_s / (step_s + fsdp_exposed), 3)},
-            "node_samples_per_s": round(PER_NODE * facts["samples_per_gpu_step"] / ddp_step, 1),
-            "node_frames_per_s": round(2 * PER_NODE * facts["samples_per_gpu_step"] / ddp_step, 1)}
+                    "efficiency": round(compute / ddp_step, 3)},
+            "fsdp2": {"step_ms": round((compute + fsdp_exposed) * 1e3, 1), "gather_ms": round(ag * 1e3, 1),
+                      "efficiency": round(compute / (compute + fsdp_exposed), 3)},
+            "node_samples_per_s": round(PER_NODE * accumulate * facts["samples_per_gpu_step"] / ddp_step, 1),
+            "node_frames_per_s": round(2 * PER_NODE * accumulate * facts["samples_per_gpu_step"] / ddp_step, 1)}
+
+
+def recommended(facts: dict, step_s: float, p: int, net: dict, target: float = 0.9) -> dict:
+    """The settings a user can set (`train.strategy`, `train.grad_reduce`, `train.accumulate` up to 16) that reach
+    `target` efficiency on `p` GPUs with the fewest micro-batches (the smallest change to the global batch), the
+    most efficient of those; the most efficient of all where none reaches it."""
+    tried = []
+    for accumulate in (1, 2, 4, 8, 16):
+        for reduce, per_param in (("bf16", 2), ("fp32", 4)):
+            row = project(facts, step_s, p, net, accumulate, per_param * facts["params"])
+            for strategy, key in (("ddp", "ddp"), ("fsdp", "fsdp2")):
+                tried.append(({"strategy": strategy, "grad_reduce": reduce, "accumulate": accumulate},
+                              row[key]["efficiency"]))
+    reaching = [t for t in tried if t[1] >= target]
+    if reaching:
+        fewest = min(t[0]["accumulate"] for t in reaching)
+        best = max((t for t in reaching if t[0]["accumulate"] == fewest), key=lambda t: t[1])
+    else:
+        best = max(tried, key=lambda t: t[1])
+    settings, eff = best
+    return {"settings": settings, "efficiency_at_max": eff, "gpus": p, "target": target,
+            "samples_per_optimizer_step": settings["accumulate"] * facts["samples_per_gpu_step"] * p}
 
 
 def tokens_for(target: float, facts: dict, step_s: float, p: int, net: dict, tokens: int) -> int | None:
@@ -154,6 +182,13 @@ def dominates(rows: list[dict], key: str) -> dict:
     return {"over_10_percent_at": first(1 / 1.1), "over_compute_at": first(0.5)}
 
 
+def recommended_line(r: dict) -> str:
+    s = r["settings"]
+    return (f"Recommended at {r['gpus']} GPUs: `strategy {s['strategy']}, grad_reduce {s['grad_reduce']}, accumulate "
+            f"{s['accumulate']}`, projected efficiency {r['efficiency_at_max']:.1%} "
+            f"({r['samples_per_optimizer_step']:,} samples per optimizer step).")
+
+
 def markdown(out: dict) -> str:
     lines = []
     for preset, d in out["presets"].items():
@@ -171,7 +206,8 @@ def markdown(out: dict) -> str:
                   f"{d['fsdp2_dominates']['over_10_percent_at']} and {d['fsdp2_dominates']['over_compute_at']} "
                   f"(None: not up to {out['assumptions']['gpus'][-1]}). DDP reaches 90% on "
                   f"{out['assumptions']['gpus'][-1]} GPUs from {d['tokens_per_gpu_for_90pct_ddp_at_max']} tokens per "
-                  "GPU per step.", ""]
+                  "GPU per step.", "",
+                  recommended_line(d["recommended"]), ""]
     return "\n".join(lines)
 
 
@@ -187,8 +223,8 @@ def main() -> None:
     ap.add_argument("--nvlink-gbytes", type=float, default=450.0, help="NVLink one-way bandwidth per GPU, GB/s")
     ap.add_argument("--link-efficiency", type=float, default=0.9)
     ap.add_argument("--grad-bytes-per-param", type=int, default=4, choices=[2, 4],
-                    help="4: fp32 gradients, as roboloop's DDP all-reduces them today; 2: what a bf16 compression "
-                    "hook would send (not implemented in roboloop)")
+                    help="the tables' gradient bytes: 4, fp32 (train.grad_reduce fp32, the default); 2, bf16 "
+                    "(train.grad_reduce bf16); `recommended` tries both")
     ap.add_argument("--measure", nargs="*", default=[], help="presets to time forward+backward of on this CPU")
     ap.add_argument("--measure-tokens", type=int, default=640)
     ap.add_argument("--gpus", nargs="+", type=int, default=GPUS)
@@ -215,7 +251,8 @@ def main() -> None:
                                   "fsdp2_dominates": dominates(rows, "fsdp2"),
                                   "ddp_efficiency_at_max": rows[-1]["ddp"]["efficiency"],
                                   "tokens_per_gpu_for_90pct_ddp_at_max": tokens_for(0.9, facts, step_s, args.gpus[-1],
-                                                                                    net, args.max_tokens)}
+                                                                                    net, args.max_tokens),
+                                  "recommended": recommended(facts, step_s, args.gpus[-1], net)}
     if args.markdown:
         print(markdown(out))
     emit(out, MEASURES)

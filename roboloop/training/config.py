@@ -99,14 +99,14 @@ class TrainRecipe(BaseModel):
     dataset and the output folder are the loop's to choose); `TrainConfig` adds them."""
     # cache keys (roboloop.keys): what shapes the output, and what only changes how fast or how often
     KEYED: ClassVar[frozenset[str]] = frozenset({
-        "aux_target", "aux_weight", "deterministic", "device", "family", "fp8_backend", "grad_clip", "init_from",
-        "lr", "max_samples", "max_tokens", "model_overrides", "policy_config", "policy_type", "precision", "preset",
-        "seed", "shuffle_buffer", "steps", "strategy", "val_fraction", "warmup_steps", "weight_decay", "window",
-        "with_video", "lr_schedule", "ema_decay", "image_shift", "env_state_input", "sample_order", "compile",
-        "fp8_recipe"})
+        "accumulate", "grad_reduce", "aux_target", "aux_weight", "deterministic", "device", "family", "fp8_backend",
+        "grad_clip", "init_from", "lr", "max_samples", "max_tokens", "model_overrides", "policy_config",
+        "policy_type", "precision", "preset", "seed", "shuffle_buffer", "steps", "strategy", "val_fraction",
+        "warmup_steps", "weight_decay", "window", "with_video", "lr_schedule", "ema_decay", "image_shift",
+        "env_state_input", "sample_order", "compile", "fp8_recipe"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
-        "lookahead", "resume", "frame_cache_mb", "host_memory"})
+        "lookahead", "resume", "frame_cache_mb", "host_memory", "activation_checkpointing"})
 
 
     family: str = Field("vla", description="policy family (roboloop.policies): vla (roboloop's GR00T-style VLA), or "
@@ -125,6 +125,15 @@ class TrainRecipe(BaseModel):
     max_tokens: int = Field(2048, gt=0, description="backbone token budget of one packed batch (per rank; "
                             "family vla: LeRobot's policies pack no tokens and take max_samples)")
     max_samples: int = Field(64, gt=0, description="at most this many samples per pack")
+    grad_reduce: Literal["fp32", "bf16"] = Field(
+        "fp32", description="the dtype gradients travel in between ranks: bf16 halves the bytes (DDP: a communication "
+        "hook casts each bucket; FSDP2: its reduce-scatter's reduce_dtype); weights and the optimizer's state stay "
+        "fp32. Refused on one rank (nothing travels)")
+    accumulate: int = Field(
+        1, ge=1, description="gradient accumulation: micro-batches (each max_tokens / max_samples per rank) per "
+        "optimizer step, their gradients synchronised across ranks once, at the last; the loss is normalised by the "
+        "whole step's action steps, so N micro-batches on one rank make the update N ranks would. Steps, the "
+        "learning-rate schedule, EMA and checkpoints count optimizer steps")
     lr: float = Field(1e-3, gt=0, description="peak learning rate (AdamW)")
     aux_target: str | None = Field(None, description="a dataset feature the image encoder also learns to predict, "
                                    "e.g. observation.environment_state (privileged simulator state recorded by "
@@ -203,6 +212,11 @@ class TrainRecipe(BaseModel):
         "auto", description="torch.compile of the model's blocks (regional, dynamic shapes: packed batches of any "
                             "length reuse them); auto: where bench/compile.py measured it faster for the family and "
                             "device, else eager; the run record says which and why, with graphs and recompiles")
+    activation_checkpointing: bool = Field(
+        False, description="keep only each block's input through the forward pass and recompute the block's "
+        "activations in the backward pass (the blocks compile() names: the VLA's transformer blocks, LeRobot's "
+        "layers): less memory for a larger per-GPU step, at about one more forward pass of compute; the same "
+        "gradients. Refused for a model with no blocks")
 
     @model_validator(mode="after")
     def _policy_type_means_lerobot(self):
@@ -268,7 +282,7 @@ class TrainRecipe(BaseModel):
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
         "steps", "checkpoint_every_steps", "checkpoint_every_minutes", "keep_last", "log_every", "resume",
         "num_workers", "prefetch", "lookahead", "output_dir", "dataset", "device", "frame_cache_mb",
-        "host_memory", "mirror"})
+        "host_memory", "mirror", "activation_checkpointing"})
 
     def changed_fields(self, saved: dict) -> list[str]:
         """Fields whose value differs from `saved` (another run's config) and that resuming cannot change."""

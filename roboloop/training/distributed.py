@@ -4,14 +4,17 @@ Every rank walks the same seeded key stream and forms the same *global* pack; ra
 materialises samples r, r+W, r+2W, ... of it, so the global batch does not depend on the
 number of ranks, and with the loss divided by the global count of valid steps DDP's
 gradient average equals the single-process gradient. Only the samples a rank trains on are
-decoded.
+decoded. With `accumulate` N a pack has W x N slots: rank r's micro-batch j trains on slot j*W + r, so one rank
+with N micro-batches and N ranks with one each train on the same samples and make the same update.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +53,8 @@ def init(device_pref: str = "auto") -> DistEnv:
     return DistEnv(rank, world, local, device)
 
 
-def wrap(model: nn.Module, env: DistEnv, strategy: str = "ddp", idle_params: bool = False) -> nn.Module:
+def wrap(model: nn.Module, env: DistEnv, strategy: str = "ddp", idle_params: bool = False,
+         grad_reduce: str = "fp32") -> nn.Module:
     """DDP: replicate and all-reduce gradients. FSDP2 (`fully_shard`): shard parameters, gradients
     and optimizer state over the ranks, one unit per transformer block (or per `model.fsdp_units()`, children
     before their parents) plus the root. Both
@@ -59,20 +63,46 @@ def wrap(model: nn.Module, env: DistEnv, strategy: str = "ddp", idle_params: boo
     if env.world_size == 1:
         return model
     if strategy == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        # grad_reduce bf16: gradients reduce-scattered in bf16; parameters (and so the optimizer's shards) stay fp32
+        mp = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if grad_reduce == "bf16" else None)
         units = getattr(model, "fsdp_units", None)
         for block in units() if units else [*getattr(model, "blocks", []), *getattr(model, "head_blocks", [])]:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     # `idle_params`: some parameters get no gradient in any step (a VLA trained without its cameras: its image path),
     # which DDP's reducer refuses unless told to look for them after each forward (found training the demo's recipe,
     # state and language only, on two nodes: "Expected to have finished reduction in the prior iteration")
-    return DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
-               find_unused_parameters=idle_params)
+    ddp = DDP(model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+              find_unused_parameters=idle_params)
+    if grad_reduce == "bf16":  # each bucket cast to bf16, all-reduced, cast back into the fp32 gradients
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(dist.group.WORLD, default_hooks.bf16_compress_hook)
+    return ddp
+
+
+@contextlib.contextmanager
+def gradient_sync(wrapped: nn.Module, env: DistEnv, sync: bool) -> Iterator[None]:
+    """Backward passes inside synchronise gradients across ranks only if `sync` (the last micro-batch of an
+    accumulation window): DDP's `no_sync`, FSDP2's `set_requires_gradient_sync` (its reduce-scatter skipped, the
+    unsharded gradients kept until the last). One rank: nothing to synchronise."""
+    if env.world_size == 1 or sync and not hasattr(wrapped, "set_requires_gradient_sync"):
+        yield
+        return
+    if hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2
+        wrapped.set_requires_gradient_sync(sync)
+        try:
+            yield
+        finally:
+            wrapped.set_requires_gradient_sync(True)
+        return
+    with wrapped.no_sync():  # type: ignore[operator]
+        yield
 
 
 def full_state_dict(model: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:

@@ -56,22 +56,31 @@ class Packer:
         return self.carry_state if self.carry is not None else self.stream.state_dict()  # type: ignore[return-value]
 
 
+Plan = tuple[list[int], list[int], float, dict, int]  # keys, mine, denominator, position, micro-batch index
+
+
 @dataclass
 class Ready:
-    """One step's input: the global pack, this rank's share on the device, and where it came from."""
+    """One micro-batch's input: the global pack (one optimizer step's), this rank's share of it for this micro-batch
+    on the device, and where the pack came from."""
 
     keys: list[int]  # the global pack
-    mine: list[int]  # this rank's keys
+    mine: list[int]  # this rank's keys (of this micro-batch)
     denominator: float  # valid action steps in the global pack (loss normalisation)
     batch: PackedBatch
     position: dict  # stream position before this pack
     event: torch.cuda.Event | None = None
+    micro: int = 0  # which micro-batch of the pack (accumulation)
 
 
 class BatchPipeline:
     def __init__(self, packer: Packer, stream: SampleStream, rank: int, world_size: int, tokens_per_image: int,
-                 device: torch.device, prefetch: bool = True, lookahead: bool | None = None):
+                 device: torch.device, prefetch: bool = True, lookahead: bool | None = None, accumulate: int = 1):
+        """`accumulate` N: a pack is one optimizer step's for N x world_size slots (the packer's world); rank r's
+        micro-batch j trains on slot j * world_size + r, so N micro-batches on one rank see what N ranks would."""
         self.packer, self.stream, self.rank, self.world = packer, stream, rank, world_size
+        self.accumulate = accumulate
+        self._pending: list[Plan] = []  # the current pack's later micro-batches
         self.tpi, self.device, self.prefetch = tokens_per_image, device, prefetch
         self.cuda = device.type == "cuda"
         # lookahead: the batch after the next one is planned (its decoding started on the stream's threads) when
@@ -83,34 +92,39 @@ class BatchPipeline:
         self.lookahead = prefetch and (self.cuda if lookahead is None else lookahead)
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self._next: Ready | None = None
-        self._planned: tuple[list[int], list[int], float, dict] | None = None  # after `_next`, decoding
+        self._planned: Plan | None = None  # after `_next`, decoding
         self.wait_s = 0.0  # time the last `next()` blocked the training loop
         self.build_s = 0.0  # time the last `prepare_next()` spent building (decode waits, collate, copy launch)
 
-    def _plan(self) -> tuple[list[int], list[int], float, dict]:
+    def _plan(self) -> Plan:
+        if self._pending:
+            return self._pending.pop(0)
         position = self.packer.state_dict()
         keys = self.packer.next()
-        mine = keys[self.rank :: self.world]
-        self.stream.prefetch(mine)  # decode starts now, on the stream's threads
+        slots = self.world * self.accumulate
+        shares = [keys[j * self.world + self.rank :: slots] for j in range(self.accumulate)]
+        for mine in shares:
+            self.stream.prefetch(mine)  # decode starts now, on the stream's threads
         denom = float(sum(self.stream.num_valid_steps(k) for k in keys))
-        return keys, mine, denom, position
+        self._pending = [(keys, mine, denom, position, j) for j, mine in enumerate(shares) if j]
+        return keys, shares[0], denom, position, 0
 
-    def _take_plan(self) -> tuple[list[int], list[int], float, dict]:
+    def _take_plan(self) -> Plan:
         plan, self._planned = self._planned, None
         return plan if plan is not None else self._plan()
 
-    def _build(self, plan: tuple[list[int], list[int], float, dict]) -> Ready:
-        keys, mine, denom, position = plan
+    def _build(self, plan: Plan) -> Ready:
+        keys, mine, denom, position, micro = plan
         batch = collate(self.stream.materialize(mine), self.tpi, self.stream.state_tokens)
         if not self.cuda:
-            return Ready(keys, mine, denom, batch, position)
+            return Ready(keys, mine, denom, batch, position, micro=micro)
         assert self.copy_stream is not None
         batch = batch.pin_memory()
         with torch.cuda.stream(self.copy_stream):
             on_dev = batch.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self.copy_stream)
-        return Ready(keys, mine, denom, on_dev, position, event)
+        return Ready(keys, mine, denom, on_dev, position, event, micro)
 
     def next(self) -> Ready:
         t0 = time.perf_counter()
@@ -133,7 +147,12 @@ class BatchPipeline:
         self.build_s = time.perf_counter() - t0
 
     def state_dict(self) -> dict:
-        """Stream position of the first batch not yet trained on."""
+        """Stream position of the first pack not yet trained on (asked between optimizer steps: every micro-batch of
+        the packs before it trained on; within a pack it would replay the pack, so it is refused)."""
+        first = self._next.micro if self._next is not None else self._pending[0][4] if self._pending else 0
+        if first:
+            raise RuntimeError("the data position within an accumulation window: checkpoints are taken between "
+                               "optimizer steps")
         if self._next is not None:
             return self._next.position
         return self._planned[3] if self._planned is not None else self.packer.state_dict()

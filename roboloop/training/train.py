@@ -16,13 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from roboloop import fsutil, policies
 from roboloop.datasets.layout import ENV_STATE
-from roboloop.errors import DiskFullError
 from roboloop.training import (
     checkpoint,
     compiled,
@@ -33,13 +31,22 @@ from roboloop.training import (
     optim,
     outdir,
     precision,
+    recompute,
     runstore,
 )
 from roboloop.training.config import TrainConfig
 from roboloop.training.data import Normalizer, SampleStream, V3Dataset
 from roboloop.training.model import num_parameters
-from roboloop.training.pipeline import BatchPipeline, Packer
+from roboloop.training.pipeline import BatchPipeline, Packer, Ready
 from roboloop.training.resume import agreed_checkpoint
+from roboloop.training.runfiles import (  # noqa: F401  (sample_order: the tests ask it here)
+    camera_line,
+    env_state_line,
+    features_of,
+    init_depth_ranges,
+    sample_order,
+    save_final,
+)
 from roboloop.training.split import split_episodes
 
 log = logging.getLogger(__name__)
@@ -132,8 +139,7 @@ class Trainer:
         self.prec = precision.fit(self.prec, cfg.precision, getattr(pol, "fp32_only", None))
         norm = self._normalizer()
         self._settle_precision(blocks, why)
-        # FSDP shards before the optimizer; a model fed no images leaves its image path idle
-        self.ddp_model = distributed.wrap(self.model, env, cfg.strategy, idle_params=not self.with_video)
+        self.ddp_model = self._wrap(blocks)
         self.opt, self.run_record["optimizer"] = optim.adamw(self.model.parameters(), cfg.lr, cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_at(s, cfg))
         self.stream = self._stream(norm)
@@ -151,11 +157,13 @@ class Trainer:
         self.run_record["sample_order"] = self.stream.order_record()  # after resume: a run keeps its order
         # a family that packs no backbone tokens (LeRobot's policies) takes max_samples per batch, whatever the
         # length of its task strings
+        # one pack per optimizer step, for world_size x accumulate slots (each a rank's micro-batch)
         packer = Packer(self.stream, cfg.max_tokens if needs.token_budget else 2**62, cfg.max_samples,
-                        needs.tokens_per_image, env.world_size)
+                        needs.tokens_per_image, env.world_size * cfg.accumulate)
         self.pipe = BatchPipeline(packer, self.stream, env.rank, env.world_size, needs.tokens_per_image, self.device,
                                   prefetch=cfg.prefetch,
-                                  lookahead=None if cfg.lookahead == "auto" else cfg.lookahead == "on")
+                                  lookahead=None if cfg.lookahead == "auto" else cfg.lookahead == "on",
+                                  accumulate=cfg.accumulate)
         self.peak = precision.peak_flops(self.device, self.prec.name)
         self.run_record["mfu_peak"] = precision.peak_record(self.device, self.prec.name)
         self.metrics_path = self.out / "metrics.jsonl"
@@ -227,6 +235,23 @@ class Trainer:
         self.run_record["compile"] = compiled.record(cfg.compile, self.compiling, why,
                                                      compiled.apply(self.model) if self.compiling else 0, types)
 
+    def _wrap(self, blocks: list) -> torch.nn.Module:
+        """Activation checkpointing in the blocks, then DDP or FSDP2 across the ranks with the gradients' dtype on the
+        wire (before the optimizer: FSDP shards first; a model fed no images leaves its image path idle)."""
+        cfg, env = self.cfg, self.env
+        if cfg.activation_checkpointing:
+            if not blocks:
+                raise ValueError(f"activation_checkpointing would do nothing: {type(self.model).__name__} has no "
+                                 "blocks (compile_regions() nor blocks) to recompute")
+            self.run_record["activation_checkpointing"] = {"blocks": recompute.apply(blocks)}
+        if cfg.grad_reduce != "fp32" and env.world_size == 1:
+            raise ValueError(f"grad_reduce {cfg.grad_reduce} would do nothing: one rank sends no gradients (set "
+                             "grad_reduce fp32, or train on several ranks)")
+        self.run_record["gradients"] = {"reduce_dtype": cfg.grad_reduce, "accumulate": cfg.accumulate,
+                                        "ranks": env.world_size}
+        return distributed.wrap(self.model, env, cfg.strategy, idle_params=not self.with_video,
+                                grad_reduce=cfg.grad_reduce)
+
     def _stream(self, norm: Normalizer) -> SampleStream:
         """The training samples: the split's episodes in the sample order, decoded and cached as the family needs."""
         cfg, ds, needs, order = self.cfg, self.ds, self.policy.needs, self.order
@@ -252,6 +277,9 @@ class Trainer:
         print(f"host memory: {self.run_record['host_memory']}", flush=True)
         print(f"optimizer: {self.run_record['optimizer']}", flush=True)
         print(f"compile: {self.run_record['compile']['why']}", flush=True)
+        g = self.run_record["gradients"]
+        print(f"gradients: {g['accumulate']} micro-batch(es) per step on {g['ranks']} rank(s), reduced in "
+              f"{g['reduce_dtype']}", flush=True)
 
 
     def resume(self) -> int:
@@ -313,25 +341,42 @@ class Trainer:
                        self.depth_mm, self.with_video, self.run_record)
         return TrainResult(self.out, last_loss, first_loss, cfg.steps, self.start)
 
+    def _micro_batches(self, step: int) -> tuple[torch.Tensor, Ready, int, float | None, float]:
+        """The step's forward and backward passes, one per micro-batch (`accumulate`), gradients summed and
+        synchronised across ranks at the last only; the next micro-batch is prepared meanwhile. Returns this rank's
+        loss summed over them, the last micro-batch, their tokens and FLOPs, and the time spent waiting for data."""
+        env, device, n = self.env, self.device, self.cfg.accumulate
+        wrapped = self.model if env.world_size == 1 else self.ddp_model
+        loss_sum, tokens, wait = torch.zeros((), device=device), 0, 0.0
+        flops: float | None = 0.0
+        for micro in range(n):
+            ready = self.pipe.next()
+            wait += self.pipe.wait_s
+            assert ready.micro == micro, "micro-batches out of step with their pack"
+            # Each rank divides by the global pack's count; DDP/FSDP average, so scale back by W; the micro-batches'
+            # gradients add up to the pack's. The wrapper's forward is the loss, so DDP's / FSDP's hooks fire.
+            inputs = self.policy.loss_inputs(ready.batch, ready.mine, step, ready.denominator / env.world_size)
+            with distributed.gradient_sync(wrapped, env, micro == n - 1):
+                with self.prec.autocast(device.type), precision.fp8_context(self.prec):
+                    loss = wrapped(*inputs)
+                loss.backward()
+            loss_sum += loss.detach()
+            tokens += int(ready.batch.seq_lens.sum())
+            f = self.policy.flops(ready.batch)
+            flops = flops + f if f is not None and flops is not None else None
+            t_prep = time.perf_counter()
+            self.pipe.prepare_next()  # decode + copy the next batch while the device works
+            if device.type != "cuda":  # on CPU that work is not overlapped: it is data wait
+                wait += time.perf_counter() - t_prep
+        return loss_sum, ready, tokens, flops, wait
+
     def train_step(self, step: int) -> tuple[float, dict]:
-        """One optimizer step on the next packed batch; the batch after it is prepared meanwhile."""
-        cfg, env, device = self.cfg, self.env, self.device
+        """One optimizer step on the next packed batch (in `accumulate` micro-batches)."""
+        cfg, env = self.cfg, self.env
         t0 = time.perf_counter()
-        ready = self.pipe.next()
-        wait = self.pipe.wait_s
-        batch = ready.batch
-        # Each rank divides by the global count; DDP/FSDP average, so scale back by W. The wrapper's forward
-        # is the loss, so DDP's / FSDP's hooks fire.
-        inputs = self.policy.loss_inputs(batch, ready.mine, step, ready.denominator / env.world_size)
-        with self.prec.autocast(device.type), precision.fp8_context(self.prec):
-            loss = (self.model if env.world_size == 1 else self.ddp_model)(*inputs)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        t_prep = time.perf_counter()
-        self.pipe.prepare_next()  # decode + copy the next batch while the device works
-        if device.type != "cuda":  # on CPU that work is not overlapped: it is data wait
-            wait += time.perf_counter() - t_prep
-        global_loss = distributed.all_reduce_sum(loss.detach() / env.world_size, env)
+        loss, ready, tokens, flops, wait = self._micro_batches(step)
+        global_loss = distributed.all_reduce_sum(loss / env.world_size, env)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.opt.step()
         self.sched.step()
@@ -343,11 +388,9 @@ class Trainer:
         if not math.isfinite(value):
             raise NonFiniteLossError(f"loss became {value} at step {step}; stopping without a final model")
         dt = time.perf_counter() - t0
-        tokens = int(batch.seq_lens.sum())
-        flops = self.policy.flops(batch)
         row = {"step": step + 1, "loss": value, "lr": self.sched.get_last_lr()[0],
                "samples_per_s": len(ready.keys) / dt, "tokens_per_s": tokens * env.world_size / dt,
-               "nonpad_fraction": tokens / cfg.max_tokens, "data_wait_fraction": min(1.0, wait / dt),
+               "nonpad_fraction": tokens / cfg.max_tokens / cfg.accumulate, "data_wait_fraction": min(1.0, wait / dt),
                # the loop's own time building the next batch (on CUDA overlapped with the GPU's queued work;
                # on CPU it is data wait too)
                "data_build_fraction": min(1.0, self.pipe.build_s / dt),
@@ -403,85 +446,3 @@ def _check_same_run(saved: dict, cfg: TrainConfig, found: Path) -> None:
     if changed:
         raise ValueError(f"{found} belongs to a run with different {', '.join(changed)}; resuming would mix two "
                          "runs: use another output_dir, or resume=False to start over")
-
-
-def camera_line(ds: V3Dataset, with_video: bool, wanted: tuple[str, ...] | None = None) -> str:
-    """The run log's word on cameras: which the model sees, and any the dataset has that it does not."""
-    if not ds.cameras:
-        return "cameras: none in this dataset (state + language only)"
-
-    def kinds(cams) -> str:
-        return ", ".join(f"{c.key} ({'depth ' if c.depth else ''}{c.storage}, {c.height}x{c.width})" for c in cams)
-
-    if not with_video:
-        return f"cameras: NOT USED (with_video=False); the dataset has {kinds(ds.cameras)}"
-    skipped = [c for c in ds.cameras if wanted is not None and c.key not in wanted]
-    fed = [c for c in ds.cameras if c not in skipped]
-    return f"cameras: {kinds(fed)}" + (f"; NOT USED by this policy family: {kinds(skipped)}" if skipped else "")
-
-
-def sample_order(cfg: TrainConfig, with_video: bool) -> str:
-    """The order `cfg.sample_order` means for this run (auto: lerobot-train's uniform order when no camera is fed;
-    the windows that decode video sequentially otherwise). A `shuffle_buffer` other than its default is refused
-    when the order is uniform: a permutation of every frame has no buffer, so the setting would do nothing."""
-    order = cfg.sample_order if cfg.sample_order != "auto" else "windows" if with_video else "uniform"
-    default = type(cfg).model_fields["shuffle_buffer"].default
-    if order == "uniform" and cfg.shuffle_buffer != default:
-        why = "sample_order uniform" if cfg.sample_order == "uniform" else "sample_order auto, no camera fed"
-        raise ValueError(f"shuffle_buffer {cfg.shuffle_buffer}: this run draws each epoch as one permutation of the "
-                         f"split's frames ({why}), which has no shuffle buffer; set sample_order windows to mix "
-                         f"windows in one, or leave shuffle_buffer at {default}")
-    return order
-
-
-def env_state_line(ds: V3Dataset, read: bool, setting: str) -> str:
-    """The run log's word on observation.environment_state, for a family that can read it."""
-    if read:
-        return (f"environment state: {ENV_STATE} ({ds.env_state.shape[1]} values) is an input "  # type: ignore[union-attr]
-                f"(env_state_input {setting}): acting needs it at every step")
-    return f"environment state: {ENV_STATE} NOT USED (env_state_input {setting})"
-
-
-def init_depth_ranges(init: Path) -> dict[str, tuple[float, float]]:
-    return {c["key"]: tuple(c["depth_mm"]) for c in policies.model_info(init).cameras if c.get("depth_mm")}
-
-
-def features_of(ds: V3Dataset, with_video: bool) -> policies.Features:
-    return policies.Features(ds.state_key, ds.action_key, int(ds.state.shape[1]), int(ds.action.shape[1]),
-                             tuple(c.describe() for c in ds.cameras) if with_video else (), float(ds.meta.info.fps),
-                             int(ds.aux.shape[1]) if ds.aux is not None else 0,
-                             {k: {s: np.asarray(v).tolist() for s, v in d.items()}
-                              for k, d in ds.meta.dataset_stats().items()},
-                             int(ds.env_state.shape[1]) if ds.env_state is not None else 0)
-
-
-def save_final(out: Path, weights: dict[str, torch.Tensor], family, trainable, cfg: TrainConfig, ds: V3Dataset,
-               stats: dict, split: dict, depth_mm: dict[str, tuple[float, float]] | None = None,
-               with_video: bool = True, run_record: dict | None = None) -> None:
-    """The family's files, stats and plot first, the weights last: `model.safetensors` existing means the run
-    finished."""
-    depth_mm = depth_mm or {}
-    wanted = trainable.needs.camera_keys  # the cameras this family reads (None: all)
-    fed = [c for c in ds.cameras if with_video and (wanted is None or c.key in wanted)]
-    used = [{**c.describe(), **({"depth_mm": list(depth_mm[c.key])} if c.key in depth_mm else {})} for c in fed]
-    data: dict = {"state_key": ds.state_key, "action_key": ds.action_key, "camera_keys": [c["key"] for c in used],
-                  "cameras": used, "cameras_not_used": [c.describe() for c in ds.cameras if c not in fed],
-                  "fps": ds.meta.info.fps, "with_video": with_video}
-    info = policies.ModelInfo(cfg.family, ds.state_key, ds.action_key, int(ds.state.shape[1]),
-                              int(ds.action.shape[1]), trainable.needs.horizon, data["camera_keys"], used,
-                              cfg.model_dump(mode="json"), split, runtime=run_record or {})
-    family.write_meta(out, trainable, info, data)
-    fsutil.atomic_write_json(out / policies.POLICY_FILE, info.to_json())
-    fsutil.atomic_write_json(out / "stats.json", stats)
-    metrics.plot_loss(out / "metrics.jsonl", out / "loss.png")
-    tmp = fsutil.temp_sibling(out / policies.WEIGHTS_FILE)
-    try:
-        fsutil.save_safetensors(weights, tmp)
-        os.replace(tmp, out / policies.WEIGHTS_FILE)
-    except Exception as e:
-        tmp.unlink(missing_ok=True)
-        if "code: 28" in str(e) or "No space left" in str(e):  # safetensors wraps the OS error in its own type
-            raise DiskFullError(f"no space left on the device while writing {out / 'model.safetensors'}; the run's "
-                                "checkpoints are kept: free space and rerun to finish") from e
-        raise
-

@@ -1,5 +1,6 @@
 """Two CPU ranks (gloo, launched through torchrun) train like one process on the same global batch, with the model's
-blocks compiled (DDP and FSDP2 wrap the compiled blocks) as eager."""
+blocks compiled (DDP and FSDP2 wrap the compiled blocks) as eager, each rank accumulating two micro-batches per step
+(gradients synchronised at the second only: DDP's no_sync, FSDP2's set_requires_gradient_sync)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def test_two_ranks_match_one_rank(v3, tmp_path):
                   model_overrides={"image_size": [32, 32], "horizon": 8}, device="cpu")
     single = TrainConfig(output_dir=str(tmp_path / "one"), max_tokens=1024, **common)
     train(single)
-    double = TrainConfig(output_dir=str(tmp_path / "two"), max_tokens=512, compile="on", **common)  # DDP + compile
+    double = TrainConfig(output_dir=str(tmp_path / "two"), max_tokens=256, accumulate=2, compile="on",
+                         **common)  # DDP + compile, 2 ranks x 2 micro-batches of the one process's pack
     cfg_file = tmp_path / "two.json"
     cfg_file.write_text(double.model_dump_json())
     cmd = torchrun_command(str(cfg_file), nproc_per_node=2, rdzv_endpoint=f"127.0.0.1:{_port()}")
@@ -89,8 +91,8 @@ def test_fsdp_two_ranks_match_one_and_resume_from_sharded_checkpoint(v3, tmp_pat
     one = TrainConfig(output_dir=str(tmp_path / "one"), max_tokens=1024, dataset=str(v3), steps=20, lr=2e-3,
                       warmup_steps=5, num_workers=1, device="cpu", checkpoint_every_steps=0, model_overrides=over)
     train(one)
-    fsdp = TrainConfig(**{**one.model_dump(), "output_dir": str(tmp_path / "fsdp"), "max_tokens": 512,
-                          "strategy": "fsdp", "checkpoint_every_steps": 10, "compile": "on"})
+    fsdp = TrainConfig(**{**one.model_dump(), "output_dir": str(tmp_path / "fsdp"), "max_tokens": 256,
+                          "accumulate": 2, "strategy": "fsdp", "checkpoint_every_steps": 10, "compile": "on"})
     cfg_file = tmp_path / "fsdp.json"
     cfg_file.write_text(fsdp.model_dump_json())
     port = f"127.0.0.1:{_port()}"
