@@ -4,12 +4,13 @@ without `train.activation_checkpointing`, each arm in its own process.
     python bench/activations.py [--preset small] [--max-tokens 4096] [--smoke]
 
 Measured, per arm: the bytes the forward pass keeps for the backward pass (every tensor autograd saves and every
-block's input, counted once per storage, the weights left out: the activations), the process's peak RSS (what the machine had to hold: weights, gradients,
-activations and the allocator's slack), the time of the pass, and the largest gradient difference between the arms
-(0: the same gradients). Baseline: the same pass without checkpointing; `saved_ratio` and `peak_rss_ratio` are
-with / without. On a GPU the activations are the part of memory that grows with the per-GPU batch, so `saved_ratio`
-is the figure that carries over: the larger step it leaves room for (the CPU's peak RSS also holds the allocator's
-slack). The recomputation costs about one more forward pass (`time_ratio`).
+block's input, counted once per storage, the weights left out: the activations), the process's peak RSS (what the
+machine had to hold: weights, gradients, activations and the allocator's slack), the time of the pass, and the
+largest gradient difference between the arms (0: the same gradients). Baseline: the same pass without checkpointing;
+`saved_ratio` and `peak_rss_ratio` are with / without. On a GPU the activations are the part of memory that grows
+with the per-GPU batch, so `saved_ratio` is the figure that carries over: the larger step it leaves room for (the
+CPU's peak RSS also holds the allocator's slack). The recomputation costs about one more forward pass
+(`time_ratio`).
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ UNIT_SECONDS = {
     "tests/isaac/test_robust_gate.py": 175,  # session 51: two demo-recipe models trained (120 steps each; 172 s alone)
     "tests/isaac/test_sim_to_sim.py": 75,
     "tests/isaac/test_so101_dressing.py": 70,  # session 49: two simulators, the expert under two factors
-    "tests/isaac/test_camera_factors.py": 35,
-    "tests/unit/sim/test_add_a_task.py": 45,  # session 54: the guide's task recorded, a tiny model trained (42 s alone)  # session 50: two tasks' probes (one simulator each)
+    "tests/isaac/test_camera_factors.py": 35,  # session 50: two tasks' probes (one simulator each)
+    "tests/unit/sim/test_add_a_task.py": 45,  # session 54: the guide's task recorded, a tiny model trained (42 s alone)
     "bench:so101": 55,
     "tests/isaac/test_reach_variants.py": 174,
     "tests/isaac/test_serve_reach.py": 60,  # session 46: the SO-101's served check is in its loop
@@ -58,6 +58,7 @@ UNIT_SECONDS = {
     "tests/isaac/test_robust_eval.py": 115,  # session 43: the expert under 2 factors and 200 ms at 2 env counts; a
     # short-trained VLA at 1 and 8 envs
     "tests/cluster/test_lost_node.py": 70,  # session 40: four 2-host runs, one restarted, one cut
+    "tests/cluster/test_fsdp_hosts.py": 50,  # session 54: FSDP and HSDP across hosts, a resharded resume (46 s alone)
     "tests/cluster/test_ray_hosts.py": 62,  # session 40: a Ray cluster on two hosts serving 8 robots, one host cut
     "tests/cluster/test_ray_rl.py": 60,  # session 40: RL's workers on two hosts; one host cut
     "tests/cluster/test_k8s_job.py": 60,  # session 40: three 2-host runs and a reference, on test hosts

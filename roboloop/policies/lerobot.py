@@ -283,7 +283,7 @@ class LeRobotFamily:
 
         # frozen norms folded into their convs, channels-last weights: the same arithmetic, faster
         layout = convs.speed_up(policy, "strategy=fsdp: FSDP2 shards only contiguous parameters"
-                                if cfg.strategy == "fsdp" else None)
+                                if cfg.strategy in ("fsdp", "hsdp") else None)
         stats = _lerobot_stats(features.stats, [features.state_key, features.action_key, *env,
                                                 *[c["key"] for c in colour]])
         pre, post = make_pre_post_processors(pcfg, dataset_stats=stats)

@@ -243,20 +243,27 @@ def heartbeat(path: Path, step: int, **extra: Any) -> None:
 
 
 def save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 extra: dict[str, Any], keep_last: int, rank: int, barrier: Any) -> Path:
+                 extra: dict[str, Any], keep_last: int, rank: int, barrier: Any, local_rank: int = 0,
+                 gather: Any = None) -> Path:
     """FSDP checkpoint: every rank writes its shards with torch.distributed.checkpoint (DCP).
 
-    Same atomicity as `save`: shards and rank 0's `extra.pt` (step, scheduler, RNG, data
-    position) go to `step-N.tmp-dcp/`; only after every rank has finished does rank 0 write
-    meta.json and rename. Multi-node runs need `ckpt_dir` on a shared filesystem. The shards
+    Same atomicity as `save`: shards and rank 0's `extra.pt` (step, scheduler, RNG, data position) go to
+    `step-N.tmp-dcp/`; only after every rank has finished is meta.json written and the folder renamed. The shards
     reload on any world size (DCP reshards).
+
+    `gather` (nodes that share no folder, their checkpoints meeting in the run store): each node's folder holds its
+    own ranks' shards; every node's first rank writes and publishes it, with the checksums of its own files
+    (`files`, so the folder is intact where it is) and of every node's (`whole`, gathered: what the checkpoint is,
+    which the run store's copy says and `whole(path)` checks). Without it the nodes share `ckpt_dir` and rank 0
+    publishes.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = ckpt_dir / f"{PREFIX}{step:08d}"
     tmp = ckpt_dir / f"{final.name}.tmp-dcp"
-    if rank == 0:
+    writer = (local_rank if gather is not None else rank) == 0  # who prepares and publishes this folder
+    if writer:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()
@@ -265,10 +272,23 @@ def save_sharded(ckpt_dir: Path, step: int, model: torch.nn.Module, optimizer: t
     if rank == 0:
         torch.save(plain(extra), tmp / "extra.pt")
     barrier()
-    if rank == 0:
-        _publish(tmp, final, {"step": step, "time": time.time(), "format": "dcp"}, keep_last)
+    meta: dict[str, Any] = {"step": step, "time": time.time(), "format": "dcp"}
+    if gather is not None:
+        mine = _checksums(tmp) if writer else {}
+        meta["whole"] = {k: v for node in gather(mine) for k, v in node.items()}
+    if writer:
+        _publish(tmp, final, meta, keep_last)
     barrier()
     return final
+
+
+def whole(path: Path) -> bool:
+    """The checkpoint at `path` is intact and complete here: every file it consists of is in this folder (a node's
+    own part of a checkpoint its nodes wrote apart is intact, not whole)."""
+    if damage(path) is not None:
+        return False
+    meta = json.loads((path / "meta.json").read_text())
+    return set(meta.get("whole") or ()) <= set(meta.get("files") or meta.get("whole") or ())
 
 
 def is_sharded(path: Path) -> bool:

@@ -200,8 +200,12 @@ class TrainRecipe(BaseModel):
     resume: bool = Field(True, description="resume from the latest checkpoint in output_dir")
     log_every: int = Field(10, ge=1, description="steps between progress lines")
     device: str = Field("auto", description="auto, cpu or cuda", json_schema_extra={"enum": ["auto", "cpu", "cuda"]})
-    strategy: Literal["ddp", "fsdp"] = Field("ddp", description="data parallelism across ranks: replicate "
-                                             "(DDP) or shard parameters/optimizer (FSDP2)")
+    strategy: Literal["ddp", "fsdp", "hsdp"] = Field(
+        "ddp", description="data parallelism across ranks: replicate (DDP), shard parameters, gradients and optimizer "
+        "state over every rank (FSDP2), or shard them within each node and replicate across nodes (HSDP: FSDP2 on a "
+        "nodes x ranks-per-node mesh, its all-gathers on the node's own links, one gradient all-reduce across nodes). "
+        "Across nodes without a shared folder the shards meet in the run store; checkpoints reload on any number of "
+        "ranks")
     prefetch: bool = Field(True, description="prepare the next batch (decode, pin, copy) during the step")
     lookahead: Literal["auto", "on", "off"] = Field(
         "auto", description="with prefetch, also start decoding the batch after the next one, so decoding has a "
@@ -282,7 +286,7 @@ class TrainRecipe(BaseModel):
     RESUMABLE_CHANGES: ClassVar[frozenset[str]] = frozenset({
         "steps", "checkpoint_every_steps", "checkpoint_every_minutes", "keep_last", "log_every", "resume",
         "num_workers", "prefetch", "lookahead", "output_dir", "dataset", "device", "frame_cache_mb",
-        "host_memory", "mirror", "activation_checkpointing"})
+        "host_memory", "mirror", "activation_checkpointing", "accumulate"})  # accumulate: checked as slots
 
     def changed_fields(self, saved: dict) -> list[str]:
         """Fields whose value differs from `saved` (another run's config) and that resuming cannot change."""

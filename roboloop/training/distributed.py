@@ -11,11 +11,13 @@ with N micro-batches and N ranks with one each train on the same samples and mak
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -62,15 +64,16 @@ def wrap(model: nn.Module, env: DistEnv, strategy: str = "ddp", idle_params: boo
     place and returns it; DDP returns a wrapper whose `forward` must be called."""
     if env.world_size == 1:
         return model
-    if strategy == "fsdp":
+    if strategy in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         # grad_reduce bf16: gradients reduce-scattered in bf16; parameters (and so the optimizer's shards) stay fp32
         mp = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if grad_reduce == "bf16" else None)
+        mesh = hsdp_mesh(env) if strategy == "hsdp" else None
         units = getattr(model, "fsdp_units", None)
         for block in units() if units else [*getattr(model, "blocks", []), *getattr(model, "head_blocks", [])]:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -114,6 +117,34 @@ def full_state_dict(model: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
 
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {k: v.contiguous() for k, v in sd.items()}
+
+
+def hsdp_mesh(env: DistEnv):
+    """HSDP's 2-D mesh: replicate across the nodes, shard across each node's ranks (torchrun's LOCAL_WORLD_SIZE)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    n = nodes(env)
+    return init_device_mesh(env.device.type, (n, env.world_size // n), mesh_dim_names=("replicate", "shard"))
+
+
+def nodes(env: DistEnv) -> int:
+    """How many machines the ranks run on (torchrun's LOCAL_WORLD_SIZE ranks on each)."""
+    return max(1, env.world_size // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))))
+
+
+def all_gather_json(obj: Any, env: DistEnv) -> list[Any]:
+    """Every rank's `obj` (JSON: what a peer sends is read as data, never unpickled), in rank order."""
+    if env.world_size == 1:
+        return [obj]
+    data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8).to(env.device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=env.device) for _ in range(env.world_size)]
+    dist.all_gather(sizes, torch.tensor([data.numel()], dtype=torch.int64, device=env.device))
+    longest = int(max(s.item() for s in sizes))
+    padded = torch.zeros(longest, dtype=torch.uint8, device=env.device)
+    padded[: data.numel()] = data
+    out = [torch.empty(longest, dtype=torch.uint8, device=env.device) for _ in range(env.world_size)]
+    dist.all_gather(out, padded)
+    return [json.loads(bytes(t[: int(s.item())].cpu().tolist())) for t, s in zip(out, sizes, strict=True)]
 
 
 def all_reduce_sum(x: torch.Tensor, env: DistEnv) -> torch.Tensor:

@@ -87,10 +87,11 @@ def _child_env(launch: LaunchConfig, env: dict[str, str] | None) -> dict[str, st
         if alone else {}
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {}), **rank_env,
                  "ROBOLOOP_COLLECTIVE_TIMEOUT_S": str(launch.collective_timeout_s)}
-    if launch.nnodes > 1 and launch.max_restarts:
+    if launch.max_restarts:
         # torchrun shares its rendezvous store with the ranks for every round: after a restart, a new rank can read
         # a dead rank's address left there by the round before (gloo: "Connection refused" on a stale port; found
-        # by tests/cluster/test_lost_node.py). A store of each round's own keeps the rounds apart.
+        # by tests/cluster/test_lost_node.py across nodes, and by bench/restart.py on one). A store of each round's
+        # own keeps the rounds apart.
         child_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     passive_waits(child_env)  # beside another busy process, spinning ranks fell to 2% of their speed alone
     if launch.nproc_per_node > 1 and "OMP_NUM_THREADS" not in child_env:
@@ -121,10 +122,6 @@ def _with_mirror(cfg: TrainConfig, launch: LaunchConfig, fingerprint: str,
     store = runstore.store_url()
     if store is None:  # one node, or nodes that share a folder
         return cfg
-    if launch.nnodes > 1 and cfg.strategy == "fsdp":
-        raise ValueError("strategy fsdp across nodes writes each node's shards into its own folder, which no other "
-                         "node can read: train across nodes with strategy ddp (its checkpoints go through the run "
-                         "store), or give the nodes one shared folder and no run store")
     mirror = runstore.mirror_url(store, Path(cfg.output_dir), cfg, fingerprint)
     out = Path(cfg.output_dir)
     if (not out.exists() or not any(out.iterdir())) and runstore.Mirror(mirror).pull_model(out):

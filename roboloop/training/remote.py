@@ -27,9 +27,6 @@ def prepare(dataset: Path, recipe: TrainRecipe, launch: LaunchConfig, out: Path,
     named as `out` (the same mirror a rerun of the same training finds, so a lost job resumes from its checkpoints)."""
     store = runstore.store_url(required_for=f"training on the nodes of {launch.deployment or 'a pool'}")
     assert store is not None
-    if launch.nnodes > 1 and recipe.strategy == "fsdp":
-        raise ValueError("strategy fsdp across nodes writes each node's shards into its own folder, which no other "
-                         "node can read: train across nodes with strategy ddp")
     fingerprint = outdir.dataset_fingerprint(dataset)
     cfg = TrainConfig.of(recipe, str(dataset), str(out))
     cfg = cfg.model_copy(update={"mirror": runstore.mirror_url(store, out, cfg, fingerprint)})

@@ -1,7 +1,8 @@
 """Which checkpoint every rank resumes from: rank 0's choice, held by every node.
 
 On one node the ranks share the output folder. Across nodes each node has a folder of its own, and only node 0's
-has the checkpoints (rank 0 writes them); with a mirror (`runstore`) they are in S3 as well. Rank 0 picks the newest
+has the checkpoints (rank 0 writes them; an FSDP checkpoint's shards are written by every node, each node's into
+its own folder); with a mirror (`runstore`) they are in S3 as well, whole. Rank 0 picks the newest
 intact checkpoint it can reach (its folder or the mirror) and tells the others; each node's first rank downloads
 it when its folder lacks it; then all ranks check that every node has it, and load it, or all fail together naming
 the node that has not (a rank alone failing would leave the others waiting in a collective).
@@ -30,6 +31,8 @@ def _step(path: Path | None) -> int:
 def _choose(ckpt_dir: Path, mirror: Mirror | None, keep_last: int) -> int:
     """Rank 0: the newest intact checkpoint in its folder or the mirror (its own pushed there first when newer)."""
     mine = checkpoint.latest(ckpt_dir)
+    if mine is not None and not checkpoint.whole(mine):  # node 0's part of one its nodes wrote apart: the store's
+        mine = None
     local = _step(mine)
     remote = max(mirror.checkpoint_steps(), default=0) if mirror else 0
     if mirror and mine is not None and local > remote:
@@ -59,7 +62,7 @@ def agreed_checkpoint(ckpt_dir: Path, env: distributed.DistEnv, mirror_url: str 
         return None
     path = ckpt_dir / f"{checkpoint.PREFIX}{choice:08d}"
     ok, why = 1, ""
-    if env.local_rank == 0 and (not path.is_dir() or checkpoint.damage(path) is not None):
+    if env.local_rank == 0 and (not path.is_dir() or not checkpoint.whole(path)):
         try:
             if mirror is None:
                 raise ResumeError(f"no intact {path.name} in {ckpt_dir} on {socket.gethostname()}: nodes that share "

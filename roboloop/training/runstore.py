@@ -54,8 +54,10 @@ def store_url(required_for: str = "") -> str | None:
 
 def mirror_url(store: str, out: Path, cfg: Any, fingerprint: str) -> str:
     """The mirror of a run: its folder's name and a digest of what it computes (its keyed settings but the steps,
-    which a resumed run may raise, and the dataset's content), so equal runs meet and different ones never do."""
-    keyed = cfg.model_dump(mode="json", include=set(cfg.keyed_fields()) - {"steps"})
+    which a resumed run may raise, and accumulate, which a run resumed on fewer ranks raises as they fall: the
+    checkpoint's data slots are checked instead; and the dataset's content), so equal runs meet and different ones
+    never do."""
+    keyed = cfg.model_dump(mode="json", include=set(cfg.keyed_fields()) - {"steps", "accumulate"})
     digest = hashlib.sha256(json.dumps({**keyed, "dataset": fingerprint}, sort_keys=True).encode()).hexdigest()
     return f"{store}/models/{out.name}-{digest[:12]}"
 
@@ -170,12 +172,21 @@ class Mirror(Prefix):
         return sorted(int(rel[len(CKPT):].split("/")[0]) for rel in self.keys("checkpoints/")
                       if rel.endswith("/meta.json") and rel[len(CKPT):].split("/")[0].isdigit())
 
-    def push_checkpoint(self, path: Path, keep_last: int) -> None:
+    def push_checkpoint(self, path: Path, keep_last: int, lead: bool = True, wait_s: float = 600.0) -> None:
+        """Upload a checkpoint, meta.json last. A checkpoint the nodes wrote apart (its meta.json names the `whole`):
+        each node pushes its own files; the lead (node 0) then waits until every file of the whole is here and
+        writes the meta.json that lists them all, which makes the checkpoint whole in the store."""
         rel = f"checkpoints/{path.name}"
         files = sorted(f for f in path.rglob("*") if f.is_file() and f.name != "meta.json")
         for f in files:
             self.put_file(f"{rel}/{f.relative_to(path).as_posix()}", f)
-        self.put_file(f"{rel}/meta.json", path / "meta.json")  # last: it makes the checkpoint whole
+        if not lead:
+            return
+        meta = json.loads((path / "meta.json").read_text())
+        if "whole" in meta:
+            self._await_files(rel, set(meta["whole"]), wait_s)
+            meta = {**{k: v for k, v in meta.items() if k != "whole"}, "files": meta["whole"]}
+        self.put_json(f"{rel}/meta.json", meta)  # last: it makes the checkpoint whole
         if (rows := path.parent.parent / "metrics.jsonl").is_file():  # the loss curve so far, for a resumed run
             self.put_file("metrics.jsonl", rows)
         steps = self.checkpoint_steps()
@@ -183,6 +194,14 @@ class Mirror(Prefix):
             prefix = f"{CKPT}{old:08d}/"
             keys = sorted(self.keys(prefix), key=lambda k: not k.endswith("/meta.json"))  # meta.json first
             self.delete(keys)
+
+    def _await_files(self, rel: str, wanted: set[str], wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while missing := sorted(wanted - {k[len(rel) + 1:] for k in self.keys(f"{rel}/")}):
+            if time.monotonic() > deadline:
+                raise RunStoreError(f"{self.url}/{rel}: the other nodes' parts never arrived within {wait_s:.0f} s "
+                                    f"({len(missing)} files, e.g. {missing[0]}); the checkpoint is left incomplete")
+            time.sleep(0.5)
 
     def pull_checkpoint(self, step: int, ckpt_dir: Path) -> Path:
         """Download checkpoint `step` into `ckpt_dir` (a temporary folder, verified, then renamed into place)."""
@@ -231,11 +250,12 @@ class Mirror(Prefix):
 
 
 class Pusher:
-    """Rank 0's uploads of its checkpoints, one at a time in a thread beside training. A push that fails is said
+    """Rank 0's uploads of its checkpoints, one at a time in a thread beside training (and, for checkpoints the
+    nodes write apart, each other node's first rank's: `lead` False pushes its part only). A push that fails is said
     (the next checkpoint is pushed whole anyway); `wait()` before the next save, so pruning never races a push."""
 
-    def __init__(self, mirror: Mirror, keep_last: int):
-        self.mirror, self.keep_last = mirror, keep_last
+    def __init__(self, mirror: Mirror, keep_last: int, lead: bool = True):
+        self.mirror, self.keep_last, self.lead = mirror, keep_last, lead
         self.thread: threading.Thread | None = None
         self.pushed: list[str] = []
         self.failed: list[str] = []
@@ -247,7 +267,7 @@ class Pusher:
 
     def _push(self, path: Path) -> None:
         try:
-            self.mirror.push_checkpoint(path, self.keep_last)
+            self.mirror.push_checkpoint(path, self.keep_last, lead=self.lead)
             self.pushed.append(path.name)
         except Exception as e:  # noqa: BLE001 - said, and the run goes on; the next checkpoint is pushed whole
             self.failed.append(path.name)

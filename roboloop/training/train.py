@@ -147,12 +147,15 @@ class Trainer:
         self.run_record["host_memory"] = host_memory
         self.ckpt_dir = self.out / "checkpoints"
         if cfg.ema_decay and self.sharded:
-            raise ValueError("ema_decay with strategy=fsdp on more than one rank is not supported yet (the average "
-                             "would have to be sharded like the weights): use strategy=ddp or ema_decay=0")
+            raise ValueError(f"ema_decay with strategy={cfg.strategy} on more than one rank is not supported yet (the "
+                             "average would have to be sharded like the weights): use strategy=ddp or ema_decay=0")
         self.ema = ema.WeightAverage(self.model, cfg.ema_decay) if cfg.ema_decay else None
-        # rank 0 pushes each checkpoint to the run's mirror (S3) beside training
-        self.pusher = runstore.Pusher(runstore.Mirror(cfg.mirror), cfg.keep_last) if cfg.mirror and env.is_main \
-            else None
+        # rank 0 pushes each checkpoint to the run's mirror (S3) beside training; where FSDP's nodes write their
+        # shards apart (no shared folder: a run store), each node's first rank pushes its node's part
+        self.apart = self.sharded and bool(cfg.mirror) and distributed.nodes(env) > 1
+        lead = env.is_main
+        self.pusher = runstore.Pusher(runstore.Mirror(cfg.mirror), cfg.keep_last, lead=lead) \
+            if cfg.mirror and (lead or self.apart and env.local_rank == 0) else None
         self.start = self.resume()
         self.run_record["sample_order"] = self.stream.order_record()  # after resume: a run keeps its order
         # a family that packs no backbone tokens (LeRobot's policies) takes max_samples per batch, whatever the
@@ -230,7 +233,7 @@ class Trainer:
         kernels: dict = getattr(pol, "kernels", lambda *_: {})(self.device.type, dtype)
         self.run_record = precision.run_record(cfg.precision, self.prec, fp8_names, threshold, source, self.device,
                                                kernels)
-        self.sharded = cfg.strategy == "fsdp" and env.world_size > 1
+        self.sharded = cfg.strategy in ("fsdp", "hsdp") and env.world_size > 1
         types = len({type(b) for b in blocks}) if self.compiling else 0
         self.run_record["compile"] = compiled.record(cfg.compile, self.compiling, why,
                                                      compiled.apply(self.model) if self.compiling else 0, types)
@@ -288,9 +291,10 @@ class Trainer:
         found = agreed_checkpoint(self.ckpt_dir, self.env, cfg.mirror, cfg.keep_last) if cfg.resume else None
         if found is None:
             return 0
-        if checkpoint.is_sharded(found):
-            if not self.sharded:
-                raise ValueError(f"{found} is an FSDP (DCP) checkpoint; resume it with strategy=fsdp on >1 rank")
+        if checkpoint.is_sharded(found):  # DCP reshards: any number of ranks (and nodes) resumes it
+            if self.ema is not None:
+                raise ValueError(f"{found} is an FSDP (DCP) checkpoint, which keeps no weight average: resume it "
+                                 "with ema_decay=0")
             st = checkpoint.load_sharded(found, self.model, self.opt)
         else:
             st = checkpoint.load(found)
@@ -304,6 +308,7 @@ class Trainer:
                 else:
                     self.ema = ema.WeightAverage(self.model, self.cfg.ema_decay)
         _check_same_run(st.get("config", {}), self.cfg, found)
+        _check_same_slots(st.get("slots"), self.env.world_size, self.cfg.accumulate, found)
         self.sched.load_state_dict(st["scheduler"])
         checkpoint.set_rng_state(st["rng"])
         self.stream.load_state_dict(st["data"])
@@ -424,12 +429,15 @@ class Trainer:
             return
         if self.pusher:
             self.pusher.wait()  # the previous push is whole before this save prunes old checkpoints
-        extra = {"step": step + 1, "scheduler": self.sched.state_dict(), "rng": checkpoint.rng_state(),
+        extra = {"step": step + 1, "slots": env.world_size * cfg.accumulate, "scheduler": self.sched.state_dict(),
+                 "rng": checkpoint.rng_state(),
                  "data": self.pipe.state_dict(), "config": cfg.model_dump(mode="json")}
         saved = None
-        if self.sharded:
+        if self.sharded or cfg.strategy != "ddp" and self.ema is None:  # one fsdp rank too: DCP, which reshards
             saved = checkpoint.save_sharded(self.ckpt_dir, step + 1, self.model, self.opt, extra, cfg.keep_last,
-                                            env.rank, lambda: distributed.barrier(env))
+                                            env.rank, lambda: distributed.barrier(env), env.local_rank,
+                                            (lambda mine: distributed.all_gather_json(mine, env))
+                                            if self.apart else None)
         elif env.is_main:  # DDP replicas are identical: rank 0 writes, everyone waits
             saved = checkpoint.save(self.ckpt_dir, step + 1, {**extra, "model": self.model.state_dict(),
                                                               "optimizer": self.opt.state_dict(),
@@ -439,6 +447,15 @@ class Trainer:
             self.pusher.submit(saved)
         distributed.barrier(env)
         self.last_ckpt_time = time.time()
+
+
+def _check_same_slots(saved: int | None, world: int, accumulate: int, found: Path) -> None:
+    """The data goes on as it went only with as many slots per pack (ranks x accumulate): 2 ranks resume on 1 with
+    accumulate doubled, and the run is the run it was."""
+    if saved is not None and saved != world * accumulate:
+        fits = f"accumulate {saved // world}" if saved % world == 0 else f"ranks x accumulate = {saved}"
+        raise ValueError(f"{found} was written by a run of {saved} data slots per step (ranks x accumulate); this one "
+                         f"has {world} x {accumulate}: resume with {fits}, or in another output_dir")
 
 
 def _check_same_run(saved: dict, cfg: TrainConfig, found: Path) -> None:

@@ -88,6 +88,8 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
     "scale": (["--presets", "small", "--measure", "small", "--measure-tokens", "640", "--gpus", "8", "16"],
               {"presets", "baseline", "published", "measured_here"}, []),
     "activations": (["--smoke"], {"saved_ratio", "peak_rss_ratio", "time_ratio", "grad_max_rel_diff", "baseline"}, []),
+    "restart": (["--steps", "24", "--every", "8", "--kill-at", "10"], {"restart_s", "lost_steps", "goal_s",
+                                                                        "baseline", "finished"}, []),
     "act_step": (["--height", "32", "--width", "48", "--batch", "2", "--steps", "1", "--profile-steps", "1"],
                  {"step_ms", "roboloop_profile_shares", "conv_gflops_per_s", "ceiling_vs_lerobot_fp32",
                   "lerobot_host_memory"}, []),
@@ -102,7 +104,7 @@ BENCHES: dict[str, tuple[list[str], set[str], list]] = {
 ORDER = ["so101", "dagger", "policy", "lerobot_train", "sweep", "eval", "loader", "robustness", "inference",
          "compile", "sim_to_sim", "so101_data", "precision", "gpu_check", "convert", "packing", "overhead", "startup",
          "contention",
-         "gate", "suite", "optim", "act_step", "scale", "activations"]
+         "gate", "suite", "optim", "act_step", "scale", "activations", "restart"]
 RAY = ["rl", "serve"]  # one after the other, in the lane that opens when the suite's own tests are done
 NICE = 5
 RUN_TIMEOUT_S = 1800  # one run; a niced run beside busy tests takes up to ~3x its time alone
