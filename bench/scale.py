@@ -51,7 +51,7 @@ PUBLISHED = {"source": "arXiv 2603.11101 (thousand-GPU LeRobot platform)", "comm
 from record import emit  # noqa: E402  (bench/record.py: this script's folder is on sys.path)
 
 # the code this bench measures: its records (bench/results/) are stale once a commit changes any of these
-MEASURES = ["bench/scale.py", "roboloop/training", "roboloop/policies"]
+MEASURES = ["bench/scale.py", "bench/traffic.py", "roboloop/training", "roboloop/policies"]
 
 
 def synthetic_batch(cfg, max_tokens: int):
@@ -142,6 +142,23 @@ def project(facts: dict, step_s: float, p: int, net: dict, accumulate: int = 1, 
             "node_frames_per_s": round(2 * PER_NODE * accumulate * facts["samples_per_gpu_step"] / ddp_step, 1)}
 
 
+def sent_bytes(params: int, strategy: str, grad_reduce: str, p: int, root_params: int = 0,
+               backend: str = "nccl") -> float:
+    """What one optimizer step's collectives send, summed over the `p` ranks (the model's count behind the times
+    above): DDP all-reduces the gradients once (ring: 2(p-1)/p of them per rank); FSDP2 all-gathers the fp32
+    parameters of each block in the forward and again in the backward pass (the root's `root_params`, outside the
+    blocks, stay gathered between them: once) and reduce-scatters the gradients ((p-1)/p of each per rank; gloo has
+    no reduce-scatter of its own and all-reduces instead, twice the bytes). Gradients in bf16 are half the bytes.
+    Accumulation does not change it: one synchronisation per step."""
+    grads = params * (2 if grad_reduce == "bf16" else 4)
+    if strategy == "ddp":
+        per_rank = 2 * (p - 1) / p * grads
+    else:
+        gathered = 4 * (2 * (params - root_params) + root_params)
+        per_rank = (p - 1) / p * (gathered + grads * (2 if backend == "gloo" else 1))
+    return p * per_rank
+
+
 def recommended(facts: dict, step_s: float, p: int, net: dict, target: float = 0.9) -> dict:
     """The settings a user can set (`train.strategy`, `train.grad_reduce`, `train.accumulate` up to 16) that reach
     `target` efficiency on `p` GPUs with the fewest micro-batches (the smallest change to the global batch), the
@@ -229,6 +246,8 @@ def main() -> None:
     ap.add_argument("--measure-tokens", type=int, default=640)
     ap.add_argument("--gpus", nargs="+", type=int, default=GPUS)
     ap.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
+    ap.add_argument("--bytes-check", action="store_true", help="measure the bytes two gloo ranks' steps move "
+                    "(bench/traffic.py: a network namespace's loopback, root only) against sent_bytes")
     args = ap.parse_args()
     net = {"ib_Bps": args.ib_gbps / 8 * 1e9 * args.link_efficiency, "ib_alpha_s": 6e-6,
            "nvlink_Bps": args.nvlink_gbytes * 1e9 * args.link_efficiency, "nvlink_alpha_s": 2e-6}
@@ -253,6 +272,10 @@ def main() -> None:
                                   "tokens_per_gpu_for_90pct_ddp_at_max": tokens_for(0.9, facts, step_s, args.gpus[-1],
                                                                                     net, args.max_tokens),
                                   "recommended": recommended(facts, step_s, args.gpus[-1], net)}
+    if args.bytes_check:
+        import traffic
+
+        out["bytes_check"] = traffic.check(sent_bytes)
     if args.markdown:
         print(markdown(out))
     emit(out, MEASURES)
