@@ -133,6 +133,12 @@ class S3Store:
             code = e.response.get("Error", {}).get("Code", "")
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                # A retry of our own write whose reply was lost (botocore retries a PUT after a reset connection)
+                # finds our object there and fails its condition: the write happened. What the registry writes
+                # conditionally carries the writer's pid and time, so equal bytes are ours, never another's.
+                now = self.get_bytes(key) if kw else None
+                if now is not None and now[0] == data:
+                    return now[1]
                 raise PreconditionFailed(key) from e
             raise
         return r["ETag"]
