@@ -7,6 +7,7 @@ never reach a log line or the Prefect UI.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,19 @@ def upload_dir(local: str | Path, uri: str, settings: S3Settings | None = None, 
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(put, files))
     return len(files)
+
+
+def abort_uploads(s3: Any, bucket: str, prefix: str, abandoned: Callable[[str], bool]) -> list[str]:
+    """Abort the unfinished multipart uploads under `prefix` whose key the caller knows nobody writes any more
+    (`abandoned(key)`): a writer killed or cut mid-upload leaves its parts stored, and billed, until someone aborts
+    them. Returns the keys aborted."""
+    aborted = []
+    for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix):
+        for up in page.get("Uploads", []):
+            if abandoned(up["Key"]):
+                s3.abort_multipart_upload(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+                aborted.append(up["Key"])
+    return aborted
 
 
 CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",

@@ -187,6 +187,7 @@ class Mirror(Prefix):
             self._await_files(rel, set(meta["whole"]), wait_s)
             meta = {**{k: v for k, v in meta.items() if k != "whole"}, "files": meta["whole"]}
         self.put_json(f"{rel}/meta.json", meta)  # last: it makes the checkpoint whole
+        self._abort_older_uploads(int(path.name.removeprefix("step-")))
         if (rows := path.parent.parent / "metrics.jsonl").is_file():  # the loss curve so far, for a resumed run
             self.put_file("metrics.jsonl", rows)
         steps = self.checkpoint_steps()
@@ -194,6 +195,21 @@ class Mirror(Prefix):
             prefix = f"{CKPT}{old:08d}/"
             keys = sorted(self.keys(prefix), key=lambda k: not k.endswith("/meta.json"))  # meta.json first
             self.delete(keys)
+
+    def _abort_older_uploads(self, step: int) -> None:
+        """Checkpoint `step` is whole here, so nobody writes it or an older one any more: an unfinished multipart
+        upload under them is a killed or cut writer's, and is aborted (its parts would be stored, and billed, for
+        ever)."""
+        base = self.loc.key(CKPT)
+
+        def abandoned(key: str) -> bool:
+            folder = key[len(base):].split("/", 1)[0]
+            return folder.isdigit() and int(folder) <= step
+
+        with s3mod.translated(f"aborting unfinished uploads under {self.url}/checkpoints"):
+            if dropped := s3mod.abort_uploads(self.c, self.loc.bucket, base, abandoned):
+                log.warning("aborted %d unfinished multipart upload(s) of older checkpoints under %s: %s",
+                            len(dropped), self.url, ", ".join(dropped[:3]))
 
     def _await_files(self, rel: str, wanted: set[str], wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
