@@ -5,6 +5,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from tasks.control_plane import guard_leases
+
+guard_leases()  # every flow run's process: a lease that cannot be renewed never cancels the run
+
 
 @contextlib.contextmanager
 def embedded() -> Iterator[None]:

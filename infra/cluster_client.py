@@ -56,42 +56,67 @@ def _host(c, r) -> str:
 
 
 def cmd_follow(args) -> int:
-    """Progress of flow run ID and of the train-node runs it started, until it is final."""
+    """Progress of flow run ID and of the train-node runs it started, until it is final; an API that fails (its
+    server restarting, its database down) is said and followed through."""
+    import httpx
+
     said: dict[str, str] = {}
-    deadline = time.time() + args.timeout
-    with get_client(sync_client=True) as c:
-        while True:
-            run = c.read_flow_run(args.id)
-            rows = [(f"{run.name}", run, f" by {_host(c, run)}")]
-            tasks = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
-            children = c.read_flow_runs(flow_run_filter=FlowRunFilter(
-                parent_task_run_id=FlowRunFilterParentTaskRunId(any_=[t.id for t in tasks]))) if tasks else []
-            stand_ins = {f.parent_task_run_id for f in children}  # a subflow's task run: the subflow says it
-            seen: dict[str, int] = {}
-            for t in sorted(tasks, key=lambda t: t.expected_start_time or 0):
-                if t.id not in stand_ins:
-                    name = re.sub(r"-[0-9a-f]{3}$", "", t.name)  # the stage's name (the task's, e.g. evaluate)
-                    seen[name] = seen.get(name, 0) + 1
-                    rows.append((f"  {name}" + (f" ({seen[name]})" if seen[name] > 1 else ""), t, ""))
-            rows += [(f"    {f.name}", f, f" by {_host(c, f)}") for f in children]
-            for label, obj, where in rows:
-                state = obj.state.type.value if obj.state else "?"
-                if state in ("SCHEDULED", "PENDING"):
-                    continue
-                key = f"{state}{where if state not in ('SCHEDULED', 'PENDING') and '?' not in where else ''}"
-                if said.get(label) != key:
-                    said[label] = key
-                    print(f"{time.strftime('%H:%M:%S')} {label}: {key}", flush=True)
-            if run.state and run.state.is_final():
-                ok = run.state.type.value == "COMPLETED"
-                if not ok:
-                    _tail(c, [run, *[f for _, f, w in rows if w and f.state and f.state.is_final()]])
-                print(f"{run.name}: {run.state.type.value} {run.state.message or ''}".rstrip(), flush=True)
-                return 0 if ok else 1
-            if time.time() > deadline:
-                print(f"{run.name}: still {run.state.type.value if run.state else '?'} after {args.timeout} s")
-                return 1
-            time.sleep(2)
+    deadline, down = time.time() + args.timeout, None
+    while True:
+        try:
+            with get_client(sync_client=True) as c:  # a new one each time: a restarted server, a new connection
+                done = _follow_step(c, args.id, said)
+        except (httpx.TransportError, httpx.HTTPStatusError) as e:
+            if isinstance(e, httpx.HTTPStatusError) and e.response.status_code < 500:
+                raise
+            if down is None:
+                down = time.time()
+                print(f"{time.strftime('%H:%M:%S')} the Prefect API failed ({type(e).__name__}); still following",
+                      flush=True)
+            done = None
+        else:
+            if down is not None:
+                print(f"{time.strftime('%H:%M:%S')} the Prefect API answers again after {time.time() - down:.0f} s",
+                      flush=True)
+                down = None
+        if done is not None:
+            return done
+        if time.time() > deadline:
+            print(f"{args.id}: not final after {args.timeout} s")
+            return 1
+        time.sleep(2)
+
+
+def _follow_step(c, run_id: str, said: dict[str, str]) -> int | None:
+    """Print what changed; the exit status once the run is final, else None."""
+    run = c.read_flow_run(run_id)
+    rows = [(f"{run.name}", run, f" by {_host(c, run)}")]
+    tasks = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    children = c.read_flow_runs(flow_run_filter=FlowRunFilter(
+        parent_task_run_id=FlowRunFilterParentTaskRunId(any_=[t.id for t in tasks]))) if tasks else []
+    stand_ins = {f.parent_task_run_id for f in children}  # a subflow's task run: the subflow says it
+    seen: dict[str, int] = {}
+    for t in sorted(tasks, key=lambda t: t.expected_start_time or 0):
+        if t.id not in stand_ins:
+            name = re.sub(r"-[0-9a-f]{3}$", "", t.name)  # the stage's name (the task's, e.g. evaluate)
+            seen[name] = seen.get(name, 0) + 1
+            rows.append((f"  {name}" + (f" ({seen[name]})" if seen[name] > 1 else ""), t, ""))
+    rows += [(f"    {f.name}", f, f" by {_host(c, f)}") for f in children]
+    for label, obj, where in rows:
+        state = obj.state.type.value if obj.state else "?"
+        if state in ("SCHEDULED", "PENDING"):
+            continue
+        key = f"{state}{where if '?' not in where else ''}"
+        if said.get(label) != key:
+            said[label] = key
+            print(f"{time.strftime('%H:%M:%S')} {label}: {key}", flush=True)
+    if run.state and run.state.is_final():
+        ok = run.state.type.value == "COMPLETED"
+        if not ok:
+            _tail(c, [run, *[f for _, f, w in rows if w and f.state and f.state.is_final()]])
+        print(f"{run.name}: {run.state.type.value} {run.state.message or ''}".rstrip(), flush=True)
+        return 0 if ok else 1
+    return None
 
 
 def _tail(c, runs, n: int = 25) -> None:

@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,8 +151,37 @@ def client(tb, env: dict, cwd: Path, *args: str, timeout: float = 3600, say=prin
     return out[-1] if out else ""
 
 
-def run(tb, work: Path, sizes: Sizes, say=print, force_first: bool = False) -> dict:
-    """Steps 1-4 on a testbed that is up; returns the summary (registry decisions, hosts, DVC objects)."""
+def during_training(fault, say):
+    """A `say` that also starts `fault()` in a thread the first time a train-node run shows RUNNING, and a function
+    that waits for it and raises what it raised."""
+    started: list[threading.Thread] = []
+    failed: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            fault()
+        except BaseException as e:  # noqa: BLE001 - given to the caller by finished()
+            failed.append(e)
+
+    def watch(line: str) -> None:
+        say(line)
+        if not started and "train-node" in line and ": RUNNING" in line:
+            started.append(threading.Thread(target=guarded, daemon=True))
+            started[0].start()
+
+    def finished() -> None:
+        if not started:
+            raise RuntimeError("the fault never started: no train-node run was seen RUNNING")
+        started[0].join(600)
+        if failed:
+            raise failed[0]
+
+    return watch, finished
+
+
+def run(tb, work: Path, sizes: Sizes, say=print, force_first: bool = False, fault=None) -> dict:
+    """Steps 1-4 on a testbed that is up; returns the summary (registry decisions, hosts, DVC objects). `fault`, a
+    function, is called (in a thread) once the second run's training is under way."""
     say("control: PostgreSQL, the Prefect server on it; store: S3")
     db = hs.postgres(tb, "control", work / "pg")
     api = hs.prefect_server(tb, "control", db, work, AUTH)
@@ -178,7 +208,10 @@ def run(tb, work: Path, sizes: Sizes, say=print, force_first: bool = False) -> d
     since = time.time() - 5
     client(tb, env, home, "follow", client(tb, env, home, "run", WATCH), say=say)
     second = client(tb, env, home, "triggered", LOOP, arrived, "--after", str(since))
-    client(tb, env, home, "follow", second, say=say)
+    watch, fault_done = during_training(fault, say) if fault else (say, None)
+    client(tb, env, home, "follow", second, say=watch)
+    if fault_done:
+        fault_done()
     summary = json.loads(client(tb, env, home, "summary", "reach-vla", "s3://roboloop/registry", "s3://roboloop/dvc"))
     return {**summary, "first_run": first, "second_run": second, "arrived": arrived}
 

@@ -5,9 +5,11 @@ a test host: nothing here sends from this machine's own network to a testbed add
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -16,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 PG_PORT, PREFECT_PORT, S3_PORT = 5432, 4200, 9000
+SERVICES: dict[tuple[str, str], subprocess.Popen] = {}  # (host, service) -> its process (the testbed kills them all)
 
 
 def pg_bin(name: str) -> str:
@@ -40,7 +43,7 @@ def wait_port(tb, client: str, host: str, port: int, timeout: float, proc: subpr
 def postgres(tb, host: str, work: Path, database: str = "prefect") -> str:
     """PostgreSQL on `host` (its own data folder, as the `postgres` user), reachable by the testbed's hosts with a
     password; returns the database URL Prefect takes."""
-    data, log = work / "pg-data", work / "pg.log"
+    data = work / "pg-data"
     data.mkdir(parents=True)
     shutil.chown(work, "postgres")
     shutil.chown(data, "postgres")
@@ -51,11 +54,7 @@ def postgres(tb, host: str, work: Path, database: str = "prefect") -> str:
                     "--pwfile", str(pw), "-A", "scram-sha-256"], check=True, capture_output=True)
     with open(data / "pg_hba.conf", "a") as f:
         f.write("host all all 198.18.0.0/15 scram-sha-256\n")  # the testbed's hosts, with the password
-    with open(log, "w") as out:
-        proc = tb.popen(host, ["runuser", "-u", "postgres", "--", pg_bin("postgres"), "-D", str(data), "-c",
-                               "listen_addresses=*", "-c", f"unix_socket_directories={work}", "-p", str(PG_PORT)],
-                        stdout=out, stderr=subprocess.STDOUT)
-    wait_port(tb, host, host, PG_PORT, 60, proc, log)
+    start_postgres(tb, host, work)
     env = {**os.environ, "PGPASSWORD": "roboloop-test"}
     # the port opens before the server takes connections ("the database system is starting up"): ask again
     deadline = time.time() + 60
@@ -64,27 +63,58 @@ def postgres(tb, host: str, work: Path, database: str = "prefect") -> str:
         time.sleep(0.5)
     if r.returncode:
         raise RuntimeError(f"createdb failed: {r.stderr}")
+    return pg_url(host, database)
+
+
+def pg_url(host: str, database: str = "prefect") -> str:
+    """The URL Prefect reaches `postgres`'s database by."""
     return f"postgresql+asyncpg://roboloop:roboloop-test@{host}:{PG_PORT}/{database}"
 
 
-def prefect_server(tb, host: str, db_url: str, work: Path, auth: str) -> str:
-    """`infra/server.sh` on `host` (what `make server` runs), on PostgreSQL, bound to the host's address, with basic
-    authentication; returns its API URL."""
+def start_postgres(tb, host: str, work: Path) -> None:
+    """PostgreSQL on its data folder work/pg-data (made by `postgres`), again after `stop`: a restarted database."""
+    log = work / "pg.log"
+    with open(log, "a") as out:
+        SERVICES[(host, "postgres")] = proc = tb.popen(
+            host, ["runuser", "-u", "postgres", "--", pg_bin("postgres"), "-D", str(work / "pg-data"), "-c",
+                   "listen_addresses=*", "-c", f"unix_socket_directories={work}", "-p", str(PG_PORT)],
+            stdout=out, stderr=subprocess.STDOUT)
+    wait_port(tb, host, host, PG_PORT, 60, proc, log)
+
+
+def prefect_server(tb, host: str, db_url: str, work: Path, auth: str, env: dict[str, str] | None = None) -> str:
+    """`infra/server.sh` on `host` (what `make server` runs), on PostgreSQL (or the database `db_url` names), bound
+    to the host's address, with basic authentication, its home work/prefect-home; called again after `stop`, a
+    restarted server. Returns its API URL."""
     log = work / "prefect-server.log"
     env = {**os.environ, "PREFECT_HOME": str(work / "prefect-home"), "PREFECT_HOST": "0.0.0.0",
            "PREFECT_PORT": str(PREFECT_PORT), "PREFECT_API_DATABASE_CONNECTION_URL": db_url,
-           "PREFECT_SERVER_API_AUTH_STRING": auth, "PREFECT_UI_ENABLED": "false"}
-    with open(log, "w") as out:
-        proc = tb.popen(host, [str(ROOT / "infra" / "server.sh")], stdout=out, stderr=subprocess.STDOUT, env=env,
-                        cwd=ROOT)
+           "PREFECT_SERVER_API_AUTH_STRING": auth, "PREFECT_UI_ENABLED": "false", **(env or {})}
+    with open(log, "a") as out:
+        SERVICES[(host, "prefect")] = proc = tb.popen(host, [str(ROOT / "infra" / "server.sh")], stdout=out,
+                                                      stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     wait_port(tb, host, host, PREFECT_PORT, 180, proc, log)
     return f"http://{host}:{PREFECT_PORT}/api"
+
+
+def stop(host: str, service: str, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
+    """Stop a service this module started on `host` ("postgres", "prefect", "moto"): `sig` to its process group
+    (SIGTERM: PostgreSQL's smart shutdown is not waited for, it is a database that goes down), then SIGKILL."""
+    proc = SERVICES.pop((host, service))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig if service != "postgres" else signal.SIGINT)  # postgres: fast shutdown
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
 
 
 def moto(tb, host: str, work: Path) -> str:
     log = work / "moto.log"
     with open(log, "w") as out:
-        proc = tb.popen(host, [str(Path(PY).parent / "moto_server"), "-H", "0.0.0.0", "-p", str(S3_PORT)],
-                        stdout=out, stderr=subprocess.STDOUT)
+        SERVICES[(host, "moto")] = proc = tb.popen(
+            host, [str(Path(PY).parent / "moto_server"), "-H", "0.0.0.0", "-p", str(S3_PORT)], stdout=out,
+            stderr=subprocess.STDOUT)
     wait_port(tb, host, host, S3_PORT, 60, proc, log)
     return f"http://{host}:{S3_PORT}"

@@ -12,6 +12,10 @@ export PREFECT_HOME="${PREFECT_HOME:-$PWD/.roboloop/prefect}"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1
 # the UI calls the API on the host the browser reached it by (a fixed URL breaks remote browsers and other ports)
 export PREFECT_UI_API_URL="${PREFECT_UI_API_URL:-/api}"
+# deployment-concurrency leases on disk ($PREFECT_HOME/concurrency_leases), not in the server's memory: a restarted
+# server still knows the runs that hold them (in memory they were lost: "410 Gone" at the next renewal). One server
+# per PREFECT_HOME; several replicas need a shared store (prefect-redis's lease storage)
+export PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE="${PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE:-prefect.server.concurrency.lease_storage.filesystem}"
 mkdir -p "$PREFECT_HOME"
 if [ -z "${PREFECT_SERVER_API_AUTH_STRING:-}" ]; then
   AUTH_FILE="${ROBOLOOP_AUTH_FILE:-$PWD/.roboloop/prefect-auth}"

@@ -48,6 +48,12 @@ class Settings(BaseSettings):
                                   "training (it may ingest and convert first)")
     collective_timeout_s: float = Field(600, gt=0, description="a rank waits this long for the others in a "
                                         "collective before it fails (a lost node: the run fails or restarts then)")
+    control_plane_grace_s: float = Field(600, gt=0, description="how long a stage that waits on other runs rides "
+                                         "out a Prefect API that fails (its server down or restarting, its database "
+                                         "down) before it gives up; the runs it waits on keep going meanwhile")
+    store_grace_s: float = Field(600, gt=0, description="how long node 0 keeps trying to put a finished model in "
+                                 "the run store while the store fails, before the job fails (a model that never "
+                                 "reached the store is never reported delivered)")
     peak_tflops: float | None = Field(None, gt=0, description="peak TFLOP/s for MFU where the device is unknown")
     serve_token_file: str = Field(".roboloop/serve-token", description="the policy server's token (mode 600; "
                                   "created by the server's first start, read by its clients)")

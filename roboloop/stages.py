@@ -225,14 +225,18 @@ def train(data: DatasetRef, recipe: TrainRecipe, launch: LaunchConfig | None = N
     key = cache_key("train", data.md5, keyed(recipe), world)
     out = Path(output_dir).absolute() if output_dir else \
         artifacts_root() / "models" / f"{recipe.policy_type or recipe.preset}-{key.split('-')[-1][:16]}"
-    if cache and not overwrite and (hit := cache.get(key, ModelRef)) and (output_dir is None or Path(hit.path) == out):
+    from roboloop.training.runstore import store_url
+
+    # with a run store, node 0 goes through the launcher even for a finished run: it delivers a model that never
+    # reached the store and tells waiting nodes there is nothing to train (a receipt here used to skip both)
+    mirrored = store_url() is not None and not launch.deployment
+    if cache and not overwrite and not mirrored and (hit := cache.get(key, ModelRef)) and \
+            (output_dir is None or Path(hit.path) == out):
         return hit
     if launch.deployment:
         _train_on_nodes(data, recipe, launch, out, key, nodes)
         return _trained(out, data, execution, track, cache, key)
     cfg = TrainConfig.of(recipe, data.path, str(out))
-    from roboloop.training.runstore import store_url
-
     if in_process and world == 1 and store_url() is None:  # with a run store, the launcher mirrors the run to it
         from roboloop.training.train import train as train_here
 

@@ -17,6 +17,7 @@ from roboloop.training.config import LaunchConfig
 from roboloop.training.remote import NodeParams, node_params, run_node
 from roboloop.training.runstore import JoinDoc
 from tasks.common import NO_CACHE, relay
+from tasks.control_plane import api_fault, ride_out
 
 WAITING = {StateType.SCHEDULED, StateType.PENDING}
 
@@ -43,33 +44,44 @@ def pool_nodes(launch: LaunchConfig) -> Callable[[JoinDoc], None]:
 def _await(runs: list[FlowRun], launch: LaunchConfig, job: JoinDoc) -> None:
     """Until every node's run completed; a run that fails or is not taken by a worker in time stops the job."""
     log, start, said = get_run_logger(), time.monotonic(), set()
-    with get_client(sync_client=True) as client:
-        while True:
-            now = [client.read_flow_run(r.id) for r in runs]
-            for k, r in enumerate(now):
-                kind = r.state.type if r.state else StateType.SCHEDULED
-                if kind == StateType.RUNNING and k not in said:
-                    said.add(k)
-                    log.info(f"{r.name}: running")
-                if r.state and r.state.is_final() and kind != StateType.COMPLETED:
-                    raise RuntimeError(f"{r.name} ended {kind.value}: {r.state.message or 'see its log'}")
-                if kind in WAITING and time.monotonic() - start > settings().join_timeout_s:
-                    raise TimeoutError(f"no worker of {launch.deployment}'s pool took train-node {k} of {job.run_id} "
-                                       f"within {settings().join_timeout_s:.0f} s: run one worker per node "
-                                       "(`make worker-gpu`), each with --limit 1")
-            if all(r.state and r.state.type == StateType.COMPLETED for r in now):
-                return
-            if launch.timeout_s and time.monotonic() - start > launch.timeout_s:
-                raise TimeoutError(f"training {job.run_id} ran past launch.timeout_s={launch.timeout_s:g} s")
-            time.sleep(2)
+
+    def read() -> list[FlowRun]:
+        with get_client(sync_client=True) as client:  # a new one each time: a restarted server, a new connection
+            return [client.read_flow_run(r.id) for r in runs]
+
+    while True:
+        now = ride_out(read, f"following {job.run_id}'s node runs", log)
+        for k, r in enumerate(now):
+            kind = r.state.type if r.state else StateType.SCHEDULED
+            if kind == StateType.RUNNING and k not in said:
+                said.add(k)
+                log.info(f"{r.name}: running")
+            if r.state and r.state.is_final() and kind != StateType.COMPLETED:
+                raise RuntimeError(f"{r.name} ended {kind.value}: {r.state.message or 'see its log'}")
+            if kind in WAITING and time.monotonic() - start > settings().join_timeout_s:
+                raise TimeoutError(f"no worker of {launch.deployment}'s pool took train-node {k} of {job.run_id} "
+                                   f"within {settings().join_timeout_s:.0f} s: run one worker per node "
+                                   "(`make worker-gpu`), each with --limit 1")
+        if all(r.state and r.state.type == StateType.COMPLETED for r in now):
+            return
+        if launch.timeout_s and time.monotonic() - start > launch.timeout_s:
+            raise TimeoutError(f"training {job.run_id} ran past launch.timeout_s={launch.timeout_s:g} s")
+        time.sleep(2)
 
 
 def _cancel(runs: list[FlowRun]) -> None:
-    with get_client(sync_client=True) as client:
-        for r in runs:
-            state = client.read_flow_run(r.id).state
-            if state is None or not state.is_final():
-                client.set_flow_run_state(r.id, Cancelled(message="another node of its job failed"), force=True)
+    """Cancel the node runs not yet final; an API that fails for the grace period already is not asked again (the
+    error that ended the job is the one raised)."""
+    try:
+        with get_client(sync_client=True) as client:
+            for r in runs:
+                state = client.read_flow_run(r.id).state
+                if state is None or not state.is_final():
+                    client.set_flow_run_state(r.id, Cancelled(message="another node of its job failed"), force=True)
+    except Exception as e:
+        if api_fault(e) is None:
+            raise
+        get_run_logger().error(f"could not cancel the job's node runs ({api_fault(e)}): cancel them in the UI")
 
 
 @task(name="train-node", cache_policy=NO_CACHE)

@@ -51,13 +51,14 @@ UNIT_SECONDS = {
     "tests/flows/test_loop_cli.py": 84,
     "tests/isaac/test_rl.py": 84,
     "tests/isaac/test_policy_family.py": 78,
-    "tests/cluster/test_cluster_loop.py": 290,  # session 46: the scheduled retraining on 4 hosts, two loop runs
+    "tests/cluster/test_cluster_loop.py": 315,  # session 46: the scheduled retraining on 4 hosts, two loop runs
     "tests/unit/training/test_compile.py": 95,  # session 41: eager + compiled 50 steps, a compiled kill -9 + resume
     "tests/unit/training/test_fp8_compiled.py": 100,  # session 43: fp32, eager and compiled tensorwise, eager rowwise
     "tests/unit/policies/test_lerobot_compile.py": 60,  # session 43: ACT and Diffusion, eager + compiled 24 steps
     "tests/isaac/test_robust_eval.py": 115,  # session 43: the expert under 2 factors and 200 ms at 2 env counts; a
     # short-trained VLA at 1 and 8 envs
-    "tests/cluster/test_lost_node.py": 70,  # session 40: four 2-host runs, one restarted, one cut
+    "tests/cluster/test_lost_node.py": 85,  # session 40: four 2-host runs, one restarted, one cut
+    "tests/cluster/test_leases.py": 41,  # session 55: a Prefect server stopped and restarted twice under a lease
     "tests/cluster/test_fsdp_hosts.py": 50,  # session 54: FSDP and HSDP across hosts, a resharded resume (46 s alone)
     "tests/cluster/test_ray_hosts.py": 62,  # session 40: a Ray cluster on two hosts serving 8 robots, one host cut
     "tests/cluster/test_ray_rl.py": 60,  # session 40: RL's workers on two hosts; one host cut

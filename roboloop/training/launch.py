@@ -50,6 +50,8 @@ def _run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str
         on_line(f"moved the previous run aside to {plan.moved_aside}")
     if plan.action == "finished":
         on_line(f"{out} already holds this run's finished model ({plan.step} steps); nothing to train")
+        if cfg.mirror and launch.node_rank == 0:  # a retried node 0 whose model never reached the store delivers it
+            _deliver(cfg, launch, fingerprint, out, on_line, finished=True)
         return out
     outdir.claim(out, cfg, fingerprint)
     cfg_file = out / "train_config.json"
@@ -61,9 +63,28 @@ def _run_torchrun(cfg: TrainConfig, launch: LaunchConfig, on_line: Callable[[str
     if code != 0:
         raise _failure(code, tail, cfg, launch)
     if cfg.mirror and launch.node_rank == 0:
-        runstore.Mirror(cfg.mirror).push_model(out)
-        on_line(f"model mirrored to {cfg.mirror}")
+        _deliver(cfg, launch, fingerprint, out, on_line)
     return out
+
+
+def _deliver(cfg: TrainConfig, launch: LaunchConfig, fingerprint: str, out: Path, on_line: Callable[[str], None],
+             finished: bool = False) -> None:
+    """Node 0: the finished model into the run's mirror, retried while the store fails (for up to
+    ROBOLOOP_STORE_GRACE_S), or raised: a model that never reached the store is never reported delivered. A run found
+    finished also tells nodes that wait for it (a retried job) that there is nothing to train."""
+    from roboloop.settings import settings
+
+    assert cfg.mirror is not None
+    pushed = runstore.Mirror(cfg.mirror).deliver_model(out, settings().store_grace_s, on_line)
+    on_line(f"model mirrored to {cfg.mirror}" if pushed else f"the model is already in {cfg.mirror}")
+    if finished and launch.nnodes > 1:
+        store = runstore.store_url()
+        assert store is not None
+        runstore.publish_join(store, runstore.JoinDoc(
+            run_id=launch.run_id, config=cfg.model_dump(mode="json"), dataset_url="", fingerprint=fingerprint,
+            nnodes=launch.nnodes, nproc_per_node=launch.nproc_per_node, max_restarts=launch.max_restarts,
+            finished=True))
+        on_line(f"told nodes 1..{launch.nnodes - 1} of run {launch.run_id!r} that it is finished")
 
 
 def _command(cfg_file: Path, launch: LaunchConfig) -> list[str]:
@@ -137,6 +158,10 @@ def join(launch: LaunchConfig, out_root: Path, cache_dir: str | Path, timeout_s:
     assert store is not None
     on_line(f"node {launch.node_rank} waits for run {launch.run_id!r} at {store}/jobs/{launch.run_id}")
     doc = runstore.wait_join(store, launch.run_id, timeout_s)
+    if doc.finished:
+        on_line(f"node 0 says run {launch.run_id!r} is finished (its model is in {doc.config.get('mirror')}): "
+                "nothing to train on this node")
+        return out_root / Path(doc.config["output_dir"]).name
     if (doc.nnodes, doc.nproc_per_node) != (launch.nnodes, launch.nproc_per_node):
         raise ValueError(f"run {doc.run_id!r} is {doc.nnodes} node(s) x {doc.nproc_per_node} rank(s), but this node "
                          f"was started as one of {launch.nnodes} x {launch.nproc_per_node}: the job's settings differ "

@@ -146,6 +146,7 @@ class JoinDoc(BaseModel):
     nproc_per_node: int
     max_restarts: int
     rdzv_endpoint: str | None = None  # node 0's rendezvous, for nodes started without one (a Prefect pool's runs)
+    finished: bool = False  # node 0 found the run finished (a retried job): the others have nothing to train
 
 
 def publish_join(store: str, doc: JoinDoc) -> None:
@@ -245,6 +246,29 @@ class Mirror(Prefix):
                        and f.name != MODEL_LAST and not f.name.endswith((".lock", ".tmp")))
         for f in [*files, out / MODEL_LAST]:  # the weights last: their presence says the model is whole
             self.put_file(f.name, f)
+
+    def deliver_model(self, out: Path, grace_s: float, on_line=print) -> bool:
+        """`push_model`, unless the mirror holds this model already (every file there, of the same size); a store
+        that fails is asked again, backing off to 30 s, for up to `grace_s`, then the error is raised. True: pushed."""
+        files = [f for f in out.iterdir() if f.is_file() and not f.name.startswith(".")
+                 and not f.name.endswith((".lock", ".tmp"))]
+        t0, delay = time.monotonic(), 2.0
+        while True:
+            try:
+                there = {rel: o.size for rel, o in self.keys().items() if "/" not in rel}
+                if MODEL_LAST in there and all(there.get(f.name) == f.stat().st_size for f in files):
+                    return False
+                self.push_model(out)
+                return True
+            except Exception as e:  # noqa: BLE001 - the store's errors are many (botocore's, the network's)
+                if time.monotonic() - t0 + delay > grace_s:
+                    raise RunStoreError(f"the finished model in {out} could not be put in {self.url} for "
+                                        f"{time.monotonic() - t0:.0f} s (ROBOLOOP_STORE_GRACE_S={grace_s:g}): {e}; "
+                                        "run the job again to deliver it") from e
+                on_line(f"the model could not be put in {self.url} ({type(e).__name__}: {str(e)[:200]}); "
+                        f"trying again in {delay:.0f} s")
+                time.sleep(delay)
+                delay = min(2 * delay, 30.0)
 
     def pull_model(self, out: Path) -> bool:
         """A finished model of this run into the empty folder `out` (a re-created node 0 finds it); False if none."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+import time
 
 import pytest
 
@@ -25,10 +26,27 @@ sys.modules["roboloop_cluster_demo"] = demo
 _spec.loader.exec_module(demo)
 
 
+def falters(tb, work):
+    """The control plane falters while the second run trains: PostgreSQL down for 20 s (the server answers 500),
+    then the Prefect server stopped and started again (infra/server.sh). Before tasks/control_plane.py the loop's
+    train task failed on its first poll and cancelled both node runs, which were training fine."""
+
+    hs = demo.hs  # the demo's own copy of infra/hostservices.py: it knows the services the demo started
+
+    def fault() -> None:
+        hs.stop("control", "postgres")
+        time.sleep(20)
+        hs.start_postgres(tb, "control", work / "pg")
+        hs.stop("control", "prefect")
+        hs.prefect_server(tb, "control", hs.pg_url("control"), work, demo.AUTH)
+
+    return fault
+
+
 @pytest.mark.parametrize("hosts", [demo.HOSTS], indirect=True)
 def test_the_scheduled_retraining_runs_across_hosts_and_the_second_run_gates_against_the_champion(hosts, work):
     lines: list[str] = []
-    s = demo.run(hosts, work, demo.QUICK, say=lines.append, force_first=True)
+    s = demo.run(hosts, work, demo.QUICK, say=lines.append, force_first=True, fault=falters(hosts, work))
     progress = "\n".join(lines)
 
     # the registry in S3: v1 from the scheduled run, v2 from the dataset that arrived, gated against v1
@@ -61,6 +79,14 @@ def test_the_scheduled_retraining_runs_across_hosts_and_the_second_run_gates_aga
     # progress a person sees: each stage, and which worker ran each node
     assert re.search(r"train-node 0 of \S+ on node-\d: RUNNING by gpu-node-\d", progress), progress[-3000:]
     assert "evaluate: COMPLETED" in progress and "register: COMPLETED" in progress, progress[-3000:]
+
+    # the second run trained on through the faults: the follower saw the API fail before its nodes completed (their
+    # runs said so once it answered again: deployments/prefect.yaml's client retries), and nothing was cancelled
+    said = [i for i, line in enumerate(lines) if "the Prefect API failed" in line]
+    back = [i for i, line in enumerate(lines) if "the Prefect API answers again" in line]
+    done = [i for i, line in enumerate(lines) if re.search(r"train-node \d of \S+ on node-\d: COMPLETED", line)]
+    assert said and back and said[0] < back[-1] and said[0] < done[-1], progress[-3000:]
+    assert "Terminating execution" not in (work / "worker-cpu-node-1.log").read_text()
 
     # the server kept the secret out of its log; a wrong password is refused
     assert demo.AUTH not in (work / "prefect-server.log").read_text()

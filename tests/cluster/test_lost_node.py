@@ -33,8 +33,10 @@ TRAIN = ["--steps", str(STEPS), "--checkpoint-every-steps", str(EVERY), "--lr", 
          json.dumps({"image_size": [32, 32], "horizon": 8})]
 
 
-def _start(hosts, work: Path, run: str, output: str, restarts: int = 0) -> list[subprocess.Popen]:
-    """Node 0 and node 1 of run `run`, each on its own host with a disk of its own."""
+def _start(hosts, work: Path, run: str, output: str, restarts: int = 0,
+           node0_disk: Path | None = None) -> list[subprocess.Popen]:
+    """Node 0 and node 1 of run `run`, each on its own host with a disk of its own (node 0: `node0_disk`, an earlier
+    run's, as a retried job's pod that lands on the same machine)."""
     base = {"PATH": f"{Path(PY).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
             "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1", **S3_ENV, "ROBOLOOP_RUN_STORE": "s3://team/runs",
             "ROBOLOOP_RUN_ID": run, "ROBOLOOP_NNODES": "2", "ROBOLOOP_NPROC_PER_NODE": "1",
@@ -45,8 +47,9 @@ def _start(hosts, work: Path, run: str, output: str, restarts: int = 0) -> list[
                 "node-1": ["roboloop", "cluster", "join"]}
     procs = []
     for i, (host, cmd) in enumerate(commands.items()):
-        disk = work / run / host
-        disk.mkdir(parents=True)
+        disk = node0_disk if node0_disk and i == 0 else work / run / host
+        disk.mkdir(parents=True, exist_ok=True)
+        (work / run).mkdir(exist_ok=True)
         with open(work / run / f"{host}.log", "w") as log:
             procs.append(hosts.popen(host, cmd, cwd=disk, env={**base, "HOME": str(disk), "ROBOLOOP_NODE_RANK": str(i)},
                                      stdout=log, stderr=subprocess.STDOUT))
@@ -117,6 +120,42 @@ def _a_planted_checkpoint_runs_nothing(hosts, work: Path) -> None:
     assert not list(work.glob("ran-*")), list(work.glob("ran-*"))  # its command ran on no host
 
 
+DROP = """
+from roboloop.s3 import client
+s3 = client()
+keys = [o["Key"] for o in s3.list_objects_v2(Bucket="team", Prefix="runs/models/ref-")["Contents"]
+        if "/checkpoints/" not in o["Key"]]
+for k in keys:
+    s3.delete_object(Bucket="team", Key=k)
+print(len(keys))
+"""
+GET = """
+import sys
+from pathlib import Path
+from roboloop.training.runstore import Mirror
+from roboloop.s3 import client
+key = next(o["Key"] for o in client().list_objects_v2(Bucket="team", Prefix="runs/models/ref-")["Contents"])
+print(Mirror("s3://team/" + "/".join(key.split("/")[:3])).pull_model(Path(sys.argv[1])))
+"""
+
+
+def _a_model_that_never_reached_the_store_is_delivered(hosts, work: Path, reference: dict) -> None:
+    """The job retried after its model never reached the store (node 0 failed at the final push, its pod back on the
+    same machine): node 0 finds the model on its disk and used to exit 0 without pushing it or telling node 1,
+    which waited for an hour; now it puts the model in the store and node 1 is told there is nothing to train."""
+    drop = hosts.run("store", [PY, "-c", DROP], env={**os.environ, **S3_ENV}, timeout=120)
+    assert drop.returncode == 0 and int(drop.stdout) >= 2, drop.stdout + drop.stderr  # the model's files, not ckpts
+    t0 = time.time()
+    _finish(_start(hosts, work, "ref-again", "ref", node0_disk=work / "ref" / "node-0"), work, "ref-again")
+    assert time.time() - t0 < 120, _logs(work, "ref-again")  # node 1 did not wait for its join timeout
+    node0, node1 = ((work / "ref-again" / f"{h}.log").read_text() for h in ("node-0", "node-1"))
+    assert "model mirrored to s3://team/runs/models/ref-" in node0, node0[-3000:]
+    assert "nothing to train on this node" in node1, node1[-3000:]
+    got = hosts.run("node-1", [PY, "-c", GET, str(work / "delivered")], env={**os.environ, **S3_ENV}, timeout=120)
+    assert got.stdout.strip() == "True", got.stdout + got.stderr
+    assert _same(load_file(work / "delivered" / "model.safetensors"), reference)
+
+
 def _is_rank(cmdline: bytes) -> bool:
     """A training rank (`python -m roboloop.entry train`), not torchrun, whose command line names the same module."""
     return b"roboloop.entry\x00train" in cmdline and b"torchrun" not in cmdline and b"distributed.run" not in cmdline
@@ -132,6 +171,7 @@ def test_losing_a_machine_mid_training(hosts, work):
     _finish(_start(hosts, work, "ref", "ref"), work, "ref")  # never interrupted
     reference = _weights(work, "ref", "ref")
     _a_planted_checkpoint_runs_nothing(hosts, work)
+    _a_model_that_never_reached_the_store_is_delivered(hosts, work, reference)
 
     # node-1's ranks die; torchrun restarts every node's ranks (one restart allowed) and they resume
     procs = _start(hosts, work, "killed", "killed", restarts=1)
