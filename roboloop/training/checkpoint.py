@@ -143,16 +143,34 @@ def _raise_disk_full(e: BaseException, final: Path) -> None:
                             "checkpoints are kept: free space and rerun to resume") from e
 
 
+_PINNED: set[Path] = set()  # checkpoints this process still reads (a push to the run store in flight or queued)
+
+
+def pin(path: Path) -> None:
+    """Keep `path` from pruning until `unpin` (it may then outlive keep_last until the next save prunes)."""
+    _PINNED.add(path.absolute())
+
+
+def unpin(path: Path) -> None:
+    _PINNED.discard(path.absolute())
+
+
 def _publish(tmp: Path, final: Path, meta: dict[str, Any], keep_last: int) -> None:
     """meta.json last (it marks the folder complete, with every file's sha256), then rename into place and
-    prune old ones."""
+    prune old ones (not a pinned one: its push is under way)."""
     (tmp / "meta.json").write_text(json.dumps({**meta, "files": _checksums(tmp)}))
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
     _fsync_dir(final.parent)
-    for old in complete(final.parent)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune(final.parent, keep_last)
+
+
+def prune(ckpt_dir: Path, keep_last: int) -> None:
+    """Remove the whole checkpoints beyond the newest `keep_last`, but not a pinned one (a push is reading it)."""
+    for old in complete(ckpt_dir)[:-keep_last]:
+        if old.absolute() not in _PINNED:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def complete(ckpt_dir: Path) -> list[Path]:

@@ -290,20 +290,53 @@ class Mirror(Prefix):
 
 
 class Pusher:
-    """Rank 0's uploads of its checkpoints, one at a time in a thread beside training (and, for checkpoints the
-    nodes write apart, each other node's first rank's: `lead` False pushes its part only). A push that fails is said
-    (the next checkpoint is pushed whole anyway); `wait()` before the next save, so pruning never races a push."""
+    """Rank 0's uploads of its checkpoints, in a thread beside training (and, for checkpoints the nodes write apart,
+    each other node's first rank's: `lead` False pushes its part only). Training never waits for the store: a save
+    while a push is under way queues the new checkpoint, which replaces one still queued (only the newest is worth
+    pushing; where the nodes write apart every one is pushed, so that each node pushes the same ones), and the
+    checkpoints being pushed are pinned against pruning. Before, the next save waited for the previous push, and with
+    a slow store the other ranks, waiting in their collective, timed out and the run died "having lost a node". A
+    push that fails is said (the next checkpoint is pushed whole anyway); `wait()` at the end of training."""
 
-    def __init__(self, mirror: Mirror, keep_last: int, lead: bool = True):
-        self.mirror, self.keep_last, self.lead = mirror, keep_last, lead
+    def __init__(self, mirror: Mirror, keep_last: int, lead: bool = True, coalesce: bool = True):
+        self.mirror, self.keep_last, self.lead, self.coalesce = mirror, keep_last, lead, coalesce
         self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+        self.queue: list[Path] = []
         self.pushed: list[str] = []
         self.failed: list[str] = []
+        self.skipped: list[str] = []
 
     def submit(self, path: Path) -> None:
-        self.wait()
-        self.thread = threading.Thread(target=self._push, args=(path,), name="checkpoint-push", daemon=True)
-        self.thread.start()
+        from roboloop.training import checkpoint
+
+        with self.lock:
+            if self.coalesce:
+                for old in self.queue:
+                    checkpoint.unpin(old)
+                    self.skipped.append(old.name)
+                self.queue.clear()
+                checkpoint.prune(path.parent, self.keep_last)
+            checkpoint.pin(path)
+            self.queue.append(path)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._drain, name="checkpoint-push", daemon=True)
+                self.thread.start()
+
+    def _drain(self) -> None:
+        from roboloop.training import checkpoint
+
+        while True:
+            with self.lock:
+                if not self.queue:
+                    self.thread = None
+                    return
+                path = self.queue.pop(0)
+            try:
+                self._push(path)
+            finally:
+                checkpoint.unpin(path)
+                checkpoint.prune(path.parent, self.keep_last)  # what the saves kept for it goes now
 
     def _push(self, path: Path) -> None:
         try:
@@ -315,6 +348,13 @@ class Pusher:
                   "checkpoint will be pushed", flush=True)
 
     def wait(self) -> None:
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
+        """Until every queued checkpoint is pushed (or failed)."""
+        while True:
+            with self.lock:
+                t = self.thread
+            if t is None:
+                return
+            t.join()
+            with self.lock:
+                if self.thread is t:  # it died without clearing itself (an exception that is not an Exception)
+                    self.thread = None

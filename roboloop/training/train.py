@@ -154,7 +154,7 @@ class Trainer:
         # shards apart (no shared folder: a run store), each node's first rank pushes its node's part
         self.apart = self.sharded and bool(cfg.mirror) and distributed.nodes(env) > 1
         lead = env.is_main
-        self.pusher = runstore.Pusher(runstore.Mirror(cfg.mirror), cfg.keep_last, lead=lead) \
+        self.pusher = runstore.Pusher(runstore.Mirror(cfg.mirror), cfg.keep_last, lead=lead, coalesce=not self.apart) \
             if cfg.mirror and (lead or self.apart and env.local_rank == 0) else None
         self.start = self.resume()
         self.run_record["sample_order"] = self.stream.order_record()  # after resume: a run keeps its order
@@ -333,10 +333,12 @@ class Trainer:
                 self.maybe_checkpoint(step)
                 if env.is_main:
                     checkpoint.heartbeat(self.out / "heartbeat.json", step + 1, loss=last_loss)
+        except BaseException:
+            if self.pusher:  # the checkpoints written reach the store before the rank goes: a retry resumes there
+                self.pusher.wait()
+            raise
         finally:
             self.stream.close()
-            if self.pusher:
-                self.pusher.wait()
         weights = distributed.full_state_dict(self.model, self.sharded)
         weights = precision.plain_state_dict(ema.averaged(weights, self.ema.state_dict() if self.ema else None))
         weights = getattr(self.family, "weights", lambda sd: sd)(weights)  # as the family's folder names them
@@ -344,6 +346,8 @@ class Trainer:
             save_final(self.out, weights, self.family, self.policy, cfg, self.ds, self.stats,
                        {"train_episodes": self.train_episodes, "validation_episodes": self.val_episodes},
                        self.depth_mm, self.with_video, self.run_record)
+        if self.pusher:  # after the last collective: the other ranks never wait on the store
+            self.pusher.wait()
         return TrainResult(self.out, last_loss, first_loss, cfg.steps, self.start)
 
     def _micro_batches(self, step: int) -> tuple[torch.Tensor, Ready, int, float | None, float]:
@@ -427,8 +431,7 @@ class Trainer:
         due = bool(distributed.all_reduce_sum(torch.tensor(float(due), device=self.device), env) > 0)
         if not due or step + 1 >= cfg.steps:
             return
-        if self.pusher:
-            self.pusher.wait()  # the previous push is whole before this save prunes old checkpoints
+        t0 = time.monotonic()
         extra = {"step": step + 1, "slots": env.world_size * cfg.accumulate, "scheduler": self.sched.state_dict(),
                  "rng": checkpoint.rng_state(),
                  "data": self.pipe.state_dict(), "config": cfg.model_dump(mode="json")}
@@ -444,9 +447,20 @@ class Trainer:
                                                               **({"ema": self.ema.state_dict()} if self.ema else {})},
                                     cfg.keep_last)
         if self.pusher and saved is not None:
-            self.pusher.submit(saved)
+            self.pusher.submit(saved)  # queued: this rank goes on at once, however slow the store
         distributed.barrier(env)
         self.last_ckpt_time = time.time()
+        _check_save_time(time.monotonic() - t0, step + 1, env.is_main)
+
+
+def _check_save_time(took: float, step: int, main: bool) -> None:
+    """The other ranks wait at the barrier while a checkpoint is written: past collective_timeout_s they fail as if a
+    node were lost. Said when a save takes half of it (raise ROBOLOOP_COLLECTIVE_TIMEOUT_S, or write less)."""
+    limit = float(os.environ.get("ROBOLOOP_COLLECTIVE_TIMEOUT_S", "600"))
+    if main and took > limit / 2:
+        log.warning("checkpoint step %d took %.0f s to write while the other ranks waited; collective_timeout_s=%g "
+                    "must stay well above it (ROBOLOOP_COLLECTIVE_TIMEOUT_S) or a slower save fails the run", step,
+                    took, limit)
 
 
 def _check_same_slots(saved: int | None, world: int, accumulate: int, found: Path) -> None:
