@@ -22,7 +22,8 @@ What is assumed, and where it comes from (every figure is a flag):
   beyond.
 - DDP overlaps the all-reduce with the backward pass (2/3 of compute), except the last 25 MB bucket.
   FSDP2 gathers parameters during forward (1/3) and again during backward, where it also reduce-scatters
-  gradients; what does not fit under the compute it overlaps is exposed.
+  gradients; what does not fit under the compute it overlaps is exposed. HSDP does FSDP2's gathers and
+  reduce-scatters inside a node (NVLink) and all-reduces each GPU's 1/8 shard of the gradients across nodes.
 - Weak scaling (fixed per-GPU batch): efficiency = compute time / step time.
 - Data: each node must deliver 8 x samples-per-GPU-batch per step, two camera frames each.
 
@@ -137,14 +138,37 @@ def project(facts: dict, step_s: float, p: int, net: dict, accumulate: int = 1, 
     ag, rs = gather_s(4 * facts["params"], p, bw, alpha), gather_s(s, p, bw, alpha)
     fsdp_exposed = accumulate * max(0.0, ag - fwd) + (accumulate - 1) * max(0.0, ag - bwd) + max(0.0, ag + rs - bwd)
     nodes = max(1, p // PER_NODE)
+    hsdp_exposed = _hsdp_exposed(facts, s, p, net, accumulate, fwd, bwd) if nodes > 1 else fsdp_exposed
     ddp_step = compute + ddp_exposed
     return {"gpus": p, "nodes": nodes,
+            "hsdp": {"step_ms": round((compute + hsdp_exposed) * 1e3, 1),
+                     "efficiency": round(compute / (compute + hsdp_exposed), 3)},
             "ddp": {"step_ms": round(ddp_step * 1e3, 1), "allreduce_ms": round(ddp_comm * 1e3, 1),
                     "efficiency": round(compute / ddp_step, 3)},
             "fsdp2": {"step_ms": round((compute + fsdp_exposed) * 1e3, 1), "gather_ms": round(ag * 1e3, 1),
                       "efficiency": round(compute / (compute + fsdp_exposed), 3)},
             "node_samples_per_s": round(PER_NODE * accumulate * facts["samples_per_gpu_step"] / ddp_step, 1),
             "node_frames_per_s": round(2 * PER_NODE * accumulate * facts["samples_per_gpu_step"] / ddp_step, 1)}
+
+
+def _hsdp_exposed(facts: dict, s: float, p: int, net: dict, accumulate: int, fwd: float, bwd: float) -> float:
+    """HSDP (`train.strategy hsdp`): the parameters sharded over a node's 8 GPUs (gathered and gradients
+    reduce-scattered on NVLink, in every micro-batch as FSDP2), replicated across nodes: each GPU all-reduces its
+    node's shard of the gradients (1/8 of them) with the same shard's GPUs of the other nodes, on its own NIC; the
+    last 25 MB bucket's reduction is not overlapped.
+
+    The DDP and FSDP2 columns price every byte of a collective over all p GPUs at one NIC's rate (a flat ring: the
+    conservative bound). NCCL's rings and trees on a rail-optimised cluster (a channel per NIC) move about 1/8 of a
+    DDP all-reduce's bytes across nodes, as HSDP does; HSDP's 2-D mesh guarantees it whatever NCCL chooses, so a
+    real DDP run lands between the two columns."""
+    nodes = p // PER_NODE
+    ag = gather_s(4 * facts["params"], PER_NODE, net["nvlink_Bps"], net["nvlink_alpha_s"])
+    rs = gather_s(s, PER_NODE, net["nvlink_Bps"], net["nvlink_alpha_s"])
+    across = allreduce_s(s / PER_NODE, nodes, net["ib_Bps"], net["ib_alpha_s"])
+    last = gather_s(min(s, 25e6), PER_NODE, net["nvlink_Bps"], net["nvlink_alpha_s"]) + \
+        allreduce_s(min(s, 25e6) / PER_NODE, nodes, net["ib_Bps"], net["ib_alpha_s"])  # after the backward pass
+    return accumulate * max(0.0, ag - fwd) + (accumulate - 1) * max(0.0, ag - bwd) + \
+        max(0.0, ag + rs + across - bwd) + last
 
 
 def sent_bytes(params: int, strategy: str, grad_reduce: str, p: int, root_params: int = 0,
@@ -172,7 +196,7 @@ def recommended(facts: dict, step_s: float, p: int, net: dict, target: float = 0
     for accumulate in (1, 2, 4, 8, 16):
         for reduce, per_param in (("bf16", 2), ("fp32", 4)):
             row = project(facts, step_s, p, net, accumulate, per_param * facts["params"])
-            for strategy, key in (("ddp", "ddp"), ("fsdp", "fsdp2")):
+            for strategy, key in (("ddp", "ddp"), ("fsdp", "fsdp2"), ("hsdp", "hsdp")):
                 tried.append(({"strategy": strategy, "grad_reduce": reduce, "accumulate": accumulate},
                               row[key]["efficiency"]))
     reaching = [t for t in tried if t[1] >= target]
@@ -219,10 +243,10 @@ def markdown(out: dict) -> str:
                   f"samples, {d['tokens_per_gpu_step']} tokens), compute {d['compute_ms']:.0f} ms "
                   f"({d['compute_source']}).", "",
                   "| GPUs | nodes | DDP step ms | DDP all-reduce ms | DDP eff. | FSDP2 step ms | FSDP2 eff. | "
-                  "samples/s per node |", "|---|---|---|---|---|---|---|---|"]
+                  "HSDP eff. | samples/s per node |", "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['gpus']} | {r['nodes']} | {r['ddp']['step_ms']} | {r['ddp']['allreduce_ms']} | "
                   f"{r['ddp']['efficiency']:.1%} | {r['fsdp2']['step_ms']} | {r['fsdp2']['efficiency']:.1%} | "
-                  f"{r['node_samples_per_s']} |" for r in d["rows"]]
+                  f"{r['hsdp']['efficiency']:.1%} | {r['node_samples_per_s']} |" for r in d["rows"]]
         lines += ["", f"DDP: communication over 10% of the step from {d['ddp_dominates']['over_10_percent_at']} "
                   f"GPUs, over compute from {d['ddp_dominates']['over_compute_at']}; FSDP2: from "
                   f"{d['fsdp2_dominates']['over_10_percent_at']} and {d['fsdp2_dominates']['over_compute_at']} "
@@ -356,6 +380,7 @@ def main() -> None:
         out["presets"][preset] = {**facts, "compute_ms": round(step_s * 1e3, 1), "compute_source": source,
                                   "rows": rows, "ddp_dominates": dominates(rows, "ddp"),
                                   "fsdp2_dominates": dominates(rows, "fsdp2"),
+                                  "hsdp_efficiency_at_max": rows[-1]["hsdp"]["efficiency"],
                                   "ddp_efficiency_at_max": rows[-1]["ddp"]["efficiency"],
                                   "tokens_per_gpu_for_90pct_ddp_at_max": tokens_for(0.9, facts, step_s, args.gpus[-1],
                                                                                     net, args.max_tokens),
