@@ -2,16 +2,18 @@
 resume from the last checkpoint, and this measures the time from the kill to the first new step.
 
     python bench/restart.py [--steps 60] [--every 10] [--kill-at 25] [--nproc 2] [--fault kill|stop]
-                            [--collective-timeout-s 10]
+                            [--collective-timeout-s 10] [--hang-timeout-s 5]
 
 What it runs: `roboloop.entry train` under torchrun (`--max-restarts 1`, as `roboloop train --max-restarts` and
 the Kubernetes Job run it) on a small camera dataset it generates, the VLA's tiny preset at 32x32, gloo on this
 machine's CPU. It watches rank 0's heartbeat.json (written after every step), kills rank 1 when the heartbeat
 passes `--kill-at`, and notes when the heartbeat next says a step after the checkpoint it resumed from.
 
-`--fault stop` stops rank 1 instead (SIGSTOP: a hung rank, alive but silent): the other rank's next collective fails
-after the launcher's collective timeout (ROBOLOOP_COLLECTIVE_TIMEOUT_S, `--collective-timeout-s`), and torchrun
-restarts them all the same way; the bound is that timeout plus a restart.
+`--fault stop` stops rank 1 instead (SIGSTOP: a hung rank, alive but silent): rank 0's watch over its node's
+heartbeats (roboloop.training.hang) kills it once it has been inside a step for `--hang-timeout-s`
+(ROBOLOOP_HANG_TIMEOUT_S; or 10 x its median step, if more), and torchrun restarts them all the same way; the bound
+is that timeout plus a restart. With `--hang-timeout-s` above `--collective-timeout-s`, the collective timeout finds
+it instead (and torchrun's 30 s grace for a rank that does not stop on SIGTERM is added).
 
 Figures: `restart_s` (kill -> first step after the resume: torchrun noticing, stopping the other rank, starting both
 again, imports, the model, the checkpoint, the first step), `lost_steps` (steps since that checkpoint, trained
@@ -76,6 +78,7 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--fault", choices=["kill", "stop"], default="kill")
     ap.add_argument("--collective-timeout-s", type=float, default=10.0)
+    ap.add_argument("--hang-timeout-s", type=float, default=5.0, help="ROBOLOOP_HANG_TIMEOUT_S for the ranks")
     args = ap.parse_args()
     from roboloop.datasets.convert import ConvertConfig, convert
     from roboloop.datasets.generate import GenSpec, generate_v21
@@ -97,7 +100,8 @@ def main() -> None:
     with open(work / "torchrun.log", "w") as log:
         launch = LaunchConfig(nproc_per_node=args.nproc, max_restarts=1,
                               collective_timeout_s=args.collective_timeout_s)
-        env = _child_env(launch, {"OMP_NUM_THREADS": "1"})  # what `roboloop train --max-restarts 1` gives its ranks
+        env = _child_env(launch, {"OMP_NUM_THREADS": "1",  # what `roboloop train --max-restarts 1` gives its ranks
+                                  "ROBOLOOP_HANG_TIMEOUT_S": str(args.hang_timeout_s)})
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
             figures = _watch(proc, out, args)
@@ -106,7 +110,8 @@ def main() -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
     emit({**figures, "goal_s": 30.0, "baseline": "automatic restart within 30 s of a failure (arXiv 2603.11101)",
           "nproc": args.nproc, "every": args.every, "fault": args.fault,
-          "collective_timeout_s": args.collective_timeout_s, "work": str(work)}, MEASURES)
+          "collective_timeout_s": args.collective_timeout_s, "hang_timeout_s": args.hang_timeout_s,
+          "work": str(work)}, MEASURES)
 
 
 def _watch(proc: subprocess.Popen, out: Path, args) -> dict:

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     store_grace_s: float = Field(600, gt=0, description="how long node 0 keeps trying to put a finished model in "
                                  "the run store while the store fails, before the job fails (a model that never "
                                  "reached the store is never reported delivered)")
+    hang_timeout_s: float = Field(60, gt=0, description="a rank inside one training step for longer than this (or 10 "
+                                  "times its median step, if more) is taken as hung and killed by its node's other "
+                                  "ranks, so that torchrun restarts them (roboloop.training.hang)")
     peak_tflops: float | None = Field(None, gt=0, description="peak TFLOP/s for MFU where the device is unknown")
     serve_token_file: str = Field(".roboloop/serve-token", description="the policy server's token (mode 600; "
                                   "created by the server's first start, read by its clients)")

@@ -26,6 +26,7 @@ from roboloop.training import (
     compiled,
     distributed,
     ema,
+    hang,
     hostmem,
     metrics,
     optim,
@@ -157,6 +158,10 @@ class Trainer:
         self.pusher = runstore.Pusher(runstore.Mirror(cfg.mirror), cfg.keep_last, lead=lead, coalesce=not self.apart) \
             if cfg.mirror and (lead or self.apart and env.local_rank == 0) else None
         self.start = self.resume()
+        # a rank that hangs inside a step is found by its heartbeat and killed (roboloop.training.hang)
+        self.beat = hang.Heartbeat(self.out, env.rank) if env.world_size > 1 else None
+        if self.beat:
+            self.beat.watch()
         self.run_record["sample_order"] = self.stream.order_record()  # after resume: a run keeps its order
         # a family that packs no backbone tokens (LeRobot's policies) takes max_samples per batch, whatever the
         # length of its task strings
@@ -325,7 +330,7 @@ class Trainer:
                    disable=None if env.is_main else True)
         try:
             for step in bar:
-                last_loss, row = self.train_step(step)
+                last_loss, row = self._watched_step(step)
                 if step == self.start:  # each (re)start's first row says what ran
                     first_loss, row["run"] = last_loss, self.run_record
                     row["pipeline"] = {"prefetch": self.pipe.prefetch, "lookahead": self.pipe.lookahead}
@@ -339,6 +344,8 @@ class Trainer:
             raise
         finally:
             self.stream.close()
+            if self.beat:
+                self.beat.close()
         weights = distributed.full_state_dict(self.model, self.sharded)
         weights = precision.plain_state_dict(ema.averaged(weights, self.ema.state_dict() if self.ema else None))
         weights = getattr(self.family, "weights", lambda sd: sd)(weights)  # as the family's folder names them
@@ -349,6 +356,15 @@ class Trainer:
         if self.pusher:  # after the last collective: the other ranks never wait on the store
             self.pusher.wait()
         return TrainResult(self.out, last_loss, first_loss, cfg.steps, self.start)
+
+    def _watched_step(self, step: int) -> tuple[float, dict]:
+        """`train_step` inside this rank's heartbeat (its node's other ranks kill it if it hangs there)."""
+        if self.beat:
+            self.beat.enter(step)
+        out = self.train_step(step)
+        if self.beat:
+            self.beat.leave(step)
+        return out
 
     def _micro_batches(self, step: int) -> tuple[torch.Tensor, Ready, int, float | None, float]:
         """The step's forward and backward passes, one per micro-batch (`accumulate`), gradients summed and
