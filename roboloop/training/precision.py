@@ -188,10 +188,33 @@ def record_line(rec: dict) -> str:
     return run_line(rec)
 
 
+def fp8_all_gather(p: PrecisionPlan, sharded: bool, recipe: str) -> tuple[bool, str]:
+    """Whether FSDP2 gathers the FP8 linears' weights in FP8 (half the bytes of bf16, a quarter of fp32), and why:
+    torchao does it for tensorwise scaling under FSDP2 (`enable_fsdp_float8_all_gather`)."""
+    if p.name != "fp8":
+        return False, "off: not an FP8 run"
+    if not sharded:
+        return False, "off: no FSDP2 (the weights are not gathered)"
+    if p.fp8_backend != "torchao":
+        return False, f"off: {p.fp8_backend} has no FP8 all-gather under FSDP2 (torchao does)"
+    if recipe != "tensorwise":
+        return False, f"off: torchao gathers in FP8 with tensorwise scaling only, not fp8_recipe={recipe}"
+    return True, "on: torchao's enable_fsdp_float8_all_gather, the scales precomputed after each optimizer step"
+
+
+def after_optimizer_step(model: nn.Module) -> None:
+    """With FP8 all-gather: every FP8 weight's scale in one all-reduce for the next step's gathers (torchao's
+    `precompute_float8_dynamic_scale_for_fsdp`, instead of one small all-reduce per weight)."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
+
+
 def apply_fp8(model: nn.Module, p: PrecisionPlan, min_features: int = FP8_MIN_FEATURES,
-              emulate: bool = False, recipe: str = "tensorwise") -> int:
+              emulate: bool = False, recipe: str = "tensorwise", all_gather: bool = False) -> int:
     """Convert the large linears for FP8 training; returns how many were converted. `recipe`: torchao's scaling
-    (tensorwise, rowwise, rowwise_with_gw_hp)."""
+    (tensorwise, rowwise, rowwise_with_gw_hp); `all_gather` (see `fp8_all_gather`): their weights gathered in FP8 by
+    FSDP2, which then wraps the converted model."""
     if p.name != "fp8":
         return 0
     keep = fp8_filter(min_features)
@@ -209,7 +232,8 @@ def apply_fp8(model: nn.Module, p: PrecisionPlan, min_features: int = FP8_MIN_FE
         # pad_inner_dim: the weight-gradient GEMM's inner dimension is the packed token count, which is not
         # a multiple of 16 in general
         config = Float8LinearConfig.from_recipe_name(recipe)
-        config = dataclasses.replace(config, emulate=emulate, pad_inner_dim=True)
+        config = dataclasses.replace(config, emulate=emulate, pad_inner_dim=True,
+                                     enable_fsdp_float8_all_gather=all_gather)
         convert_to_float8_training(model, module_filter_fn=keep, config=config)
     else:
         import transformer_engine.pytorch as te

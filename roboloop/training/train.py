@@ -232,13 +232,15 @@ class Trainer:
         self.prec, fp8_names = precision.settle(self.prec, self.model, threshold, f"preset {cfg.preset}",
                                                 explicit=cfg.precision == "fp8")
         self.prec.fp8_recipe = cfg.fp8_recipe
-        precision.apply_fp8(self.model, self.prec, threshold, recipe=cfg.fp8_recipe)
+        self.sharded = cfg.strategy in ("fsdp", "hsdp") and env.world_size > 1
+        self.fp8_gather, gather_why = precision.fp8_all_gather(self.prec, self.sharded, cfg.fp8_recipe)
+        precision.apply_fp8(self.model, self.prec, threshold, recipe=cfg.fp8_recipe, all_gather=self.fp8_gather)
         half = self.prec.name in ("bf16", "fp8") and self.device.type == "cuda"
         dtype = torch.bfloat16 if half else torch.float32
         kernels: dict = getattr(pol, "kernels", lambda *_: {})(self.device.type, dtype)
         self.run_record = precision.run_record(cfg.precision, self.prec, fp8_names, threshold, source, self.device,
                                                kernels)
-        self.sharded = cfg.strategy in ("fsdp", "hsdp") and env.world_size > 1
+        self.run_record["fp8_all_gather"] = gather_why
         types = len({type(b) for b in blocks}) if self.compiling else 0
         self.run_record["compile"] = compiled.record(cfg.compile, self.compiling, why,
                                                      compiled.apply(self.model) if self.compiling else 0, types)
@@ -404,6 +406,8 @@ class Trainer:
         global_loss = distributed.all_reduce_sum(loss / env.world_size, env)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.opt.step()
+        if self.fp8_gather:
+            precision.after_optimizer_step(self.model)
         self.sched.step()
         if self.ema is not None:
             self.ema.update()
