@@ -64,7 +64,7 @@ UNIT_SECONDS = {
     "tests/cluster/test_ray_rl.py": 60,  # session 40: RL's workers on two hosts; one host cut
     "tests/cluster/test_k8s_job.py": 60,  # session 40: three 2-host runs and a reference, on test hosts
     "tests/faults/test_errors.py": 72,
-    "tests/unit/training/test_distributed.py": 175,
+    "tests/unit/training/test_distributed.py": 130,
     "tests/isaac/test_cpu_graph.py": 100,  # session 46: three tasks, eager and replayed
     "tests/faults/test_serve_loss.py": 45,  # session 39's estimates: servers killed and restarted
     "tests/faults/test_serve_abuse.py": 40,

@@ -27,7 +27,7 @@ _spec.loader.exec_module(demo)
 
 
 def falters(tb, work):
-    """The control plane falters while the second run trains: PostgreSQL down for 20 s (the server answers 500),
+    """The control plane falters while the second run trains: PostgreSQL down for 8 s (the server answers 500),
     then the Prefect server stopped and started again (infra/server.sh). Before tasks/control_plane.py the loop's
     train task failed on its first poll and cancelled both node runs, which were training fine."""
 
@@ -35,7 +35,7 @@ def falters(tb, work):
 
     def fault() -> None:
         hs.stop("control", "postgres")
-        time.sleep(20)
+        time.sleep(8)
         hs.start_postgres(tb, "control", work / "pg")
         hs.stop("control", "prefect")
         hs.prefect_server(tb, "control", hs.pg_url("control"), work, demo.AUTH)

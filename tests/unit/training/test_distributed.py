@@ -83,10 +83,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_fsdp_two_ranks_match_one_and_resume_from_sharded_checkpoint(v3, tmp_path):
-    """`roboloop train --nproc-per-node 2 --strategy fsdp --compile on`: the same losses as one eager process,
-    DCP checkpoints that a restarted job reloads (and then continues with the same losses), compiled blocks inside
-    FSDP2's shards."""
+def test_fsdp_two_ranks_match_one_and_write_sharded_checkpoints(v3, tmp_path):
+    """`roboloop train --nproc-per-node 2 --strategy fsdp --compile on`: the same losses as one eager process, DCP
+    checkpoints, compiled blocks inside FSDP2's shards. (Resuming them, on another number of ranks too, is
+    tests/cluster/test_fsdp_hosts.py's.)"""
     over = {"image_size": [32, 32], "horizon": 8}
     one = TrainConfig(output_dir=str(tmp_path / "one"), max_tokens=1024, dataset=str(v3), steps=20, lr=2e-3,
                       warmup_steps=5, num_workers=1, device="cpu", checkpoint_every_steps=0, model_overrides=over)
@@ -106,12 +106,6 @@ def test_fsdp_two_ranks_match_one_and_resume_from_sharded_checkpoint(v3, tmp_pat
     assert max(abs(a - b) for a, b in zip(ref, got, strict=True)) <= 1e-3  # compiled vs eager: test_compile's bound
     ckpt = tmp_path / "fsdp" / "checkpoints" / "step-00000010"
     assert (ckpt / ".metadata").exists() and (ckpt / "extra.pt").exists()  # DCP shards, not a torch.save
-    # A restart (what torchrun --max-restarts does) resumes from step 10 and reproduces steps 11-20.
-    (tmp_path / "fsdp" / "model.safetensors").unlink()
-    proc = _cli("train", "--config", str(cfg_file), "--nproc-per-node", "2", "--rdzv-endpoint", f"127.0.0.1:{_port()}")
-    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-4000:]
-    again = _losses(tmp_path / "fsdp")
-    assert len(again) == 20 and max(abs(a - b) for a, b in zip(got, again, strict=True)) <= 1e-5
     from safetensors.torch import load_file
 
     from roboloop.training.config import ModelConfig
