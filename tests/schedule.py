@@ -58,7 +58,7 @@ UNIT_SECONDS = {
     "tests/isaac/test_robust_eval.py": 115,  # session 43: the expert under 2 factors and 200 ms at 2 env counts; a
     # short-trained VLA at 1 and 8 envs
     "tests/cluster/test_lost_node.py": 85,  # session 40: four 2-host runs, one restarted, one cut
-    "tests/cluster/test_leases.py": 41,  # session 55: a Prefect server stopped and restarted twice under a lease
+    "tests/cluster/test_leases.py": 41,  # session 55: a Prefect server stopped and restarted under a lease
     "tests/cluster/test_fsdp_hosts.py": 50,  # session 54: FSDP and HSDP across hosts, a resharded resume (46 s alone)
     "tests/cluster/test_ray_hosts.py": 62,  # session 40: a Ray cluster on two hosts serving 8 robots, one host cut
     "tests/cluster/test_ray_rl.py": 60,  # session 40: RL's workers on two hosts; one host cut

@@ -93,3 +93,12 @@ class Heartbeat:
         print(f"rank {hb['rank']} (pid {hb['pid']}) made no progress in step {hb['step']} for {age:.0f} s (its "
               f"heartbeat; limit {limit:.0f} s = max(ROBOLOOP_HANG_TIMEOUT_S, 10 x its median step)): killed it, "
               "so that torchrun restarts the ranks from the last checkpoint", file=sys.stderr, flush=True)
+
+
+def watched(out: Path, rank: int, world_size: int) -> Heartbeat | None:
+    """This rank's heartbeat with its watch over its node's other ranks running; None for a run of one rank."""
+    if world_size <= 1:
+        return None
+    beat = Heartbeat(out, rank)
+    beat.watch()
+    return beat

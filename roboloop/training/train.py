@@ -158,10 +158,7 @@ class Trainer:
         self.pusher = runstore.Pusher(runstore.Mirror(cfg.mirror), cfg.keep_last, lead=lead, coalesce=not self.apart) \
             if cfg.mirror and (lead or self.apart and env.local_rank == 0) else None
         self.start = self.resume()
-        # a rank that hangs inside a step is found by its heartbeat and killed (roboloop.training.hang)
-        self.beat = hang.Heartbeat(self.out, env.rank) if env.world_size > 1 else None
-        if self.beat:
-            self.beat.watch()
+        self.beat = hang.watched(self.out, env.rank, env.world_size)  # a rank hung in a step is found and killed
         self.run_record["sample_order"] = self.stream.order_record()  # after resume: a run keeps its order
         # a family that packs no backbone tokens (LeRobot's policies) takes max_samples per batch, whatever the
         # length of its task strings

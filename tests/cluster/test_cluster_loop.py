@@ -62,12 +62,17 @@ def test_the_scheduled_retraining_runs_across_hosts_and_the_second_run_gates_aga
     assert all(r["state"] == "COMPLETED" for r in runs), runs
     jobs = {r["name"].split(" of ")[1].split(" on ")[0] for r in runs if r["name"].startswith("train-node")}
     assert len(jobs) == 2, runs  # one training job per loop
+    named = 0
     for run_id in jobs:
         nodes = {(r["name"].split()[1], r["name"].rsplit(" on ", 1)[1], r["worker"]) for r in runs
                  if f" of {run_id} on " in r["name"]}
         assert {host for _, host, _ in nodes} == {"node-0", "node-1"}, nodes
         assert {rank for rank, _, _ in nodes} == {"0", "1"}, nodes
-        assert all(worker == f"gpu-{host}" for _, host, worker in nodes), nodes
+        # the worker is read from the run's "Worker ... submitting" log line, which an outage can drop (Prefect's
+        # log shipping does not retry): "?" then, for the faulted job
+        assert all(worker in (f"gpu-{host}", "?") for _, host, worker in nodes), nodes
+        named += all(worker == f"gpu-{host}" for _, host, worker in nodes)
+    assert named >= 1, runs  # the job that ran with the control plane up names both workers
     loops = [r for r in runs if r["name"].startswith("closed-loop")]
     assert len(loops) == 2 and {r["worker"] for r in loops} == {"cpu-node-1"}, loops
     assert any(r["name"] == f"watch {demo.INCOMING}" and r["worker"] == "cpu-node-1" for r in runs), runs
