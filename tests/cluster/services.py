@@ -76,3 +76,28 @@ def ray_cluster(tb, work: Path, env: dict[str, str], hosts: tuple[str, ...] = ("
                           "--temp-dir", str(disk / "ray"), "--num-cpus", "2", "--disable-usage-stats"], env=env,
                    cwd=disk, timeout=180)
         assert r.returncode == 0, r.stderr[-2000:]
+
+
+def start_nodes(tb, work: Path, run: str, commands: dict[str, list[str]], nproc: int = 1, restarts: int = 0,
+                collective_timeout_s: float = 60, node0_disk: Path | None = None) -> list:
+    """The nodes of training run `run` as a Kubernetes Job's pods start them: `commands` (host -> its command, node 0
+    first: `roboloop train ...`, then `roboloop cluster join`), each host with a disk of its own, work/<run>/<host>
+    (node 0's `node0_disk`: an earlier run's, a retried pod back on the same machine), sharing only the S3 run store;
+    their output in work/<run>/<host>.log."""
+    import subprocess
+
+    nodes = list(commands)
+    base = {"PATH": f"{Path(PY).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
+            "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1", **S3_ENV, "ROBOLOOP_RUN_STORE": "s3://team/runs",
+            "ROBOLOOP_RUN_ID": run, "ROBOLOOP_NNODES": str(len(nodes)), "ROBOLOOP_NPROC_PER_NODE": str(nproc),
+            "ROBOLOOP_RDZV_ENDPOINT": f"{nodes[0]}:29400", "ROBOLOOP_MAX_RESTARTS": str(restarts),
+            "ROBOLOOP_COLLECTIVE_TIMEOUT_S": str(collective_timeout_s), "ROBOLOOP_JOIN_TIMEOUT_S": "240"}
+    (work / run).mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i, (host, cmd) in enumerate(commands.items()):
+        disk = node0_disk if node0_disk and i == 0 else work / run / host
+        disk.mkdir(parents=True, exist_ok=True)
+        with open(work / run / f"{host}.log", "w") as log:
+            procs.append(tb.popen(host, cmd, cwd=disk, env={**base, "HOME": str(disk), "ROBOLOOP_NODE_RANK": str(i)},
+                                  stdout=log, stderr=subprocess.STDOUT))
+    return procs

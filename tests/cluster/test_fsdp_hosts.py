@@ -35,21 +35,10 @@ print(len(keys))
 
 
 def _start(hosts, work: Path, run: str, nodes: list[str], *extra: str, nproc: int = 1) -> list[subprocess.Popen]:
-    base = {"PATH": f"{Path(PY).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
-            "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1", **S3_ENV, "ROBOLOOP_RUN_STORE": "s3://team/runs",
-            "ROBOLOOP_RUN_ID": run, "ROBOLOOP_NNODES": str(len(nodes)), "ROBOLOOP_NPROC_PER_NODE": str(nproc),
-            "ROBOLOOP_RDZV_ENDPOINT": f"{nodes[0]}:29400", "ROBOLOOP_COLLECTIVE_TIMEOUT_S": "60",
-            "ROBOLOOP_JOIN_TIMEOUT_S": "240"}
-    procs = []
-    for i, host in enumerate(nodes):
-        cmd = ["roboloop", "train", "--dataset", "s3://team/datasets/pick", "--output-dir", "artifacts/models/fsdp",
-               *TRAIN, *extra] if i == 0 else ["roboloop", "cluster", "join"]
-        disk = work / run / host
-        disk.mkdir(parents=True)
-        with open(work / run / f"{host}.log", "w") as log:
-            procs.append(hosts.popen(host, cmd, cwd=disk, env={**base, "HOME": str(disk), "ROBOLOOP_NODE_RANK": str(i)},
-                                     stdout=log, stderr=subprocess.STDOUT))
-    return procs
+    train = ["roboloop", "train", "--dataset", "s3://team/datasets/pick", "--output-dir", "artifacts/models/fsdp",
+             *TRAIN, *extra]
+    return services.start_nodes(hosts, work, run, {host: train if i == 0 else ["roboloop", "cluster", "join"]
+                                                   for i, host in enumerate(nodes)}, nproc=nproc)
 
 
 def _finish(procs, work: Path, run: str) -> None:

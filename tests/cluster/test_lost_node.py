@@ -37,23 +37,11 @@ def _start(hosts, work: Path, run: str, output: str, restarts: int = 0,
            node0_disk: Path | None = None) -> list[subprocess.Popen]:
     """Node 0 and node 1 of run `run`, each on its own host with a disk of its own (node 0: `node0_disk`, an earlier
     run's, as a retried job's pod that lands on the same machine)."""
-    base = {"PATH": f"{Path(PY).parent}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
-            "PYTHONHASHSEED": "0", "HF_HUB_OFFLINE": "1", **S3_ENV, "ROBOLOOP_RUN_STORE": "s3://team/runs",
-            "ROBOLOOP_RUN_ID": run, "ROBOLOOP_NNODES": "2", "ROBOLOOP_NPROC_PER_NODE": "1",
-            "ROBOLOOP_RDZV_ENDPOINT": "node-0:29400", "ROBOLOOP_MAX_RESTARTS": str(restarts),
-            "ROBOLOOP_COLLECTIVE_TIMEOUT_S": str(TIMEOUT), "ROBOLOOP_JOIN_TIMEOUT_S": "240"}
-    commands = {"node-0": ["roboloop", "train", "--dataset", "s3://team/datasets/pick", "--output-dir",
-                           f"artifacts/models/{output}", *TRAIN],
-                "node-1": ["roboloop", "cluster", "join"]}
-    procs = []
-    for i, (host, cmd) in enumerate(commands.items()):
-        disk = node0_disk if node0_disk and i == 0 else work / run / host
-        disk.mkdir(parents=True, exist_ok=True)
-        (work / run).mkdir(exist_ok=True)
-        with open(work / run / f"{host}.log", "w") as log:
-            procs.append(hosts.popen(host, cmd, cwd=disk, env={**base, "HOME": str(disk), "ROBOLOOP_NODE_RANK": str(i)},
-                                     stdout=log, stderr=subprocess.STDOUT))
-    return procs
+    return services.start_nodes(hosts, work, run, {
+        "node-0": ["roboloop", "train", "--dataset", "s3://team/datasets/pick", "--output-dir",
+                   f"artifacts/models/{output}", *TRAIN],
+        "node-1": ["roboloop", "cluster", "join"]}, restarts=restarts, collective_timeout_s=TIMEOUT,
+        node0_disk=node0_disk)
 
 
 def _logs(work: Path, run: str) -> str:
