@@ -44,6 +44,7 @@ def test_a_slow_store_never_holds_up_the_ranks(tiny_v3, tmp_path, s3_env, monkey
                                        collective_timeout_s=5, timeout_s=300), on_line=lines.append)
     finally:
         door.close()
+    monkeypatch.setenv("ROBOLOOP_S3_ENDPOINT_URL", s3_env)  # the store itself, not the closed door
     out = "\n".join(lines)
     rows = [json.loads(r) for r in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 10 and "lost a node" not in out, out[-3000:]
