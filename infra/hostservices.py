@@ -97,12 +97,13 @@ def prefect_server(tb, host: str, db_url: str, work: Path, auth: str, env: dict[
     return f"http://{host}:{PREFECT_PORT}/api"
 
 
-def stop(host: str, service: str, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
-    """Stop a service this module started on `host` ("postgres", "prefect", "moto"): `sig` to its process group
-    (SIGTERM: PostgreSQL's smart shutdown is not waited for, it is a database that goes down), then SIGKILL."""
+def stop(host: str, service: str, timeout: float = 60) -> None:
+    """Stop a service this module started on `host` ("postgres", "prefect", "moto"): SIGTERM to its process group
+    (PostgreSQL: SIGINT, its fast shutdown; its smart one would wait for the server's connections), SIGKILL after
+    `timeout`."""
     proc = SERVICES.pop((host, service))
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, sig if service != "postgres" else signal.SIGINT)  # postgres: fast shutdown
+        os.killpg(proc.pid, signal.SIGINT if service == "postgres" else signal.SIGTERM)
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
