@@ -57,7 +57,11 @@ class ReplyEater:
                 client.sendall(data)
         except OSError:
             pass
-        for s in (client, server):
+        for s in (client, server):  # shutdown first: a close() alone waits for the other thread's recv, and the
+            try:                    # client would hear nothing until botocore's 60 s read timeout
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             s.close()
 
     def close(self) -> None:
