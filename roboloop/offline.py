@@ -212,7 +212,7 @@ def plot_open_loop(p: dict, episodes: list[int], names: list[str], png: Path) ->
             if d == 0:
                 ax.set_ylabel(f"ep {ep}", fontsize=8)
             ax.tick_params(labelsize=6)
-    axes[0][0].legend(fontsize=6)
+    axes[0][0].legend(loc="upper right", fontsize=6)  # not 'best': its search warns when slow
     fig.suptitle("open loop: predicted vs recorded actions (held-out episodes)", fontsize=9)
     return plots.save(fig, png, dpi=90)
 

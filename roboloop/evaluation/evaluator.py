@@ -449,7 +449,7 @@ def plot_report(report: EvalReport, png: Path) -> Path:
     lengths = [[e["length"] for e in eps if e["success"]], [e["length"] for e in eps if not e["success"]]]
     b.hist(lengths, bins=20, stacked=True, label=["success", "failure"])
     b.set_xlabel("episode length (steps)")
-    b.legend()
+    b.legend(loc="upper right")  # a fixed place: matplotlib's 'best' search warns (an error in the tests)
     fig.suptitle(f"{report.task} - {report.policy}: {report.success_rate:.2f} "
                  f"[{report.ci_low:.2f}, {report.ci_high:.2f}]")
     fig.tight_layout()

@@ -49,7 +49,7 @@ def plot_sweep(scored: list[Scored], png: Path, title: str = "") -> Path:
     ax.plot([b.step], [b.success_rate], "r*", ms=14, label=f"best: step {b.step}")
     ax.set_xlabel("training step")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(loc="lower right", fontsize=8)  # not 'best': its search warns when slow, as on a busy machine
     return plots.save(fig, png)
 
 
