@@ -4,6 +4,7 @@ there: ours). Through a TCP proxy in front of moto's S3 server that swallows exa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -58,10 +59,8 @@ class ReplyEater:
         except OSError:
             pass
         for s in (client, server):  # shutdown first: a close() alone waits for the other thread's recv, and the
-            try:                    # client would hear nothing until botocore's 60 s read timeout
+            with contextlib.suppress(OSError):  # client would hear nothing until botocore's 60 s read timeout
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             s.close()
 
     def close(self) -> None:
