@@ -20,7 +20,7 @@ def _subcommand(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-GROUPS = ("data", "stages", "loop", "serve", "cluster", "registry")
+GROUPS = ("data", "stages", "loop", "serve", "cluster", "registry", "plan")
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

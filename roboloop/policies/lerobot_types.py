@@ -7,10 +7,13 @@ from __future__ import annotations
 SUPPORTED = ("act", "diffusion", "vqbet", "smolvla")
 REFUSED = {
     "tdmpc": "is trained online with rewards (a model-based RL agent), not from demonstrations",
-    "pi0": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
-    "pi05": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
+    "pi0": "is not trained on roboloop's engine yet (PaliGemma's tokenizer and weights from a local folder); "
+           "`roboloop plan --policy-type pi0` sizes its fine-tune",
+    "pi05": "is not trained on roboloop's engine yet (PaliGemma's tokenizer and weights from a local folder); "
+            "`roboloop plan --policy-type pi05` sizes its fine-tune",
     "pi0_fast": "needs PaliGemma weights from the Hugging Face Hub: not supported yet",
-    "groot": "needs the GR00T N1.5 weights from the Hugging Face Hub: use roboloop's own VLA (family vla)",
+    "groot": "builds its Qwen3-VL backbone by loading the GR00T N1.7 base model's weights (transformers "
+             "from_pretrained of nvidia/GR00T-N1.7-3B) from the Hugging Face Hub: not supported yet",
     "gaussian_actor": "is the actor of LeRobot's online RL (SAC, HIL-SERL), trained with rewards, not from "
                       "demonstrations",
     "multi_task_dit": "needs the CLIP vision and text encoders (openai/clip-vit-base-patch16) from the Hugging Face "

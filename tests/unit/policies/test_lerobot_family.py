@@ -143,6 +143,8 @@ def test_types_roboloop_does_not_train_are_refused_with_the_reason(recorded, tmp
     with pytest.raises(LeRobotPolicyError, match="online RL"):
         policy_config("gaussian_actor", {}, None, "cpu")
     with pytest.raises(LeRobotPolicyError, match="Hugging Face Hub"):
+        policy_config("groot", {}, None, "cpu")
+    with pytest.raises(LeRobotPolicyError, match="not trained on roboloop's engine yet.*roboloop plan"):
         policy_config("pi0", {}, None, "cpu")
     with pytest.raises(LeRobotPolicyError, match="no_such_option"):
         train(_cfg(recorded, tmp_path / "x", policy_config={"no_such_option": 1}))
