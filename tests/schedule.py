@@ -68,6 +68,8 @@ UNIT_SECONDS = {
     "tests/isaac/test_cpu_graph.py": 100,  # session 46: three tasks, eager and replayed
     "tests/faults/test_serve_loss.py": 45,  # session 39's estimates: servers killed and restarted
     "tests/faults/test_serve_abuse.py": 40,
+    "tests/unit/policies/test_plan.py": 60,  # session 56: π0.5 built on the meta device four times, two plans
+    "tests/unit/policies/test_finetune.py": 45,  # session 56: SmolVLA with LoRA, ACT twice with its ResNet frozen
 }
 # one after another: two Ray clusters at once on 2 cores starved the serving test's robots (tests/cluster)
 # (make test at d014ea6: bench:rl's Ray beside test_ray_hosts's cluster left a robot refused until the end), so every

@@ -47,6 +47,10 @@ FROM_SCRATCH = {"diffusion": {"use_group_norm": True}, "vqbet": {"use_group_norm
 VQBET_FP32 = ("vqbet trains in fp32 only: its VQ-VAE updates its codebook in place with autocast's bf16 codes "
               "(LeRobot's ema_inplace: expected dtype float for `end`)")
 
+# each policy's pretrained backbone, the module `train.finetune frozen_backbone` freezes (names in LeRobot's policy)
+BACKBONES = {"smolvla": "model.vlm_with_expert.vlm", "act": "model.backbone", "diffusion": "diffusion.rgb_encoder",
+             "vqbet": "vqbet.rgb_encoder"}
+
 # policies that read the task string (tokenised by their own processor step); the others are handed ""
 READS_LANGUAGE = frozenset({"smolvla"})
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".msgpack", ".h5")
@@ -229,6 +233,13 @@ class LeRobotTrainable:
 
     def loss_inputs(self, batch: PackedBatch, keys: list[int], step: int, denominator: float) -> tuple:
         return (self.preprocessor(self.batch(batch)),)
+
+    def finetune_spec(self) -> tuple[nn.Module, str | None, str | None]:
+        """What `train.finetune` works on (roboloop/training/finetune.py): LeRobot's policy, its backbone's name
+        prefix, and the LoRA targets LeRobot itself gives `lerobot-train --peft` (`_get_default_peft_targets`)."""
+        policy = self.module.policy
+        targets = (policy._get_default_peft_targets() or {}).get("target_modules")
+        return policy, BACKBONES.get(str(self.cfg.type)), targets
 
     def flops(self, batch: PackedBatch) -> float | None:
         return None

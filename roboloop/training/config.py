@@ -103,7 +103,8 @@ class TrainRecipe(BaseModel):
         "grad_clip", "init_from", "lr", "max_samples", "max_tokens", "model_overrides", "policy_config",
         "policy_type", "precision", "preset", "seed", "shuffle_buffer", "steps", "strategy", "val_fraction",
         "warmup_steps", "weight_decay", "window", "with_video", "lr_schedule", "ema_decay", "image_shift",
-        "env_state_input", "sample_order", "compile", "fp8_recipe"})
+        "env_state_input", "sample_order", "compile", "fp8_recipe", "finetune", "lora_rank", "lora_alpha",
+        "lora_targets"})
     NOT_KEYED: ClassVar[frozenset[str]] = frozenset({
         "checkpoint_every_minutes", "checkpoint_every_steps", "keep_last", "log_every", "num_workers", "prefetch",
         "lookahead", "resume", "frame_cache_mb", "host_memory", "activation_checkpointing"})
@@ -221,6 +222,25 @@ class TrainRecipe(BaseModel):
         "activations in the backward pass (the blocks compile() names: the VLA's transformer blocks, LeRobot's "
         "layers): less memory for a larger per-GPU step, at about one more forward pass of compute; the same "
         "gradients. Refused for a model with no blocks")
+    finetune: Literal["full", "frozen_backbone", "lora"] = Field(
+        "full", description="what trains: full (every parameter the policy's own config trains), frozen_backbone "
+        "(all but its pretrained backbone: SmolVLA's VLM, ACT's ResNet), lora (PEFT's low-rank adapters on "
+        "lora_targets, the rest frozen; the saved model is merged and plain). The run record counts what trained")
+    lora_rank: int = Field(16, ge=1, description="finetune lora: the adapters' rank")
+    lora_alpha: int | None = Field(None, gt=0, description="finetune lora: the adapters' scale is lora_alpha / "
+                                     "lora_rank (default: the rank, a scale of 1)")
+    lora_targets: str | None = Field(None, description="finetune lora: a regex of whole module names to adapt "
+                                     "(default: the policy's own, those LeRobot gives lerobot-train --peft)")
+
+    @model_validator(mode="after")
+    def _lora_settings_need_lora(self):
+        if self.finetune != "lora":
+            unused = [k for k in ("lora_rank", "lora_alpha", "lora_targets")
+                      if getattr(self, k) != type(self).model_fields[k].default]
+            if unused:
+                raise ValueError(f"{', '.join(unused)} would do nothing: finetune is {self.finetune} (set finetune "
+                                 "lora)")
+        return self
 
     @model_validator(mode="after")
     def _policy_type_means_lerobot(self):

@@ -37,3 +37,18 @@ def adamw(params, lr: float, weight_decay: float) -> tuple[torch.optim.AdamW, st
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True if fused else None)
     return opt, ("AdamW, fused kernel" if fused else
                  "AdamW, PyTorch's default loop (a parameter the fused kernel does not take)")
+
+
+def counts(model: nn.Module) -> dict:
+    """The run record's `parameters`: how many the model has and how many train (requires_grad), each counted
+    whole (a sharded parameter's global size)."""
+    params = list(model.parameters())
+    return {"total": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in params if p.requires_grad)}
+
+
+def trained(rec: dict) -> str:
+    """The run header's words for the record's `parameters`."""
+    tuned = rec.get("finetune", {})
+    how = {"lora": f"LoRA rank {tuned.get('rank')} on {tuned.get('layers')} layers",
+           "frozen_backbone": f"{tuned.get('backbone')} frozen"}.get(tuned.get("mode"), "full fine-tune")
+    return f"{rec['trainable']:,} of {rec['total']:,} parameters trained ({how})"

@@ -26,6 +26,7 @@ from roboloop.training import (
     compiled,
     distributed,
     ema,
+    finetune,
     hang,
     hostmem,
     metrics,
@@ -138,10 +139,11 @@ class Trainer:
                                    torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
                                    compiled=self.compiling)
         self.prec = precision.fit(self.prec, cfg.precision, getattr(pol, "fp32_only", None))
-        norm = self._normalizer()
+        norm, self.tuned = self._normalizer(), finetune.apply(pol, cfg)  # LoRA etc. after init_from's weights
         self._settle_precision(blocks, why)
         self.ddp_model = self._wrap(blocks)
         self.opt, self.run_record["optimizer"] = optim.adamw(self.model.parameters(), cfg.lr, cfg.weight_decay)
+        self.run_record["parameters"] = {**optim.counts(self.model), "finetune": self.tuned}
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_at(s, cfg))
         self.stream = self._stream(norm)
         self.run_record["frame_cache"] = self.stream.cache_record()
@@ -282,7 +284,7 @@ class Trainer:
         print(self.stream.cache_line(), flush=True)
         print(self.stream.order_line(), flush=True)
         print(f"host memory: {self.run_record['host_memory']}", flush=True)
-        print(f"optimizer: {self.run_record['optimizer']}", flush=True)
+        print(f"optimizer: {self.run_record['optimizer']}; {optim.trained(self.run_record['parameters'])}", flush=True)
         print(f"compile: {self.run_record['compile']['why']}", flush=True)
         g = self.run_record["gradients"]
         print(f"gradients: {g['accumulate']} micro-batch(es) per step on {g['ranks']} rank(s), reduced in "
@@ -346,7 +348,8 @@ class Trainer:
             if self.beat:
                 self.beat.close()
         weights = distributed.full_state_dict(self.model, self.sharded)
-        weights = precision.plain_state_dict(ema.averaged(weights, self.ema.state_dict() if self.ema else None))
+        avg = ema.averaged(weights, self.ema.state_dict() if self.ema else None)
+        weights = finetune.merged(precision.plain_state_dict(avg), cfg)  # LoRA's adapters merged in
         weights = getattr(self.family, "weights", lambda sd: sd)(weights)  # as the family's folder names them
         if env.is_main:
             save_final(self.out, weights, self.family, self.policy, cfg, self.ds, self.stats,

@@ -105,8 +105,16 @@ def test_smolvla_trains_lerobot_reads_it_and_it_acts_where_its_backbone_folder_i
 
     out = tmp_path / "smolvla"
     train(_cfg(recorded, out, vlm))
-    assert all(np.isfinite(json.loads(line)["loss"]) for line in (out / "metrics.jsonl").read_text().splitlines())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(r["loss"]) for r in rows)
     assert model_info(out).family == "lerobot" and (out / "vlm" / "tokenizer.json").is_file()
+    # SmolVLA's defaults train the action expert and leave the VLM frozen: the run record counts what trained
+    fresh = SmolVLAPolicy.from_pretrained(str(out))
+    fresh.train()  # LeRobot freezes the VLM's parameters as it builds the policy
+    assert rows[0]["run"]["parameters"] == {"total": sum(p.numel() for p in fresh.parameters()),
+                                            "trainable": sum(p.numel() for p in fresh.parameters() if p.requires_grad),
+                                            "finetune": {"mode": "full"}}
+    assert 0 < rows[0]["run"]["parameters"]["trainable"] < rows[0]["run"]["parameters"]["total"]
     assert not list((out / "vlm").glob("*.safetensors"))  # the backbone's weights are in model.safetensors only
     item = LeRobotDataset("conformance/writer", root=recorded)[14]
     policy = SmolVLAPolicy.from_pretrained(str(out))  # LeRobot's own loaders, on this machine
