@@ -6,7 +6,10 @@ plus torchrun's 30 s grace for a process that does not stop on SIGTERM (bench/re
 10 s collective timeout). Each rank writes `<output>/.heartbeat/rank-N.json` as it enters a training step and as it
 leaves it, and a thread in each rank watches its node's other ranks: one that has been inside a step for longer than
 `max(ROBOLOOP_HANG_TIMEOUT_S, 10 x its median step)` is killed (SIGKILL, by its pid: a stopped process ends too).
-Only the step is watched: saving a checkpoint, logging and validation between steps have the collective timeout.
+Only the step is watched: saving a checkpoint, logging and validation between steps have the collective timeout,
+and so does a rank's first step after each (re)start, which compiles the model's regions, initialises lazily and
+sets up the first collectives: minutes for a large model (a compiled FSDP step on a busy 2-core machine took over
+60 s and was killed as hung before this rule).
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ class Heartbeat:
     def _judge(self, hb: dict) -> None:
         """Kill a peer on this host that has been inside one step for too long."""
         if hb.get("host") != self.host or hb.get("phase") != "step" or hb["pid"] in self.killed:
+            return
+        if hb.get("step_s") is None:  # its first step since it started: compiling, not hung (the collective timeout)
             return
         limit = max(hang_timeout_s(), 10 * (hb.get("step_s") or 0.0))
         age = time.time() - hb["time"]

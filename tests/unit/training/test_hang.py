@@ -55,3 +55,23 @@ def test_a_stopped_rank_is_killed_by_its_peer_and_the_run_restarts(tiny_v3, tmp_
     assert "rank 1 (pid" in text and "made no progress in step" in text, text[-3000:]
     assert healed < 40, healed  # the collective timeout alone: 120 s, and torchrun's 30 s grace for a stopped rank
     assert (out / "model.safetensors").exists()
+
+
+def test_a_first_step_is_left_to_the_collective_timeout_and_a_later_one_is_judged(tmp_path, monkeypatch):
+    """A rank's first step after a (re)start compiles and initialises (a compiled FSDP step on a busy machine took
+    over 60 s and was killed as hung): only a step with a median behind it is judged."""
+    from roboloop.training.hang import Heartbeat
+
+    monkeypatch.setenv("ROBOLOOP_HANG_TIMEOUT_S", "1")
+    peer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        watcher = Heartbeat(tmp_path, 0)
+        old = {"rank": 1, "pid": peer.pid, "host": watcher.host, "step": 0, "phase": "step",
+               "time": time.time() - 30}
+        watcher._judge({**old, "step_s": None})
+        assert peer.poll() is None and watcher.killed == []  # 30 s inside its first step: not judged
+        watcher._judge({**old, "step": 5, "step_s": 0.1})
+        assert peer.wait(10) == -signal.SIGKILL and watcher.killed == [peer.pid]
+    finally:
+        peer.kill()
+        peer.wait()
