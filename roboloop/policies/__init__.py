@@ -103,6 +103,12 @@ def unread_settings(recipe: Any) -> dict[str, str]:
                                       "false)")
     if not recipe.aux_target:
         out.setdefault("aux_weight", "it weighs the auxiliary target's loss, and the recipe has no aux_target")
+    if recipe.family == "vla":
+        out.setdefault("finetune", "family vla trains from scratch here: it has no pretrained backbone to freeze and "
+                                   "no LoRA targets (init_from continues a model whole)")
+    if getattr(recipe, "finetune", "full") != "lora":
+        for name in ("lora_rank", "lora_alpha", "lora_targets"):
+            out.setdefault(name, f"it shapes LoRA's adapters, and finetune is {getattr(recipe, 'finetune', 'full')}")
     return out
 
 

@@ -233,16 +233,6 @@ class TrainRecipe(BaseModel):
                                      "(default: the policy's own, those LeRobot gives lerobot-train --peft)")
 
     @model_validator(mode="after")
-    def _lora_settings_need_lora(self):
-        if self.finetune != "lora":
-            unused = [k for k in ("lora_rank", "lora_alpha", "lora_targets")
-                      if getattr(self, k) != type(self).model_fields[k].default]
-            if unused:
-                raise ValueError(f"{', '.join(unused)} would do nothing: finetune is {self.finetune} (set finetune "
-                                 "lora)")
-        return self
-
-    @model_validator(mode="after")
     def _policy_type_means_lerobot(self):
         if self.policy_type:
             from roboloop.policies.lerobot_types import check

@@ -114,10 +114,11 @@ def test_frozen_backbone_keeps_acts_resnet_and_trains_the_rest(recorded, tmp_pat
 
 
 def test_what_would_do_nothing_or_cannot_be_done_is_refused(recorded, tmp_path):
-    with pytest.raises(ValueError, match="lora_rank would do nothing: finetune is full"):
+    with pytest.raises(ValueError, match="lora_rank=8 would do nothing: it shapes LoRA's adapters, and finetune is "
+                                         "full"):
         _cfg(recorded, tmp_path / "a", lora_rank=8)
-    with pytest.raises(ValueError, match="family vla names no backbone or LoRA targets"):
-        train(_cfg(recorded, tmp_path / "b", finetune="lora"))
+    with pytest.raises(ValueError, match="finetune='lora' would do nothing: family vla trains from scratch here"):
+        _cfg(recorded, tmp_path / "b", finetune="lora")
     with pytest.raises(ValueError, match="no default LoRA targets; set lora_targets"):
         train(_cfg(recorded, tmp_path / "c", policy_type="act", policy_config=SMALL_ACT, finetune="lora"))
     with pytest.raises(ValueError, match="matches no linear layer"):

@@ -22,7 +22,7 @@ BASES = {
 }
 # another valid value where the generic rule below would not give one (or one that fits the base)
 OTHER = {"policy_config": {"dim_model": 64}, "aux_target": "observation.environment_state", "init_from": "m",
-         "device": "cpu", "policy_type": None, "family": None}
+         "device": "cpu", "policy_type": None, "family": None, "lora_alpha": 32, "lora_targets": r".*\.q_proj"}
 DEFINING = {"family", "policy_type"}  # they choose the family: walked as the bases
 
 
