@@ -15,7 +15,6 @@ projections) or on `lora_targets`, everything else frozen."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,8 +136,9 @@ def _loss(family: str, policy: nn.Module, cfg, images: int) -> Callable[[int], t
 
 def lora_modules(policy: nn.Module, targets: str | None = None) -> list[tuple[str, nn.Linear]]:
     """The linear layers LoRA adapts: those whose whole name `targets` matches (default: the policy's own)."""
-    pattern = targets or policy._get_default_peft_targets()["target_modules"]
-    return [(n, m) for n, m in policy.named_modules() if isinstance(m, nn.Linear) and re.fullmatch(pattern, n)]
+    from roboloop.training.finetune import linear_layers
+
+    return linear_layers(policy, targets or policy._get_default_peft_targets()["target_modules"])
 
 
 def freeze(built: Built, finetune: str, rank: int = 16, targets: str | None = None) -> dict:

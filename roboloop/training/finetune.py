@@ -53,7 +53,7 @@ def _lora(module: nn.Module, targets: str | None, rank: int, alpha: int) -> dict
     if not targets:
         raise ValueError("finetune lora: this policy has no default LoRA targets; set lora_targets (a regex of "
                          "whole module names, e.g. '.*\\.(q|v)_proj')")
-    names = [n for n, m in module.named_modules() if isinstance(m, nn.Linear) and re.fullmatch(targets, n)]
+    names = [n for n, _ in linear_layers(module, targets)]
     if not names:
         raise ValueError(f"finetune lora: lora_targets {targets!r} matches no linear layer of this model")
     for p in module.parameters():
@@ -63,6 +63,11 @@ def _lora(module: nn.Module, targets: str | None, rank: int, alpha: int) -> dict
     for n, p in module.named_parameters():
         p.requires_grad_(".lora_A." in n or ".lora_B." in n)
     return {"mode": "lora", "rank": rank, "alpha": alpha, "targets": targets, "layers": len(names)}
+
+
+def linear_layers(module: nn.Module, targets: str) -> list[tuple[str, nn.Linear]]:
+    """The linear layers whose whole module name `targets` (a regex) matches: what LoRA adapts."""
+    return [(n, m) for n, m in module.named_modules() if isinstance(m, nn.Linear) and re.fullmatch(targets, n)]
 
 
 def merged(state: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:

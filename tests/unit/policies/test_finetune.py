@@ -23,12 +23,10 @@ from roboloop.training import finetune
 from roboloop.training.config import TrainConfig
 from roboloop.training.train import train
 from tests.conformance.cases import LEROBOT_QUIET, lerobot_writer
+from tests.unit.policies.test_lerobot_family import CAMS, SMALL_ACT
 from tests.unit.policies.tiny_vlm import SMALL_SMOLVLA, tiny_smolvlm
 
 pytestmark = LEROBOT_QUIET
-CAMS = {"observation.images.front": (32, 48)}
-SMALL_ACT = {"dim_model": 32, "dim_feedforward": 64, "n_encoder_layers": 1, "n_decoder_layers": 1,
-             "n_heads": 2, "latent_dim": 8, "chunk_size": 5, "n_action_steps": 5}
 
 
 @pytest.fixture(scope="module")
