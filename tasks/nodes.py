@@ -4,8 +4,10 @@ and stops them all when one fails; the runs show as the train task's subflows in
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
+from typing import cast
 
 from prefect import get_run_logger, task
 from prefect.client.orchestration import get_client
@@ -20,20 +22,19 @@ from tasks.common import NO_CACHE, relay
 from tasks.control_plane import api_fault, ride_out
 
 WAITING = {StateType.SCHEDULED, StateType.PENDING}
+RESUBMITS = 3  # per node and job: a run that crashed before its flow began
 
 
 def pool_nodes(launch: LaunchConfig) -> Callable[[JoinDoc], None]:
     """`stages.train`'s `nodes`: the job's nodes as runs of `launch.deployment`, awaited; a failed one fails all."""
 
     def run(job: JoinDoc) -> None:
-        from prefect.deployments import run_deployment
-
         runs: list[FlowRun] = []
         try:
-            for p in node_params(job, launch):
-                runs.append(run_deployment(launch.deployment, parameters={"params": p.model_dump(mode="json")},
-                                           timeout=0))
-            _await(runs, launch, job)
+            params = [p.model_dump(mode="json") for p in node_params(job, launch)]
+            for p in params:
+                runs.append(submit(launch, p))
+            follow(runs, params, launch, job, get_run_logger())
         except BaseException:
             _cancel(runs)
             raise
@@ -41,32 +42,65 @@ def pool_nodes(launch: LaunchConfig) -> Callable[[JoinDoc], None]:
     return run
 
 
-def _await(runs: list[FlowRun], launch: LaunchConfig, job: JoinDoc) -> None:
-    """Until every node's run completed; a run that fails or is not taken by a worker in time stops the job."""
-    log, start, said = get_run_logger(), time.monotonic(), set()
+def submit(launch: LaunchConfig, params: dict) -> FlowRun:
+    """One node's run of `launch.deployment`, not awaited."""
+    from prefect.deployments import run_deployment
 
-    def read() -> list[FlowRun]:
+    assert launch.deployment, "nodes are submitted to a deployment"
+    return cast(FlowRun, run_deployment(launch.deployment, parameters={"params": params}, timeout=0))
+
+
+def follow(runs: list[FlowRun], params: list[dict], launch: LaunchConfig, job: JoinDoc,
+           log: logging.Logger | logging.LoggerAdapter) -> None:
+    """Until every node's run completed. A run that fails or is not taken by a worker in time stops the job; one
+    whose process crashed before its flow began (a worker starting it while the API was down) is submitted again,
+    up to RESUBMITS times within the join timeout (the other nodes wait that long for it). `runs` holds the
+    current run of each node."""
+    start, said, again = time.monotonic(), set(), [0] * len(runs)
+
+    def read() -> list[tuple[FlowRun, bool]]:
         with get_client(sync_client=True) as client:  # a new one each time: a restarted server, a new connection
-            return [client.read_flow_run(r.id) for r in runs]
+            return [(r, _never_began(client, r)) for r in (client.read_flow_run(r.id) for r in runs)]
 
     while True:
         now = ride_out(read, f"following {job.run_id}'s node runs", log)
-        for k, r in enumerate(now):
+        for k, (r, unstarted) in enumerate(now):
             kind = r.state.type if r.state else StateType.SCHEDULED
             if kind == StateType.RUNNING and k not in said:
                 said.add(k)
                 log.info(f"{r.name}: running")
+            if unstarted and again[k] < RESUBMITS and time.monotonic() - start < settings().join_timeout_s:
+                again[k] += 1
+                runs[k] = _again(r, launch, params[k], log, f"train-node {k} of {job.run_id}", again[k])
+                continue
             if r.state and r.state.is_final() and kind != StateType.COMPLETED:
                 raise RuntimeError(f"{r.name} ended {kind.value}: {r.state.message or 'see its log'}")
             if kind in WAITING and time.monotonic() - start > settings().join_timeout_s:
                 raise TimeoutError(f"no worker of {launch.deployment}'s pool took train-node {k} of {job.run_id} "
                                    f"within {settings().join_timeout_s:.0f} s: run one worker per node "
                                    "(`make worker-gpu`), each with --limit 1")
-        if all(r.state and r.state.type == StateType.COMPLETED for r in now):
+        if all(r.state and r.state.type == StateType.COMPLETED for r, _ in now):
             return
         if launch.timeout_s and time.monotonic() - start > launch.timeout_s:
             raise TimeoutError(f"training {job.run_id} ran past launch.timeout_s={launch.timeout_s:g} s")
         time.sleep(2)
+
+
+def _again(crashed: FlowRun, launch: LaunchConfig, params: dict, log: logging.Logger | logging.LoggerAdapter,
+           what: str, n: int) -> FlowRun:
+    run = ride_out(lambda: submit(launch, params), f"submitting {what} again", log)
+    log.warning(f"{what} ({crashed.name}) crashed before its flow began "
+                f"({crashed.state.message if crashed.state else ''}): submitted again as {run.name} "
+                f"({n} of {RESUBMITS})")
+    return run
+
+
+def _never_began(client, run: FlowRun) -> bool:
+    """`run` CRASHED and was never RUNNING: its infrastructure failed before the flow's code (the node's training)
+    started, so running it again loses nothing and repeats nothing."""
+    if run.state is None or run.state.type != StateType.CRASHED:
+        return False
+    return not any(s.type == StateType.RUNNING for s in client.read_flow_run_states(run.id))
 
 
 def _cancel(runs: list[FlowRun]) -> None:
