@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -128,19 +126,23 @@ def test_a_pretrained_folder_decides_the_shapes_and_a_missing_one_says_what_to_f
             foundation.build(refused)
 
 
-def _plan(*args: str) -> tuple[int, dict, str]:
-    p = subprocess.run([sys.executable, "-m", "roboloop.cli", "plan", "--policy-type", "pi05", *args],
-                       capture_output=True, text=True, timeout=300)
-    return p.returncode, json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
+def _plan(capsys, *args: str) -> tuple[int, dict, str]:
+    """`roboloop plan` as its command line runs it, in this process (LeRobot imported once for the module)."""
+    from roboloop.cli.main import main
+
+    capsys.readouterr()
+    code = main(["plan", "--policy-type", "pi05", *args])
+    out, err = capsys.readouterr()
+    return code, json.loads(out.strip().splitlines()[-1]), err
 
 
-def test_plan_refuses_what_cannot_fit_and_projects_what_can():
-    code, out, err = _plan("--gpus", "1", "--strategy", "ddp", "--gpu-memory-gb", "40")
+def test_plan_refuses_what_cannot_fit_and_projects_what_can(capsys):
+    code, out, err = _plan(capsys, "--gpus", "1", "--strategy", "ddp", "--gpu-memory-gb", "40")
     n = out["counts"]["params"]
     assert code == 2 and not out["fits"] and out["memory"]["max_micro_batch"] == 0
     assert out["memory"]["optimizer"] == 8 * n and out["memory"]["weights"] == 4 * n  # full fine-tune, unsharded
     assert err.strip().splitlines()[-1].startswith("roboloop plan: does not fit: one sample needs"), err[-500:]
-    code, out, err = _plan("--gpus", "8", "--strategy", "fsdp", "--frames", "80000")
+    code, out, err = _plan(capsys, "--gpus", "8", "--strategy", "fsdp", "--frames", "80000")
     t = out["throughput"]
     assert code == 0 and out["fits"] and out["memory"]["optimizer"] == 8 * n // 8
     assert 1 <= out["micro_batch"] == min(out["memory"]["max_micro_batch"], 32)
