@@ -122,3 +122,38 @@ def test_what_would_do_nothing_or_cannot_be_done_is_refused(recorded, tmp_path):
     with pytest.raises(ValueError, match="matches no linear layer"):
         train(_cfg(recorded, tmp_path / "d", policy_type="act", policy_config=SMALL_ACT, finetune="lora",
                    lora_targets=r".*\.nothing_here"))
+
+
+def test_a_lora_run_killed_mid_run_resumes_exactly(recorded, tmp_path):
+    """The checkpoints hold the adapters and their optimizer state: a LoRA fine-tune killed with -9 resumes from its
+    last checkpoint to the same losses and the same merged model as a run never stopped."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from roboloop.training import checkpoint
+    from tests.unit.policies.test_lerobot_family import _losses
+
+    vlm = tiny_smolvlm(tmp_path / "SmolVLM2-tiny", weights=True)
+    kw = dict(policy_type="smolvla", policy_config={**SMALL_SMOLVLA, "vlm_model_name": str(vlm)}, finetune="lora",
+              lora_rank=4, steps=8, checkpoint_every_steps=2, deterministic=True)
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    train(_cfg(recorded, ref, **kw))
+    cfg = _cfg(recorded, killed, **kw)
+    code = ("import sys; from roboloop.training.config import TrainConfig; from roboloop.training.train import train;"
+            " train(TrainConfig.model_validate_json(sys.argv[1]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, cfg.model_dump_json()], start_new_session=True,
+                            stderr=subprocess.DEVNULL)
+    hb, deadline = killed / "heartbeat.json", time.time() + 300
+    while time.time() < deadline and not (hb.exists() and json.loads(hb.read_text())["step"] >= 5):
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "model.safetensors").exists()
+    last = int(checkpoint.latest(killed / "checkpoints").name.split("-")[1])
+    assert 2 <= last < 8 and train(cfg).resumed_from == last
+    assert _losses(killed) == _losses(ref)
+    ours, theirs = load_file(killed / "model.safetensors"), load_file(ref / "model.safetensors")
+    assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
