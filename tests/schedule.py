@@ -69,7 +69,7 @@ UNIT_SECONDS = {
     "tests/faults/test_serve_loss.py": 45,  # session 39's estimates: servers killed and restarted
     "tests/faults/test_serve_abuse.py": 40,
     "tests/unit/policies/test_plan.py": 60,  # session 56: π0.5 built on the meta device four times, two plans
-    "tests/unit/policies/test_finetune.py": 70,  # sessions 56-57: SmolVLA with LoRA (and killed, resumed), ACT twice frozen
+    "tests/unit/policies/test_finetune.py": 70,  # sessions 56-57: SmolVLA LoRA (and killed, resumed), ACT frozen
     "tests/flows/test_node_runs.py": 35,  # session 57: node runs followed on the harness, one crash resubmitted
 }
 # one after another: two Ray clusters at once on 2 cores starved the serving test's robots (tests/cluster)
