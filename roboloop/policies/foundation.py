@@ -87,6 +87,10 @@ def lerobot_config(family: str, pretrained: Path | None = None, cameras: int = 2
                                                                              shape=(3, h, w))
                                  for i in range(cameras)}}
         cfg.output_features = {"action": PolicyFeature(type=FeatureType.ACTION, shape=(action_dim,))}
+    if cfg.paligemma_variant != "gemma_2b":
+        raise ValueError(f"paligemma_variant={cfg.paligemma_variant!r}: LeRobot's {family} projects the image "
+                         "tokens 2048 wide whatever the backbone (PaliGemmaWithExpertModel sets projection_dim=2048), "
+                         "so only a gemma_2b backbone runs; its config accepts gemma_300m, its forward does not")
     cfg.dtype = "float32" if precision == "fp32" else "bfloat16"
     cfg.device = "meta"  # after validation: LeRobot's own check knows cuda, mps, xpu and cpu
     return cfg

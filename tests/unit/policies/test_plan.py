@@ -121,6 +121,13 @@ def test_a_pretrained_folder_decides_the_shapes_and_a_missing_one_says_what_to_f
         foundation.build("pi05", tmp_path / "nothing")
     with pytest.raises(ValueError, match="is a 'pi05' policy, not 'pi0'"):
         foundation.build("pi0", tmp_path / "pi05")
+    # LeRobot's config takes a Gemma 300M backbone, its forward does not (image tokens 2048 wide, text 1024)
+    small = foundation.lerobot_config("pi05")
+    small.device, small.paligemma_variant = "cpu", "gemma_300m"
+    (tmp_path / "small").mkdir()
+    small._save_pretrained(tmp_path / "small")
+    with pytest.raises(ValueError, match="paligemma_variant='gemma_300m'.*only a gemma_2b backbone runs"):
+        foundation.build("pi05", tmp_path / "small")
     for refused, why in (("groot", "Qwen3-VL backbone by loading"), ("xvla", "data-dependent")):
         with pytest.raises(ValueError, match=why):
             foundation.build(refused)
