@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -151,9 +152,10 @@ def client(tb, env: dict, cwd: Path, *args: str, timeout: float = 3600, say=prin
     return out[-1] if out else ""
 
 
-def during_training(fault, say):
-    """A `say` that also starts `fault()` in a thread the first time a train-node run shows RUNNING, and a function
-    that waits for it and raises what it raised."""
+def during_training(fault, say, when: str = "train-node"):
+    """A `say` that also starts `fault()` in a thread the first time a line shows a run or task whose label begins
+    with `when` RUNNING (default: a train-node run; "train": the train task, before it submits the node runs, so
+    the fault meets their workers starting them), and a function that waits for it and raises what it raised."""
     started: list[threading.Thread] = []
     failed: list[BaseException] = []
 
@@ -165,13 +167,13 @@ def during_training(fault, say):
 
     def watch(line: str) -> None:
         say(line)
-        if not started and "train-node" in line and ": RUNNING" in line:
+        if not started and re.search(rf"\s{re.escape(when)}[^:]*: RUNNING", line):
             started.append(threading.Thread(target=guarded, daemon=True))
             started[0].start()
 
     def finished() -> None:
         if not started:
-            raise RuntimeError("the fault never started: no train-node run was seen RUNNING")
+            raise RuntimeError(f"the fault never started: no {when} was seen RUNNING")
         started[0].join(600)
         if failed:
             raise failed[0]
@@ -179,9 +181,10 @@ def during_training(fault, say):
     return watch, finished
 
 
-def run(tb, work: Path, sizes: Sizes, say=print, force_first: bool = False, fault=None) -> dict:
+def run(tb, work: Path, sizes: Sizes, say=print, force_first: bool = False, fault=None,
+        fault_when: str = "train-node") -> dict:
     """Steps 1-4 on a testbed that is up; returns the summary (registry decisions, hosts, DVC objects). `fault`, a
-    function, is called (in a thread) once the second run's training is under way."""
+    function, is called (in a thread) once the second run's `fault_when` is RUNNING (`during_training`)."""
     say("control: PostgreSQL, the Prefect server on it; store: S3")
     db = hs.postgres(tb, "control", work / "pg")
     api = hs.prefect_server(tb, "control", db, work, AUTH)
@@ -208,7 +211,7 @@ def run(tb, work: Path, sizes: Sizes, say=print, force_first: bool = False, faul
     since = time.time() - 5
     client(tb, env, home, "follow", client(tb, env, home, "run", WATCH), say=say)
     second = client(tb, env, home, "triggered", LOOP, arrived, "--after", str(since))
-    watch, fault_done = during_training(fault, say) if fault else (say, None)
+    watch, fault_done = during_training(fault, say, fault_when) if fault else (say, None)
     client(tb, env, home, "follow", second, say=watch)
     if fault_done:
         fault_done()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import cast
 
 from prefect import get_run_logger, task
@@ -32,9 +33,10 @@ def pool_nodes(launch: LaunchConfig) -> Callable[[JoinDoc], None]:
         runs: list[FlowRun] = []
         try:
             params = [p.model_dump(mode="json") for p in node_params(job, launch)]
-            for p in params:
-                runs.append(submit(launch, p))
-            follow(runs, params, launch, job, get_run_logger())
+            log = get_run_logger()
+            for k, p in enumerate(params):
+                runs.append(ride_out(partial(submit, launch, p), f"submitting train-node {k} of {job.run_id}", log))
+            follow(runs, params, launch, job, log)
         except BaseException:
             _cancel(runs)
             raise
@@ -88,7 +90,7 @@ def follow(runs: list[FlowRun], params: list[dict], launch: LaunchConfig, job: J
 
 def _again(crashed: FlowRun, launch: LaunchConfig, params: dict, log: logging.Logger | logging.LoggerAdapter,
            what: str, n: int) -> FlowRun:
-    run = ride_out(lambda: submit(launch, params), f"submitting {what} again", log)
+    run = ride_out(partial(submit, launch, params), f"submitting {what} again", log)
     log.warning(f"{what} ({crashed.name}) crashed before its flow began "
                 f"({crashed.state.message if crashed.state else ''}): submitted again as {run.name} "
                 f"({n} of {RESUBMITS})")

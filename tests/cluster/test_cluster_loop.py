@@ -27,9 +27,11 @@ _spec.loader.exec_module(demo)
 
 
 def falters(tb, work):
-    """The control plane falters while the second run trains: PostgreSQL down for 8 s (the server answers 500),
-    then the Prefect server stopped and started again (infra/server.sh). Before tasks/control_plane.py the loop's
-    train task failed on its first poll and cancelled both node runs, which were training fine."""
+    """The control plane falters as the second run's train task starts: PostgreSQL down for 8 s (the server answers
+    500), then the Prefect server stopped and started again (infra/server.sh), while the task submits the node
+    runs and their workers start them, and on into their training. Before tasks/control_plane.py the loop's train
+    task failed on its first poll and cancelled both node runs, which were training fine; before tasks/nodes.py
+    submitted a run again, a node whose process crashed before its flow began (the API down) failed the loop."""
 
     hs = demo.hs  # the demo's own copy of infra/hostservices.py: it knows the services the demo started
 
@@ -46,7 +48,8 @@ def falters(tb, work):
 @pytest.mark.parametrize("hosts", [demo.HOSTS], indirect=True)
 def test_the_scheduled_retraining_runs_across_hosts_and_the_second_run_gates_against_the_champion(hosts, work):
     lines: list[str] = []
-    s = demo.run(hosts, work, demo.QUICK, say=lines.append, force_first=True, fault=falters(hosts, work))
+    s = demo.run(hosts, work, demo.QUICK, say=lines.append, force_first=True, fault=falters(hosts, work),
+                 fault_when="train")
     progress = "\n".join(lines)
 
     # the registry in S3: v1 from the scheduled run, v2 from the dataset that arrived, gated against v1
