@@ -23,8 +23,9 @@ from roboloop.training import finetune
 from roboloop.training.config import TrainConfig
 from roboloop.training.train import train
 from tests.conformance.cases import LEROBOT_QUIET, lerobot_writer
-from tests.unit.policies.test_lerobot_family import CAMS, SMALL_ACT
+from tests.unit.policies.test_lerobot_family import CAMS, SMALL_ACT, _losses
 from tests.unit.policies.tiny_vlm import SMALL_SMOLVLA, tiny_smolvlm
+from tests.unit.training.conftest import kill9_at_step
 
 pytestmark = LEROBOT_QUIET
 
@@ -127,14 +128,7 @@ def test_what_would_do_nothing_or_cannot_be_done_is_refused(recorded, tmp_path):
 def test_a_lora_run_killed_mid_run_resumes_exactly(recorded, tmp_path):
     """The checkpoints hold the adapters and their optimizer state: a LoRA fine-tune killed with -9 resumes from its
     last checkpoint to the same losses and the same merged model as a run never stopped."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     from roboloop.training import checkpoint
-    from tests.unit.policies.test_lerobot_family import _losses
 
     vlm = tiny_smolvlm(tmp_path / "SmolVLM2-tiny", weights=True)
     kw = dict(policy_type="smolvla", policy_config={**SMALL_SMOLVLA, "vlm_model_name": str(vlm)}, finetune="lora",
@@ -142,15 +136,7 @@ def test_a_lora_run_killed_mid_run_resumes_exactly(recorded, tmp_path):
     ref, killed = tmp_path / "ref", tmp_path / "killed"
     train(_cfg(recorded, ref, **kw))
     cfg = _cfg(recorded, killed, **kw)
-    code = ("import sys; from roboloop.training.config import TrainConfig; from roboloop.training.train import train;"
-            " train(TrainConfig.model_validate_json(sys.argv[1]))")
-    proc = subprocess.Popen([sys.executable, "-c", code, cfg.model_dump_json()], start_new_session=True,
-                            stderr=subprocess.DEVNULL)
-    hb, deadline = killed / "heartbeat.json", time.time() + 300
-    while time.time() < deadline and not (hb.exists() and json.loads(hb.read_text())["step"] >= 5):
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill9_at_step(cfg, 5)
     assert not (killed / "model.safetensors").exists()
     last = int(checkpoint.latest(killed / "checkpoints").name.split("-")[1])
     assert 2 <= last < 8 and train(cfg).resumed_from == last

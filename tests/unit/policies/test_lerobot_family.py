@@ -10,11 +10,6 @@ roboloop writes, and a run killed with -9 must resume exactly.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -25,6 +20,7 @@ from roboloop.training.config import TrainConfig
 from roboloop.training.train import train
 from tests.conformance.cases import LEROBOT_QUIET, lerobot_writer
 from tests.unit.policies.pairs import assert_same_loss, lerobot_batch, roboloop_batch, seeded_loss
+from tests.unit.training.conftest import kill9_at_step
 
 pytestmark = LEROBOT_QUIET
 
@@ -122,15 +118,7 @@ def test_act_resumes_exactly_after_kill_9(recorded, tmp_path):
     kw = dict(steps=12, checkpoint_every_steps=4, deterministic=True)
     train(_cfg(recorded, ref, **kw))
     cfg = _cfg(recorded, killed, **kw)
-    code = ("import sys; from roboloop.training.config import TrainConfig; from roboloop.training.train import train;"
-            " train(TrainConfig.model_validate_json(sys.argv[1]))")
-    proc = subprocess.Popen([sys.executable, "-c", code, cfg.model_dump_json()], start_new_session=True,
-                            stderr=subprocess.DEVNULL)
-    hb, deadline = killed / "heartbeat.json", time.time() + 300
-    while time.time() < deadline and not (hb.exists() and json.loads(hb.read_text())["step"] >= 6):
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill9_at_step(cfg, 6)
     assert not (killed / "model.safetensors").exists()
     assert checkpoint.latest(killed / "checkpoints").name == "step-00000004"
     assert train(cfg).resumed_from == 4
